@@ -27,7 +27,7 @@ std::string render_text(const Diagnostic& d) {
   const Source& src = *d.source;
   SourceLoc b = src.loc(d.span.begin);
   std::string gutter(std::to_string(b.line).size(), ' ');
-  out += fmt::format("{} --> {}:{}:{}\n", gutter, src.name(), b.line, b.col);
+  out += fmt::format("{}--> {}:{}:{}\n", gutter, src.name(), b.line, b.col);
   out += fmt::format("{} |\n", gutter);
   std::string_view line = src.line_text(b.line);
   out += fmt::format("{} | {}\n", b.line, line);

@@ -38,8 +38,7 @@ namespace flexjit::dsl {
   X(DuplicateDeclaration, 302, "two declarations of one name")                   \
   X(BadConstValue, 303, "a constant parameter without a valid value")            \
   X(ReservedName, 304, "a declaration that uses a built-in name")                \
-  X(BadSpec, 401, "a malformed or inconsistent spec")                            \
-  X(UnboundParam, 402, "a runtime parameter given no value")
+  X(BadSpec, 401, "a malformed or inconsistent spec")
 
 enum class DiagCode {
 #define FLEXJIT_DIAG_ENUM(name, number, what) name = number,

@@ -1,0 +1,448 @@
+#include "compiler/codegen/codegen_cuda.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+#include <unordered_map>
+
+#include "compiler/ir/ir_mutator.h"
+#include "compiler/ir/ir_printer.h"
+
+namespace flexjit {
+
+using namespace ir;
+
+std::string buffer_field(const dsl::BufferDecl& b) { return "buf_" + b.name; }
+
+namespace {
+
+std::string cuda_float(float v) {
+  if (std::isnan(v)) return "__int_as_float(0x7fffffff)";
+  if (std::isinf(v)) return v > 0 ? "__int_as_float(0x7f800000)" : "__int_as_float(0xff800000)";
+  std::string s = float_literal(v);
+  return s + "f";
+}
+
+class CudaEmitter {
+ public:
+  CudaEmitter(const SpecIR& ir, const RangeInfo& ranges, const StagedMods& staged, const VariantOptions& opt)
+      : ir_(ir), ranges_(ranges), staged_(staged), opt_(opt) {
+    for (size_t i = 0; i < ranges_.loads.size(); ++i) load_index_.emplace(ranges_.loads[i].load.get(), static_cast<int>(i));
+  }
+
+  // Starts a function body: earlier stages' hoisted values are visible through their state.
+  void begin(Stage stage) {
+    names_.clear();
+    lines_.clear();
+    stage_ = stage;
+    for (const HoistedValue& v : staged_.values)
+      if (static_cast<int>(v.stage) < static_cast<int>(stage)) names_[v.expr.get()] = fmt::format("{}.v{}", state_name(v.stage), index_of(v));
+  }
+
+  // Emits the statements computing e (if not yet in scope) and returns the name holding it.
+  std::string emit(const Expr& e) {
+    auto it = names_.find(e.get());
+    if (it != names_.end()) return it->second;
+    if (std::string leaf = leaf_text(e); !leaf.empty()) return leaf;
+    std::vector<std::string> k;
+    for (const Expr& c : children(e)) k.push_back(emit(c));
+    std::string rhs = op_text(e, k);
+    std::string name = fmt::format("t{}", counter_++);
+    if (const Load* l = e.as<Load>()) lines_.push_back("// " + describe_load(e, l));
+    lines_.push_back(fmt::format("const {} {} = {};", c_type(e), name, rhs));
+    names_[e.get()] = name;
+    return name;
+  }
+
+  void line(std::string s) { lines_.push_back(std::move(s)); }
+  std::string body(int indent) const {
+    std::string out;
+    for (const std::string& l : lines_) out += std::string(indent, ' ') + l + "\n";
+    return out;
+  }
+
+  std::string c_type(const Expr& e) const {
+    switch (e.type()) {
+      case Type::Bool: return "bool";
+      case Type::Float: return "float";
+      case Type::Int: return wide(e) ? "long long" : "int";
+    }
+    return "?";
+  }
+
+  static const char* state_name(Stage s) { return s == Stage::Row ? "row" : s == Stage::Col ? "col" : "tile"; }
+  int index_of(const HoistedValue& v) const { return staged_.value_of.at(v.expr.get()); }
+
+  std::vector<LoadSite> sites;
+
+ private:
+  Expr origin(const Expr& e) const {
+    auto it = staged_.origin.find(e.get());
+    return it == staged_.origin.end() ? e : it->second;
+  }
+
+  // 64-bit when the int32 variant is off or the node's range is unbounded.
+  bool wide(const Expr& e) const {
+    if (e.type() != Type::Int) return false;
+    if (!opt_.int32) return true;
+    if (e.as<Var>()) return false;
+    Expr o = origin(e);
+    if (ranges_.unbounded_ints.count(o.get()) || ranges_.wide_ints.count(o.get())) return true;
+    if (!ranges_.ranges.count(o.get())) return !e.as<IntImm>();
+    return false;
+  }
+
+  bool nonnegative(const Expr& e) const {
+    auto it = ranges_.ranges.find(origin(e).get());
+    if (it == ranges_.ranges.end() || !it->second.lo) return false;
+    const IntImm* lo = it->second.lo.as<IntImm>();
+    return lo && lo->value >= 0;
+  }
+
+  std::string leaf_text(const Expr& e) {
+    switch (e.kind()) {
+      case NodeKind::IntImm: {
+        int64_t v = e.as<IntImm>()->value;
+        if (v >= INT32_MIN && v <= INT32_MAX && !(opt_.int32 == false)) return v < 0 ? fmt::format("({})", v) : std::to_string(v);
+        if (v == INT64_MIN) return "(-9223372036854775807ll - 1)";
+        return v < 0 ? fmt::format("({}ll)", v) : fmt::format("{}ll", v);
+      }
+      case NodeKind::FloatImm: return cuda_float(e.as<FloatImm>()->value);
+      case NodeKind::BoolImm: return e.as<BoolImm>()->value ? "true" : "false";
+      case NodeKind::Var:
+        switch (e.as<Var>()->var) {
+          case VarId::B: return "b";
+          case VarId::H: return "h";
+          case VarId::KvHead: return "hkv";
+          case VarId::Q: return "q";
+          case VarId::TileStart: return "k0";
+          case VarId::TileCol: return "j";
+          case VarId::Score: return "score";
+          case VarId::KV: return "(k0 + j)";
+        }
+        return "";
+      case NodeKind::Param: {
+        const Param* p = e.as<Param>();
+        return fmt::format("p.param_{}", p->name);
+      }
+      case NodeKind::Symbol: {
+        const Symbol* s = e.as<Symbol>();
+        return wide(e) ? fmt::format("p.sym_{}", s->name) : fmt::format("((int)p.sym_{})", s->name);
+      }
+      default: return "";
+    }
+  }
+
+  // The C type arithmetic on these operands runs in: 64-bit if any side (or the result) is.
+  std::string int_comp_type(const Expr& e) const {
+    bool w = wide(e);
+    for (const Expr& c : children(e)) w |= wide(c);
+    return w ? "long long" : "int";
+  }
+
+  std::string op_text(const Expr& e, const std::vector<std::string>& k) {
+    switch (e.kind()) {
+      case NodeKind::Unary: return unary_text(e.as<Unary>(), k[0]);
+      case NodeKind::Binary: return binary_text(e, e.as<Binary>(), k[0], k[1]);
+      case NodeKind::Select: return fmt::format("({} ? {} : {})", k[0], k[1], k[2]);
+      case NodeKind::Cast: {
+        Type from = e.as<Cast>()->a.type();
+        if (e.type() == Type::Float) return from == Type::Bool ? fmt::format("({} ? 1.f : 0.f)", k[0]) : fmt::format("(float){}", k[0]);
+        if (from == Type::Bool) return fmt::format("({} ? 1 : 0)", k[0]);
+        return fmt::format("fj::float_to_int({})", k[0]);
+      }
+      case NodeKind::Load: return load_text(e, e.as<Load>(), k);
+      default: return "/*?*/";
+    }
+  }
+
+  std::string unary_text(const Unary* u, const std::string& a) {
+    bool f = u->a.type() == Type::Float;
+    switch (u->op) {
+      case UnaryOp::Neg: return f ? fmt::format("(-{})", a) : fmt::format("fj::neg(({}){})", int_comp_type(u->a), a);
+      case UnaryOp::Not: return fmt::format("(!{})", a);
+      case UnaryOp::BitNot: return fmt::format("(~{})", a);
+      case UnaryOp::Abs: return f ? fmt::format("fabsf({})", a) : fmt::format("fj::abs_(({}){})", int_comp_type(u->a), a);
+      case UnaryOp::Sign: return f ? fmt::format("fj::sign({})", a) : fmt::format("fj::sign(({}){})", int_comp_type(u->a), a);
+      case UnaryOp::Floor: return fmt::format("floorf({})", a);
+      case UnaryOp::Ceil: return fmt::format("ceilf({})", a);
+      case UnaryOp::Round: return fmt::format("rintf({})", a);
+      case UnaryOp::Exp: return fmt::format("expf({})", a);
+      case UnaryOp::Exp2: return fmt::format("exp2f({})", a);
+      case UnaryOp::Log: return fmt::format("logf({})", a);
+      case UnaryOp::Log2: return fmt::format("log2f({})", a);
+      case UnaryOp::Log1p: return fmt::format("log1pf({})", a);
+      case UnaryOp::Sqrt: return fmt::format("sqrtf({})", a);
+      case UnaryOp::Rsqrt: return fmt::format("fj::rsqrt_({})", a);
+      case UnaryOp::Tanh: return opt_.fast_tanh ? fmt::format("fj::tanh_fast({})", a) : fmt::format("tanhf({})", a);
+      case UnaryOp::Sigmoid: return fmt::format("fj::sigmoid({})", a);
+      case UnaryOp::Sin: return fmt::format("sinf({})", a);
+      case UnaryOp::Cos: return fmt::format("cosf({})", a);
+    }
+    return "/*?*/";
+  }
+
+  std::string binary_text(const Expr& e, const Binary* b, const std::string& x, const std::string& y) {
+    Type t = b->a.type();
+    if (t == Type::Float) {
+      switch (b->op) {
+        case BinaryOp::Add: return fmt::format("({} + {})", x, y);
+        case BinaryOp::Sub: return fmt::format("({} - {})", x, y);
+        case BinaryOp::Mul: return fmt::format("({} * {})", x, y);
+        case BinaryOp::Div: return fmt::format("({} / {})", x, y);
+        case BinaryOp::FloorDiv: return fmt::format("fj::floordiv({}, {})", x, y);
+        case BinaryOp::Mod: return fmt::format("fj::mod({}, {})", x, y);
+        case BinaryOp::Min: return fmt::format("fminf({}, {})", x, y);
+        case BinaryOp::Max: return fmt::format("fmaxf({}, {})", x, y);
+        case BinaryOp::Pow: return fmt::format("powf({}, {})", x, y);
+        default: break;
+      }
+    }
+    if (t == Type::Bool) {
+      switch (b->op) {
+        case BinaryOp::And: return fmt::format("({} && {})", x, y);
+        case BinaryOp::Or: return fmt::format("({} || {})", x, y);
+        case BinaryOp::Xor:
+        case BinaryOp::NE: return fmt::format("({} != {})", x, y);
+        case BinaryOp::EQ: return fmt::format("({} == {})", x, y);
+        default: break;
+      }
+    }
+    switch (b->op) {
+      case BinaryOp::EQ: return fmt::format("({} == {})", x, y);
+      case BinaryOp::NE: return fmt::format("({} != {})", x, y);
+      case BinaryOp::LT: return fmt::format("({} < {})", x, y);
+      case BinaryOp::LE: return fmt::format("({} <= {})", x, y);
+      case BinaryOp::GT: return fmt::format("({} > {})", x, y);
+      case BinaryOp::GE: return fmt::format("({} >= {})", x, y);
+      default: break;
+    }
+    // Integer arithmetic.
+    std::string ct = int_comp_type(e);
+    bool narrow = ct == "int";
+    auto cast = [&](const std::string& v) { return fmt::format("({}){}", ct, v); };
+    const IntImm* divisor = b->b.as<IntImm>();
+    switch (b->op) {
+      case BinaryOp::Add: return narrow ? fmt::format("({} + {})", x, y) : fmt::format("fj::add({}, {})", cast(x), cast(y));
+      case BinaryOp::Sub: return narrow ? fmt::format("({} - {})", x, y) : fmt::format("fj::sub({}, {})", cast(x), cast(y));
+      case BinaryOp::Mul: return narrow ? fmt::format("({} * {})", x, y) : fmt::format("fj::mul({}, {})", cast(x), cast(y));
+      case BinaryOp::FloorDiv:
+      case BinaryOp::Mod: {
+        bool div = b->op == BinaryOp::FloorDiv;
+        // A positive constant divisor of a provably non-negative value is C's / and %,
+        // which the compiler turns into shifts and masks.
+        if (divisor && divisor->value > 0 && nonnegative(b->a)) return fmt::format("({} {} {})", cast(x), div ? "/" : "%", y);
+        if (!(divisor && divisor->value != 0) && opt_.error_flags)
+          lines_.push_back(fmt::format("if ({} == 0) atomicOr(p.error_flags, {}u);", y, kZeroDivisorFlag));
+        return fmt::format("fj::{}<{}>({}, {})", div ? "floordiv" : "mod", ct, cast(x), cast(y));
+      }
+      case BinaryOp::Min: return fmt::format("min({}, {})", cast(x), cast(y));
+      case BinaryOp::Max: return fmt::format("max({}, {})", cast(x), cast(y));
+      case BinaryOp::BitAnd: return fmt::format("({} & {})", cast(x), cast(y));
+      case BinaryOp::BitOr: return fmt::format("({} | {})", cast(x), cast(y));
+      case BinaryOp::BitXor: return fmt::format("({} ^ {})", cast(x), cast(y));
+      case BinaryOp::Shl: return fmt::format("fj::shl((long long){}, (long long){})", x, y);
+      case BinaryOp::Shr: return fmt::format("fj::shr((long long){}, (long long){})", x, y);
+      default: break;
+    }
+    return "/*?*/";
+  }
+
+  const LoadCheck* check_of(const Expr& e) const {
+    Expr o = origin(e);
+    auto it = load_index_.find(o.get());
+    return it == load_index_.end() ? nullptr : &ranges_.loads[it->second];
+  }
+
+  bool emitted_checked(const Expr& e, int* index) const {
+    Expr o = origin(e);
+    auto it = load_index_.find(o.get());
+    if (it == load_index_.end()) {
+      *index = -1;
+      return true;
+    }
+    *index = it->second;
+    const LoadCheck& c = ranges_.loads[it->second];
+    if (c.status == LoadCheck::Status::Proven) return false;
+    if (c.status == LoadCheck::Status::Unproven) return true;
+    return it->second < 64 && ((opt_.checked_loads >> it->second) & 1);
+  }
+
+  std::string describe_load(const Expr& e, const Load*) {
+    Expr o = origin(e);
+    int idx = -1;
+    bool checked = emitted_checked(e, &idx);
+    const LoadCheck* c = check_of(e);
+    std::string why;
+    if (!c) why = "checked: not analysed";
+    else if (c->status == LoadCheck::Status::Proven) why = "unchecked: indices proven in range";
+    else if (c->status == LoadCheck::Status::Conditional)
+      why = checked ? fmt::format("checked: the launch's shapes break {}", print_inline(c->obligation))
+                    : fmt::format("unchecked: indices proven in range because {} held at launch", print_inline(c->obligation));
+    else why = "checked: indices not provably in range";
+    Stage s = staged_.stage_of(e);
+    return fmt::format("load {}; stage {}; {}", print_inline(o), stage_name(s), why);
+  }
+
+  std::string load_text(const Expr& e, const Load* l, const std::vector<std::string>& k) {
+    const dsl::BufferDecl& decl = ir_.spec().buffers.at(l->buffer);
+    std::string f = buffer_field(decl);
+    int idx = -1;
+    bool checked = emitted_checked(e, &idx);
+    unsigned bit = idx < 0 ? (1u << 30) : (1u << std::min(idx, 30));
+    std::string off;
+    for (size_t d = 0; d < k.size(); ++d) {
+      std::string i = checked ? fmt::format("fj::checked_index((long long){}, p.{}_n{}, {}, {}u)", k[d], f, d,
+                                            opt_.error_flags ? "p.error_flags" : "nullptr", bit)
+                              : fmt::format("(long long){}", k[d]);
+      off += fmt::format("{}{} * p.{}_s{}", d ? " + " : "", i, f, d);
+    }
+    if (idx >= 0 && sites.size() > static_cast<size_t>(idx)) {
+      LoadSite& s = sites[idx];
+      s.checked = checked;
+      s.flag_bit = checked && opt_.error_flags ? bit : 0;
+      const LoadCheck& c = ranges_.loads[idx];
+      s.status = !checked ? (c.status == LoadCheck::Status::Proven ? "unchecked (proven)" : "unchecked (obligation held at launch)") : "checked";
+    }
+    std::string value;
+    switch (decl.dtype) {
+      case dsl::DType::F32: value = fmt::format("fj::load_f32(p.{}, {})", f, off); break;
+      case dsl::DType::F16: value = fmt::format("fj::load_f16(p.{}, {})", f, off); break;
+      case dsl::DType::BF16: value = fmt::format("fj::load_bf16(p.{}, {})", f, off); break;
+      case dsl::DType::I32: value = fmt::format("fj::load_i32(p.{}, {})", f, off); break;
+      case dsl::DType::I64: value = fmt::format("fj::load_i64(p.{}, {})", f, off); break;
+      case dsl::DType::U8: value = fmt::format("fj::load_u8(p.{}, {})", f, off); break;
+      case dsl::DType::Bool: value = fmt::format("fj::load_bool(p.{}, {})", f, off); break;
+    }
+    if (e.type() == Type::Int && !wide(e)) value = "(int)" + value;
+    return value;
+  }
+
+  const SpecIR& ir_;
+  const RangeInfo& ranges_;
+  const StagedMods& staged_;
+  const VariantOptions& opt_;
+  std::unordered_map<const Node*, int> load_index_;
+  std::unordered_map<const Node*, std::string> names_;
+  std::vector<std::string> lines_;
+  Stage stage_ = Stage::Row;
+  int counter_ = 0;
+};
+
+// The user's program as // comments, one per source line (so newlines cannot end a comment).
+std::string comment_block(const char* label, const std::string& text) {
+  std::string out = fmt::format("// {}:\n", label);
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(start, end - start);
+    for (char& c : line)
+      if (c == '\r' || c == '\\') c = ' ';  // a trailing backslash would splice the next line
+    out += "//   " + line + "\n";
+    start = end + 1;
+  }
+  return out;
+}
+
+ParamsLayout make_layout(const SpecIR& ir) {
+  ParamsLayout layout;
+  layout.slots.push_back({SlotKind::ErrorFlags, 0, 0, "error_flags"});
+  const auto& spec = ir.spec();
+  for (size_t i = 0; i < spec.buffers.size(); ++i) {
+    const dsl::BufferDecl& b = spec.buffers[i];
+    std::string f = buffer_field(b);
+    layout.slots.push_back({SlotKind::BufferData, int(i), 0, f});
+    for (size_t d = 0; d < b.shape.size(); ++d) layout.slots.push_back({SlotKind::BufferStride, int(i), int(d), fmt::format("{}_s{}", f, d)});
+    for (size_t d = 0; d < b.shape.size(); ++d) layout.slots.push_back({SlotKind::BufferExtent, int(i), int(d), fmt::format("{}_n{}", f, d)});
+  }
+  for (size_t i = 0; i < ir.checked.symbols.size(); ++i)
+    layout.slots.push_back({SlotKind::Symbol, int(i), 0, "sym_" + ir.checked.symbols[i]});
+  for (size_t i = 0; i < spec.params.size(); ++i) {
+    const dsl::ParamDecl& p = spec.params[i];
+    if (p.is_const) continue;
+    SlotKind k = p.type == dsl::ValueType::Float ? SlotKind::FloatParam : p.type == dsl::ValueType::Bool ? SlotKind::BoolParam : SlotKind::IntParam;
+    layout.slots.push_back({k, int(i), 0, "param_" + p.name});
+  }
+  return layout;
+}
+
+std::string params_struct(const ParamsLayout& layout) {
+  std::string s = "  // Captured buffers, shape symbols and runtime parameters: one 8-byte slot per field,\n"
+                  "  // filled by the host from the same ParamsLayout.\n  struct Params {\n";
+  for (const ParamSlot& slot : layout.slots) {
+    switch (slot.kind) {
+      case SlotKind::ErrorFlags: s += "    unsigned int* error_flags;  // error word of the launch (clamped loads, zero divisors)\n"; break;
+      case SlotKind::BufferData: s += fmt::format("    const void* {};\n", slot.field); break;
+      case SlotKind::FloatParam: s += fmt::format("    float {};\n    unsigned int {}_pad;\n", slot.field, slot.field); break;
+      default: s += fmt::format("    long long {};\n", slot.field); break;
+    }
+  }
+  return s + "  };\n";
+}
+
+}  // namespace
+
+GeneratedVariant generate_cuda_variant(const SpecIR& ir, const RangeInfo& ranges, const VariantOptions& options,
+                                       const std::string& struct_name) {
+  GeneratedVariant out;
+  StagingOptions so;
+  so.tile_size = options.tile_size;
+  so.hoist = options.hoist;
+  StagedMods staged = stage_mods(ir.score_mod, ir.mask_mod, so);
+  out.layout = make_layout(ir);
+  out.row_values = staged.count(Stage::Row);
+  out.col_values = staged.count(Stage::Col);
+  out.tile_values = staged.count(Stage::Tile);
+
+  CudaEmitter em(ir, ranges, staged, options);
+  for (const LoadCheck& c : ranges.loads) {
+    const Load* l = c.load.as<Load>();
+    em.sites.push_back(LoadSite{l ? l->name : "?", print_inline(c.load), "not emitted", false, 0});
+  }
+
+  std::string code = fmt::format("// Generated by flexjit from spec `{}`.\n", ir.spec().name);
+  if (ir.spec().score_mod) code += comment_block("score_mod", *ir.spec().score_mod);
+  if (ir.spec().mask_mod) code += comment_block("mask_mod", *ir.spec().mask_mod);
+  code += fmt::format("struct {} {{\n", struct_name);
+  code += params_struct(out.layout);
+  code += fmt::format("  static constexpr bool kHasScoreMod = {};\n  static constexpr bool kHasMaskMod = {};\n",
+                      ir.score_mod ? "true" : "false", ir.mask_mod ? "true" : "false");
+  for (Stage s : {Stage::Row, Stage::Col, Stage::Tile}) {
+    std::string fields;
+    for (const HoistedValue& v : staged.values)
+      if (v.stage == s) fields += fmt::format(" {} v{};", em.c_type(v.expr), staged.value_of.at(v.expr.get()));
+    const char* what = s == Stage::Row ? "constant along a query row" : s == Stage::Col ? "per column j of a KV tile, the same in every tile" : "per query row and KV tile";
+    code += fmt::format("  struct {} {{{}{}}};  // values {}\n", s == Stage::Row ? "Row" : s == Stage::Col ? "Col" : "Tile", fields,
+                        fields.empty() ? "" : " ", what);
+  }
+  const char* attrs = "  __device__ static __forceinline__";
+  auto stage_fn = [&](Stage s, const std::string& signature) {
+    em.begin(s);
+    for (const HoistedValue& v : staged.values)
+      if (v.stage == s) em.line(fmt::format("{}.v{} = {};", CudaEmitter::state_name(s), staged.value_of.at(v.expr.get()), em.emit(v.expr)));
+    code += fmt::format("{} void {} {{\n{}  }}\n", attrs, signature, em.body(4));
+  };
+  stage_fn(Stage::Row, "row(const Params& p, Row& row, int b, int h, int hkv, int q)");
+  stage_fn(Stage::Col, "col(const Params& p, const Row& row, Col& col, int b, int h, int hkv, int q, int j)");
+  stage_fn(Stage::Tile, "tile(const Params& p, const Row& row, Tile& tile, int b, int h, int hkv, int q, int k0)");
+  const std::string element_args = "const Params& p, const Row& row, const Col& col, const Tile& tile, int b, int h, int hkv, int q, int k0, int j";
+  em.begin(Stage::Element);
+  if (staged.score_mod) {
+    std::string r = em.emit(staged.score_mod);
+    em.line(fmt::format("return {};", r));
+  } else {
+    em.line("return score;");
+  }
+  code += fmt::format("{} float score_mod({}, float score) {{\n{}  }}\n", attrs, element_args, em.body(4));
+  em.begin(Stage::Element);
+  em.line(fmt::format("return {};", staged.mask_mod ? em.emit(staged.mask_mod) : "true"));
+  code += fmt::format("{} bool mask_mod({}) {{\n{}  }}\n", attrs, element_args, em.body(4));
+  code += "};\n";
+  out.code = code;
+  out.loads = em.sites;
+  return out;
+}
+
+}  // namespace flexjit

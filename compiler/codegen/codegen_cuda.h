@@ -1,0 +1,51 @@
+// CodeGenCUDA: prints a spec's score_mod / mask_mod as a CUDA "variant" struct (params
+// struct, hoisted Row/Col/Tile state and one device function per mod) that the kernel
+// templates call at their fusion points.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "compiler/codegen/params_layout.h"
+#include "compiler/passes/range_analysis.h"
+#include "compiler/passes/staging.h"
+#include "compiler/spec_ir.h"
+
+namespace flexjit {
+
+struct VariantOptions {
+  int tile_size = 64;           // the kernel's kBlockN (staging aligns kv // c and kv % c to it)
+  bool int32 = true;            // 32-bit ints where ranges are bounded (the launch verified RangeInfo::int32_obligation)
+  uint64_t checked_loads = 0;   // bit i set: conditional load i (RangeInfo::loads order) failed its obligation: emit it checked
+  bool error_flags = true;      // checked mode: clamped loads and zero divisors set bits in the error word
+  bool hoist = true;            // hoist row / column / tile invariant values
+  bool fast_tanh = true;        // tanh.approx.f32 instead of tanhf
+};
+
+// What the launcher needs to turn an error bit into a message.
+struct LoadSite {
+  std::string buffer;       // buffer name
+  std::string expression;   // the load as the user wrote it (after lowering), e.g. "rel_h[b, h, q, kv // 64]"
+  std::string status;       // "unchecked (proven)", "unchecked (obligation held at launch)", "checked"
+  bool checked = false;
+  unsigned flag_bit = 0;    // bit in the error word (0 when unchecked)
+};
+
+// The error bit set when an integer division or modulo meets a zero divisor at run time.
+inline constexpr unsigned kZeroDivisorFlag = 1u << 31;
+
+struct GeneratedVariant {
+  std::string code;            // `struct <name> { ... };`
+  ParamsLayout layout;
+  std::vector<LoadSite> loads;  // one per RangeInfo::loads entry
+  int row_values = 0, col_values = 0, tile_values = 0;
+};
+
+// `ranges` must come from analyze_ranges over the same (optimized) score_mod and mask_mod.
+GeneratedVariant generate_cuda_variant(const SpecIR& ir, const RangeInfo& ranges, const VariantOptions& options,
+                                       const std::string& struct_name = "FlexVariant");
+
+// The name of a buffer's / param's / symbol's field in the Params struct.
+std::string buffer_field(const dsl::BufferDecl& b);
+
+}  // namespace flexjit

@@ -1,0 +1,41 @@
+// Assembles complete kernel sources: a generated variant spliced into a kernel template
+// from kernels_templates/, plus the extern "C" entry points the runtime launches.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "compiler/codegen/codegen_cuda.h"
+#include "compiler/codegen/kernel_config.h"
+
+namespace flexjit {
+
+// Entry point names of a forward module. A spec with a mask_mod also gets the block-mask
+// builder in the same module (one compile, one cache entry).
+inline constexpr const char* kForwardEntry = "flexjit_forward";
+inline constexpr const char* kBlockMaskEntry = "flexjit_block_mask";
+
+struct KernelSource {
+  std::string source;               // complete CUDA source for NVRTC (includes embedded templates by name)
+  std::string name;                 // program name for logs and dumped sources
+  std::vector<std::string> entries; // extern "C" kernels defined in it
+  ForwardConfig config;
+  GeneratedVariant variant;
+  std::string key_text;             // every specialisation that reached the source (for the cache key)
+};
+
+struct ForwardKernelOptions {
+  dsl::DType dtype = dsl::DType::BF16;
+  int head_dim = 128;
+  VariantOptions variant;
+};
+
+// The forward kernel for a spec: FlexForwardTraits<config> with the spec's variant.
+KernelSource forward_kernel_source(const SpecIR& ir, const RangeInfo& ranges, const ForwardKernelOptions& options);
+
+// Every kernel module a launch of the spec needs (what `flexjit compile` warms).
+std::vector<KernelSource> kernels_for_launch(const SpecIR& ir, dsl::DType dtype, int head_dim);
+
+// The canonical text of a spec's optimized IR (part of every cache key).
+std::string canonical_ir_text(const SpecIR& ir);
+
+}  // namespace flexjit

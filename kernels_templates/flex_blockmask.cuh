@@ -1,0 +1,92 @@
+// Builds a block mask on the GPU: for each (b, h, query tile) the lists of partial and full
+// KV tiles (see FlexBlockMask in flex_params.cuh). Masks without buffers are classified by
+// interval arithmetic over each tile's index box (no dense pass); data-dependent masks by
+// evaluating mask_mod on every element of the tile.
+#pragma once
+#include "flex_interval.cuh"
+#include "flex_blockmask_params.cuh"
+#include "flex_params.cuh"
+
+namespace flex_blockmask {
+
+constexpr int kThreads = 128;
+
+// The KV tile classes, in shared memory during a build.
+enum : unsigned char { kEmpty = 0, kFull = 1, kPartial = 2 };
+
+// Writes the lists of one (b, h, query tile) from the per-tile classes in `cls`.
+__device__ __forceinline__ void compact(const FlexBlockMaskBuildParams& p, const unsigned char* cls, int num_kv_tiles, int b, int h,
+                                        int qt) {
+  long long row = (long long)b * p.stride_b + (long long)h * p.stride_h + qt;
+  if (threadIdx.x == 0) {
+    int np = 0, nf = 0;
+    int* pidx = p.kv_partial_idx + row * p.max_kv_tiles;
+    int* fidx = p.kv_full_idx + row * p.max_kv_tiles;
+    for (int t = 0; t < num_kv_tiles; ++t) {
+      if (cls[t] == kPartial) pidx[np++] = t;
+      else if (cls[t] == kFull) fidx[nf++] = t;
+    }
+    p.kv_num_partial[row] = np;
+    p.kv_num_full[row] = nf;
+  }
+}
+
+}  // namespace flex_blockmask
+
+// Interval path: grid (num_q_tiles, Hm, Bm), kThreads threads, dynamic shared memory of
+// max_kv_tiles bytes. Box::classify returns 0 / 1 / 2 for a box of indices.
+template <class Variant, class Box>
+__device__ void flex_build_block_mask_interval(const FlexBlockMaskBuildParams& p, const typename Variant::Params& vp) {
+  extern __shared__ unsigned char cls[];
+  const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int num_kv_tiles = (p.seqlen_kv + p.kv_tile - 1) / p.kv_tile;
+  const int group = p.heads / p.kv_heads;
+  // A broadcast dimension stands for every index it covers.
+  fji::I bi = p.stride_b ? fji::pt((long long)b) : fji::I{0, p.batch - 1};
+  fji::I hi = p.stride_h ? fji::pt((long long)h) : fji::I{0, p.heads - 1};
+  fji::I hkv = p.stride_h ? fji::pt((long long)(h / group)) : fji::I{0, p.kv_heads - 1};
+  const long long q0 = (long long)qt * p.q_tile;
+  const long long q1 = min((long long)p.seqlen_q, q0 + p.q_tile) - 1;
+  fji::I qi{q0 + p.query_offset, q1 + p.query_offset};
+  for (int t = threadIdx.x; t < num_kv_tiles; t += blockDim.x) {
+    const long long k0 = (long long)t * p.kv_tile;
+    const long long k1 = min((long long)p.seqlen_kv, k0 + p.kv_tile) - 1;
+    cls[t] = (unsigned char)Box::classify(vp, bi, hi, hkv, qi, fji::I{k0, k1});
+  }
+  __syncthreads();
+  flex_blockmask::compact(p, cls, num_kv_tiles, b, h, qt);
+}
+
+// Dense path: every element of every tile is evaluated with the variant's mask_mod.
+template <class Variant>
+__device__ void flex_build_block_mask_dense(const FlexBlockMaskBuildParams& p, const typename Variant::Params& vp) {
+  extern __shared__ unsigned char cls[];
+  const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int num_kv_tiles = (p.seqlen_kv + p.kv_tile - 1) / p.kv_tile;
+  const int hkv = h / (p.heads / p.kv_heads);
+  const int q0 = qt * p.q_tile;
+  const int rows = min(p.seqlen_q - q0, p.q_tile);
+  for (int t = 0; t < num_kv_tiles; ++t) {
+    const int k0 = t * p.kv_tile;
+    const int cols = min(p.seqlen_kv - k0, p.kv_tile);
+    bool any_true = false, any_false = false;
+    for (int e = threadIdx.x; e < rows * cols; e += blockDim.x) {
+      const int r = e / cols, j = e % cols;
+      const int q = q0 + r + p.query_offset;
+      typename Variant::Row row;
+      typename Variant::Col col;
+      typename Variant::Tile tile;
+      Variant::row(vp, row, b, h, hkv, q);
+      Variant::col(vp, row, col, b, h, hkv, q, j);
+      Variant::tile(vp, row, tile, b, h, hkv, q, k0);
+      const bool keep = Variant::mask_mod(vp, row, col, tile, b, h, hkv, q, k0, j);
+      any_true |= keep;
+      any_false |= !keep;
+    }
+    any_true = __syncthreads_or(any_true);
+    any_false = __syncthreads_or(any_false);
+    if (threadIdx.x == 0) cls[t] = !any_true ? flex_blockmask::kEmpty : (!any_false ? flex_blockmask::kFull : flex_blockmask::kPartial);
+  }
+  __syncthreads();
+  flex_blockmask::compact(p, cls, num_kv_tiles, b, h, qt);
+}

@@ -1,0 +1,486 @@
+// The flash-attention forward template (FlashAttention-2 style, mma.sync, sm_80+) that generated variants splice into.
+#pragma once
+#include "flex_mma.cuh"
+#include "flex_params.cuh"
+#include "flex_traits.cuh"
+
+// Tile configuration per head dim (the host mirrors this table; a block mask must be built for
+// q_tile = kBlockM and kv_tile = kBlockN):
+//
+//   kHeadDim | kBlockM | kBlockN | kNWarps | rows/warp | shared memory (bytes)
+//   ---------+---------+---------+---------+-----------+----------------------
+//        32  |   128   |    64   |    4    |    32     |  30720
+//        64  |   128   |    64   |    4    |    32     |  55296
+//        80  |   128   |    64   |    4    |    32     |  67584
+//        96  |   128   |    64   |    4    |    32     |  79872
+//       128  |   128   |    64   |    4    |    32     | 104448
+//       192  |   128   |    64   |    8    |    16     | 153600
+//       256  |   128   |    64   |    8    |    16     | 202752  (needs sm_90's 227 KB; A100 allows 163 KB)
+//
+// kBlockN is 64 everywhere, so a KV tile never straddles a 64-aligned group (SAM's kv // 64, kv % 64).
+//
+// Contract with the generated Variant (all members __device__ static __forceinline__):
+//   Params (POD, 2nd kernel argument); kHasScoreMod, kHasMaskMod; Row, Col, Tile (hoisted state);
+//   row(vp, Row&, b, h, hkv, q)                       once per valid query row (q < Sq)
+//   col(vp, Row, Col&, b, h, hkv, q, j)               once per valid row and column j < min(kBlockN, Skv)
+//   tile(vp, Row, Tile&, b, h, hkv, q, k0)            once per valid row per visited KV tile with k0 < Skv
+//   score_mod(vp, Row, Col, Tile, b, h, hkv, q, k0, j, score) -> float   score = scale * q.k, kv = k0 + j
+//   mask_mod (vp, Row, Col, Tile, b, h, hkv, q, k0, j) -> bool           true = attend; partial tiles only
+// The variant is only ever called with q < Sq and k0 + j < Skv; other elements are masked here.
+// Without score_mod the kernel requires scale > 0 (the row max is taken before scaling).
+
+namespace flex {
+
+// Per-thread helpers of one (Traits, Variant) instantiation.
+template <class Traits, class Variant>
+struct ForwardKernel {
+  using Element = typename Traits::Element;
+  using VParams = typename Variant::Params;
+  using Row = typename Variant::Row;
+  using Col = typename Variant::Col;
+  using Tile = typename Variant::Tile;
+  using Mma = Mma16816<Element>;
+
+  static constexpr int kHeadDim = Traits::kHeadDim;
+  static constexpr int kBlockM = Traits::kBlockM;
+  static constexpr int kBlockN = Traits::kBlockN;
+  static constexpr int kNThreads = Traits::kNThreads;
+  static constexpr int kRowsPerWarp = Traits::kRowsPerWarp;
+  static constexpr int kMTiles = Traits::kMTiles;
+  static constexpr int kNTiles = Traits::kNTiles;
+  static constexpr int kDTiles = Traits::kDTiles;
+  static constexpr int kRowsPerThread = Traits::kRowsPerThread;
+  static constexpr int kColsPerThread = Traits::kColsPerThread;
+  static constexpr int kChunksPerRow = Traits::kChunksPerRow;
+  static constexpr int kSmemStride = Traits::kSmemStride;
+
+  static __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
+
+  // Tile row of the thread's accumulator row r (0 <= r < kRowsPerThread): m-tile r/2, half r%2.
+  static __device__ __forceinline__ int row_in_tile(int warp, int lane, int r) {
+    return warp * kRowsPerWarp + (r / 2) * 16 + (r % 2) * 8 + lane / 4;
+  }
+  // Tile column of the thread's accumulator column c (0 <= c < kColsPerThread): n8-tile c/2, element c%2.
+  static __device__ __forceinline__ int col_in_tile(int lane, int c) { return (c / 2) * 8 + 2 * (lane % 4) + (c % 2); }
+
+  // Async copy of rows [row0, row0 + kRows) of a [S, D] slice into a padded shared tile; rows at or past
+  // seqlen are zero-filled without reading global memory.
+  // Thread tid copies chunk tid % kChunksPerRow of rows tid / kChunksPerRow + i * kRowsPerPass: one pointer
+  // advanced by a fixed step, so no per-chunk addresses stay live across the mainloop. When kNThreads is not
+  // a multiple of kChunksPerRow (D = 80, 96, 192) the last few threads idle.
+  static constexpr int kRowsPerPass = kNThreads / kChunksPerRow;
+  template <int kRows>
+  static __device__ __forceinline__ void load_rows(unsigned smem, const Element* g, long long stride_s, int row0,
+                                                   int seqlen, int tid) {
+    constexpr int kPasses = (kRows + kRowsPerPass - 1) / kRowsPerPass;
+    const int r = tid / kChunksPerRow;
+    const int c = tid % kChunksPerRow;
+    if (r >= kRowsPerPass) return;
+    const Element* src = g + (long long)(row0 + r) * stride_s + c * 8;
+    const unsigned dst = smem + (r * kSmemStride + c * 8) * 2;
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      const int row = r + i * kRowsPerPass;
+      if (kRows % kRowsPerPass == 0 || row < kRows) {
+        const bool valid = row0 + row < seqlen;
+        cp_async_16(dst + i * kRowsPerPass * kSmemStride * 2, valid ? src : g, valid);
+      }
+      src += kRowsPerPass * stride_s;
+    }
+  }
+
+  // Score modification and masking of one S tile, in place. kPartial: run mask_mod. kCheckBounds: the tile
+  // crosses Sq or Skv, so elements outside [0, Sq) x [0, Skv) become -inf without calling the variant.
+  template <bool kPartial, bool kCheckBounds>
+  static __device__ __forceinline__ void apply_mods(float (&s)[kMTiles][kNTiles][4], const VParams& vp,
+                                                    const Row (&row)[kRowsPerThread],
+                                                    const Col (&col)[kRowsPerThread][kColsPerThread],
+                                                    const Tile (&tile)[kRowsPerThread], int b, int h, int hkv,
+                                                    int m0, int warp, int lane, int k0, int seqlen_q,
+                                                    int seqlen_kv, float scale) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = mt * 2 + e / 2;
+          const int c = nt * 2 + e % 2;
+          const int q = m0 + row_in_tile(warp, lane, r);
+          const int j = col_in_tile(lane, c);
+          float x = s[mt][nt][e];
+          bool in_range = true;
+          if constexpr (kCheckBounds) in_range = q < seqlen_q && k0 + j < seqlen_kv;
+          if (in_range) {
+            if constexpr (Variant::kHasScoreMod) {
+              // FUSION POINT: score_mod
+              x = Variant::score_mod(vp, row[r], col[r][c], tile[r], b, h, hkv, q, k0, j, x * scale);
+            }
+            if constexpr (kPartial) {
+              // FUSION POINT: mask_mod
+              if (!Variant::mask_mod(vp, row[r], col[r][c], tile[r], b, h, hkv, q, k0, j)) x = neg_inf();
+            }
+          } else {
+            x = neg_inf();
+          }
+          s[mt][nt][e] = x;
+        }
+      }
+    }
+  }
+};
+
+}  // namespace flex
+
+// One CTA computes O and LSE for kBlockM query rows of one (b, h). grid = (ceil(Sq / kBlockM), H, B),
+// block = Traits::kNThreads, dynamic shared memory = Traits::kSmemBytes.
+template <class Traits, class Variant>
+__device__ __forceinline__ void flex_forward(const FlexForwardParams& p, const typename Variant::Params& vp) {
+  using K = flex::ForwardKernel<Traits, Variant>;
+  using Element = typename Traits::Element;
+  using Mma = typename K::Mma;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kMTiles = Traits::kMTiles;
+  constexpr int kNTiles = Traits::kNTiles;
+  constexpr int kDTiles = Traits::kDTiles;
+  constexpr int kRowsPerThread = Traits::kRowsPerThread;
+  constexpr int kColsPerThread = Traits::kColsPerThread;
+  constexpr int kSmemStride = Traits::kSmemStride;
+  constexpr int kChunksPerRow = Traits::kChunksPerRow;
+  constexpr float kLog2e = 1.4426950408889634f;
+  constexpr float kRescaleLog2 = 8.f;  // lazy rescaling threshold, see the online softmax
+
+  extern __shared__ __align__(128) unsigned char flex_smem[];
+
+  // ============================================ Prologue ============================================
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  // Heaviest query tiles (most KV tiles under causal-like masks) first: they start in the first wave.
+  const int m_block = gridDim.x - 1 - blockIdx.x;
+  const int h = blockIdx.y;
+  const int b = blockIdx.z;
+  const int hkv = h / (p.heads / p.kv_heads);
+  const int m0 = m_block * kBlockM;
+  const int seqlen_q = p.seqlen_q;
+  const int seqlen_kv = p.seqlen_kv;
+
+  const Element* g_q = static_cast<const Element*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
+  const Element* g_k = static_cast<const Element*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
+  const Element* g_v = static_cast<const Element*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
+
+  // Shared memory: Q [kBlockM][kSmemStride], then K[stage], V[stage] [kBlockN][kSmemStride] each.
+  const unsigned s_q = flex::smem_addr(flex_smem);
+  const unsigned s_k = s_q + Traits::kSmemQElems * 2;
+  const unsigned s_v = s_k + Traits::kStages * Traits::kSmemKVElems * 2;
+  constexpr unsigned kStageBytes = Traits::kSmemKVElems * 2;
+
+  // KV tile schedule: partial tiles (mask_mod) first, then full tiles (mask-free).
+  const FlexBlockMask& bm = p.block_mask;
+  const int* partial_idx = nullptr;
+  const int* full_idx = nullptr;
+  int n_partial = 0;
+  int n_full = 0;
+  if (bm.kv_num_partial != nullptr || bm.kv_num_full != nullptr) {
+    const long long off = b * bm.stride_b + h * bm.stride_h + m_block;
+    if (bm.kv_num_partial != nullptr) {
+      n_partial = bm.kv_num_partial[off];
+      partial_idx = bm.kv_partial_idx + off * bm.max_kv_tiles;
+    }
+    if (bm.kv_num_full != nullptr) {
+      n_full = bm.kv_num_full[off];
+      full_idx = bm.kv_full_idx + off * bm.max_kv_tiles;
+    }
+  } else {
+    const int n_blocks = (seqlen_kv + kBlockN - 1) / kBlockN;
+    if (Variant::kHasMaskMod) n_partial = n_blocks;
+    else n_full = n_blocks;
+  }
+  // Without a mask_mod a "partial" tile needs no masking: it is treated as full.
+  const int n_masked = n_partial;
+  const int n_tiles = n_partial + n_full;
+  auto tile_at = [&](int t) -> int {
+    if (t < n_partial) return partial_idx != nullptr ? partial_idx[t] : t;
+    return full_idx != nullptr ? full_idx[t - n_partial] : t - n_partial;
+  };
+
+  // Q and the first two K/V tiles in flight: group 0 = {Q, K0, V0}, group 1 = {K1, V1} (possibly empty).
+  int idx_cur = n_tiles > 0 ? tile_at(0) : 0;
+  int idx_next = n_tiles > 1 ? tile_at(1) : 0;
+  K::template load_rows<kBlockM>(s_q, g_q, p.q_stride_s, m0, seqlen_q, tid);
+  if (n_tiles > 0) {
+    K::template load_rows<kBlockN>(s_k, g_k, p.k_stride_s, idx_cur * kBlockN, seqlen_kv, tid);
+    K::template load_rows<kBlockN>(s_v, g_v, p.v_stride_s, idx_cur * kBlockN, seqlen_kv, tid);
+  }
+  flex::cp_async_commit();
+  if (n_tiles > 1) {
+    K::template load_rows<kBlockN>(s_k + kStageBytes, g_k, p.k_stride_s, idx_next * kBlockN, seqlen_kv, tid);
+    K::template load_rows<kBlockN>(s_v + kStageBytes, g_v, p.v_stride_s, idx_next * kBlockN, seqlen_kv, tid);
+  }
+  flex::cp_async_commit();
+
+  // Hoisted variant state, while the copies fly. Row per query row, Col per (row, tile column).
+  typename Variant::Row row_st[kRowsPerThread];
+  typename Variant::Col col_st[kRowsPerThread][kColsPerThread];
+#pragma unroll
+  for (int r = 0; r < kRowsPerThread; ++r) {
+    const int q = m0 + K::row_in_tile(warp, lane, r);
+    if (q < seqlen_q) {
+      Variant::row(vp, row_st[r], b, h, hkv, q);
+#pragma unroll
+      for (int c = 0; c < kColsPerThread; ++c) {
+        const int j = K::col_in_tile(lane, c);
+        if (j < seqlen_kv) Variant::col(vp, row_st[r], col_st[r][c], b, h, hkv, q, j);
+      }
+    }
+  }
+
+  // Per-lane ldmatrix byte offsets (see flex_mma.cuh for the fragment layouts).
+  //   Q (A, 16x16): matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15) -> a0..a3.
+  //   K (B of S, non-trans): matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15).
+  //   V (B of O, trans):     matrices (kv 0-7, d 0-7), (kv 8-15, d 0-7), (kv 0-7, d 8-15), (kv 8-15, d 8-15).
+  const int l8 = lane % 8;
+  const int lm = lane / 8;
+  const unsigned q_lane =
+      s_q + ((warp * Traits::kRowsPerWarp + (lm & 1) * 8 + l8) * kSmemStride + (lm >> 1) * 8) * 2;
+  const unsigned k_lane = ((((lm >> 1) * 8 + l8) * kSmemStride) + (lm & 1) * 8) * 2;
+  const unsigned v_lane = ((((lm & 1) * 8 + l8) * kSmemStride) + (lm >> 1) * 8) * 2;
+
+  float acc_o[kMTiles][kDTiles][4];
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] = 0.f;
+  // Running row max (in the units the max is taken in: raw q.k without score_mod, modified score with it)
+  // and this thread's part of the running row sum of exp2((x - max) * mult).
+  float row_max[kRowsPerThread];
+  float row_sum[kRowsPerThread];
+#pragma unroll
+  for (int r = 0; r < kRowsPerThread; ++r) {
+    row_max[r] = K::neg_inf();
+    row_sum[r] = 0.f;
+  }
+  // exp(score - max) = exp2((x - max) * mult): without score_mod x = q.k and score = scale * x, so the scale
+  // folds into the same FFMA as log2(e).
+  const float mult = Variant::kHasScoreMod ? kLog2e : p.scale * kLog2e;
+  const bool q_tail = m0 + kBlockM > seqlen_q;
+
+  // ============================================ Mainloop ============================================
+  for (int it = 0; it < n_tiles; ++it) {
+    const unsigned stage_off = (it & 1) * kStageBytes;
+    const int idx_pf = it + 2 < n_tiles ? tile_at(it + 2) : 0;  // read early: latency hides behind the GEMMs
+    const int k0 = idx_cur * kBlockN;
+
+    typename Variant::Tile tile_st[kRowsPerThread];
+    if (k0 < seqlen_kv) {
+#pragma unroll
+      for (int r = 0; r < kRowsPerThread; ++r) {
+        const int q = m0 + K::row_in_tile(warp, lane, r);
+        if (q < seqlen_q) Variant::tile(vp, row_st[r], tile_st[r], b, h, hkv, q, k0);
+      }
+    }
+
+    flex::cp_async_wait<1>();  // this tile's K and V have landed (the next tile's may still fly)
+    __syncthreads();
+
+    // S = Q @ K^T   (per warp: [kRowsPerWarp x kBlockN], fp32)
+    float acc_s[kMTiles][kNTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
+    const unsigned k_base = s_k + stage_off + k_lane;
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      unsigned a[kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) flex::ldmatrix_x4(a[mt], q_lane + (mt * 16 * kSmemStride + kk * 16) * 2);
+#pragma unroll
+      for (int np = 0; np < kBlockN / 16; ++np) {
+        unsigned bk[4];
+        flex::ldmatrix_x4(bk, k_base + (np * 16 * kSmemStride + kk * 16) * 2);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          Mma::run(acc_s[mt][2 * np], a[mt], bk[0], bk[1]);
+          Mma::run(acc_s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+        }
+      }
+    }
+
+    // S = mask(score_mod(scale * S)); -inf outside [0, Sq) x [0, Skv)
+    const bool check_bounds = q_tail || k0 + kBlockN > seqlen_kv;
+    bool masked_tile = false;
+    if constexpr (Variant::kHasMaskMod) {
+      masked_tile = it < n_masked;
+      if (masked_tile) {
+        if (check_bounds)
+          K::template apply_mods</*kPartial=*/true, /*kCheckBounds=*/true>(acc_s, vp, row_st, col_st, tile_st, b, h,
+                                                                            hkv, m0, warp, lane, k0, seqlen_q, seqlen_kv,
+                                                                            p.scale);
+        else
+          K::template apply_mods</*kPartial=*/true, /*kCheckBounds=*/false>(acc_s, vp, row_st, col_st, tile_st, b, h,
+                                                                             hkv, m0, warp, lane, k0, seqlen_q, seqlen_kv,
+                                                                             p.scale);
+      }
+    }
+    if (!masked_tile) {
+      if (check_bounds)
+        K::template apply_mods</*kPartial=*/false, /*kCheckBounds=*/true>(acc_s, vp, row_st, col_st, tile_st, b, h, hkv,
+                                                                           m0, warp, lane, k0, seqlen_q, seqlen_kv, p.scale);
+      else if (Variant::kHasScoreMod)
+        K::template apply_mods</*kPartial=*/false, /*kCheckBounds=*/false>(acc_s, vp, row_st, col_st, tile_st, b, h,
+                                                                            hkv, m0, warp, lane, k0, seqlen_q, seqlen_kv,
+                                                                            p.scale);
+    }
+
+    // Online softmax, base 2:  m' = max(m, rowmax(S));  P = exp2((S - m') * mult);
+    //                          l' = l * exp2((m - m') * mult) + rowsum(P);  O' = O * exp2((m - m') * mult)
+    // Lazy rescaling: a row keeps its stale max m unless the tile's max exceeds it by more than
+    // kRescaleLog2 in exp2 units, so P <= 2^kRescaleLog2 (harmless in fp32 sums and in bf16/fp16 P) and the
+    // O *= alpha pass runs only when some row of the warp jumped. The final O / l and LSE use the same m,
+    // so the result is unchanged. A row with every element -inf so far keeps m = -inf and subtracts 0,
+    // so P = exp2(-inf) = 0 instead of NaN from (-inf) - (-inf).
+    bool rescale = false;
+    float alpha[kRowsPerThread];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = mt * 2 + half;
+        float mx = row_max[r];
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+          mx = fmaxf(mx, fmaxf(acc_s[mt][nt][2 * half], acc_s[mt][nt][2 * half + 1]));
+        mx = flex::quad_max(mx);
+#ifdef FLEX_EAGER_RESCALE
+        const bool jump = mx != row_max[r];
+#else
+        // (mx - m) * mult is +inf when m = -inf < mx, NaN (false) when both are -inf.
+        const bool jump = (mx - row_max[r]) * mult > kRescaleLog2;
+#endif
+        const float m_new = jump ? mx : row_max[r];
+        const float max_scaled = m_new == K::neg_inf() ? 0.f : m_new * mult;
+        alpha[r] = flex::ex2(row_max[r] * mult - max_scaled);
+        row_max[r] = m_new;
+        rescale |= jump;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+          for (int e = 2 * half; e < 2 * half + 2; ++e) {
+            acc_s[mt][nt][e] = flex::ex2(fmaf(acc_s[mt][nt][e], mult, -max_scaled));
+            sum += acc_s[mt][nt][e];
+          }
+        }
+        row_sum[r] = row_sum[r] * alpha[r] + sum;
+      }
+    }
+    // Rows that did not jump have alpha = 1 exactly (or O = 0 while still empty), so the skip is exact.
+    if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] *= alpha[mt * 2 + e / 2];
+    }
+
+    // O += P @ V   (P stays in registers: two n8 accumulator tiles of S form one 16x16 A fragment)
+    const unsigned v_base = s_v + stage_off + v_lane;
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      unsigned pa[kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        pa[mt][0] = Mma::pack(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
+        pa[mt][1] = Mma::pack(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
+        pa[mt][2] = Mma::pack(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
+        pa[mt][3] = Mma::pack(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dp = 0; dp < kHeadDim / 16; ++dp) {
+        unsigned bv[4];
+        flex::ldmatrix_x4_trans(bv, v_base + (kk * 16 * kSmemStride + dp * 16) * 2);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          Mma::run(acc_o[mt][2 * dp], pa[mt], bv[0], bv[1]);
+          Mma::run(acc_o[mt][2 * dp + 1], pa[mt], bv[2], bv[3]);
+        }
+      }
+    }
+
+    // Every warp is done with this stage: refill it with tile it + 2.
+    __syncthreads();
+    if (it + 2 < n_tiles) {
+      K::template load_rows<kBlockN>(s_k + stage_off, g_k, p.k_stride_s, idx_pf * kBlockN, seqlen_kv, tid);
+      K::template load_rows<kBlockN>(s_v + stage_off, g_v, p.v_stride_s, idx_pf * kBlockN, seqlen_kv, tid);
+    }
+    flex::cp_async_commit();
+    idx_cur = idx_next;
+    idx_next = idx_pf;
+  }
+
+  // ============================================ Epilogue ============================================
+  // O = O / l;  LSE = max * score_unit + ln(l). A fully masked row has l = 0: O = 0 and LSE = -inf.
+  const float score_unit = Variant::kHasScoreMod ? 1.f : p.scale;
+  float lse[kRowsPerThread];
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = mt * 2 + half;
+      const float l = flex::quad_sum(row_sum[r]);
+      const bool empty = !(l > 0.f);
+      const float inv = empty ? 0.f : 1.f / l;
+      lse[r] = empty ? K::neg_inf() : row_max[r] * score_unit + logf(l);
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        acc_o[mt][dt][2 * half] *= inv;
+        acc_o[mt][dt][2 * half + 1] *= inv;
+      }
+    }
+  }
+
+  // Stage O through the Q tile's shared memory so the global stores are 16-byte and row-contiguous.
+  flex::cp_async_wait<0>();
+  __syncthreads();
+  unsigned* s_o = reinterpret_cast<unsigned*>(flex_smem);
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = K::row_in_tile(warp, lane, mt * 2 + half);
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        const int col = dt * 8 + 2 * (lane % 4);
+        s_o[(row * kSmemStride + col) / 2] = Mma::pack(acc_o[mt][dt][2 * half], acc_o[mt][dt][2 * half + 1]);
+      }
+    }
+  }
+  __syncthreads();
+  Element* g_o = static_cast<Element*>(p.o) + b * p.o_stride_b + h * p.o_stride_h;
+#pragma unroll
+  for (int i = 0; i < kBlockM * kChunksPerRow / Traits::kNThreads; ++i) {
+    const int chunk = tid + i * Traits::kNThreads;
+    const int row = chunk / kChunksPerRow;
+    const int c = chunk % kChunksPerRow;
+    if (m0 + row < seqlen_q) {
+      const uint4 val = *reinterpret_cast<const uint4*>(flex_smem + (row * kSmemStride + c * 8) * 2);
+      *reinterpret_cast<uint4*>(g_o + (long long)(m0 + row) * p.o_stride_s + c * 8) = val;
+    }
+  }
+  if (p.lse != nullptr && lane % 4 == 0) {
+    float* g_lse = p.lse + b * p.lse_stride_b + h * p.lse_stride_h;
+#pragma unroll
+    for (int r = 0; r < kRowsPerThread; ++r) {
+      const int q = m0 + K::row_in_tile(warp, lane, r);
+      if (q < seqlen_q) g_lse[q] = lse[r];
+    }
+  }
+}

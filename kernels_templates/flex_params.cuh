@@ -1,0 +1,56 @@
+// Launch parameters of the flex attention forward kernel: plain structs shared by NVRTC device code and host C++.
+#pragma once
+
+// Plain data only: this header is also compiled as host C++20 (no CUDA headers), so it must not use
+// CUDA types, qualifiers or fixed-width integer typedefs.
+
+// Block sparsity of one launch, built for tiles of q_tile x kv_tile. For each (b, h, query tile) it lists
+// the KV tiles to visit: "partial" tiles run mask_mod per element, "full" tiles skip it, tiles in neither
+// list are skipped entirely. All pointers null means no block mask: every KV tile is visited, as partial
+// when the variant has a mask_mod and as full otherwise.
+struct FlexBlockMask {
+  const int* kv_num_partial;  // [Bm, Hm, num_q_tiles]: count of partial KV tiles per query tile (null = 0)
+  const int* kv_partial_idx;  // [Bm, Hm, num_q_tiles, max_kv_tiles]: their KV tile indices, visited in order
+  const int* kv_num_full;     // [Bm, Hm, num_q_tiles]: count of full KV tiles (mask_mod skipped; null = 0)
+  const int* kv_full_idx;     // [Bm, Hm, num_q_tiles, max_kv_tiles]: their KV tile indices, visited after the partial ones
+  long long stride_b;         // element stride of the count arrays over b (0 = broadcast over batch)
+  long long stride_h;         // element stride of the count arrays over h (0 = broadcast over heads);
+                              // the index arrays use stride_b * max_kv_tiles and stride_h * max_kv_tiles
+  int num_q_tiles;            // number of query tiles the mask was built for (ceil(Sq / q_tile))
+  int max_kv_tiles;           // capacity of each index list (usually ceil(Skv / kv_tile))
+  int q_tile;                 // query tile size the mask was built for; must equal the kernel's kBlockM
+  int kv_tile;                // KV tile size the mask was built for; must equal the kernel's kBlockN
+};
+
+// Everything the forward kernel needs besides the variant's own parameters.
+// Layouts: q [B, H, Sq, D], k/v [B, Hkv, Skv, D], o like q, given by element strides with the last dim
+// contiguous, so [B, S, H, D] storage works without a copy. Requirements the host checks (the kernel
+// uses 16-byte vector accesses): q/k/v/o 16-byte aligned, every stride a multiple of 8 elements.
+struct FlexForwardParams {
+  const void* q;              // query, element type = the kernel's Element (bf16 or fp16)
+  const void* k;              // key
+  const void* v;              // value
+  void* o;                    // output, same layout rules as q
+  float* lse;                 // [B, H, Sq] natural-log log-sum-exp of the modified scores; may be null
+  long long q_stride_b;       // element stride of q over batch
+  long long q_stride_h;       // element stride of q over heads
+  long long q_stride_s;       // element stride of q over query positions
+  long long k_stride_b;       // element stride of k over batch
+  long long k_stride_h;       // element stride of k over KV heads
+  long long k_stride_s;       // element stride of k over KV positions
+  long long v_stride_b;       // element stride of v over batch
+  long long v_stride_h;       // element stride of v over KV heads
+  long long v_stride_s;       // element stride of v over KV positions
+  long long o_stride_b;       // element stride of o over batch
+  long long o_stride_h;       // element stride of o over heads
+  long long o_stride_s;       // element stride of o over query positions
+  long long lse_stride_b;     // element stride of lse over batch
+  long long lse_stride_h;     // element stride of lse over heads (the row stride is 1)
+  int batch;                  // B
+  int heads;                  // H, query heads
+  int kv_heads;               // Hkv; H must be a multiple of it; kv head of query head h is h / (H / Hkv)
+  int seqlen_q;               // Sq >= 1
+  int seqlen_kv;              // Skv >= 1
+  float scale;                // softmax scale (> 0) applied to q.k before score_mod
+  FlexBlockMask block_mask;   // block sparsity; all pointers null = no block mask
+};

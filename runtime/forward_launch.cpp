@@ -1,0 +1,175 @@
+#include "runtime/forward_launch.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "compiler/interpreter.h"
+#include "dsl/error.h"
+
+namespace flexjit::runtime {
+
+namespace {
+
+void check_tensor(const Tensor& t, const char* name, size_t rank) {
+  if (!t.data) throw Error(fmt::format("{} has no data pointer", name));
+  if (t.shape.size() != rank) throw Error(fmt::format("{} must have {} dimensions, but has {}", name, rank, t.shape.size()));
+  if (!t.strides.empty() && t.strides.size() != rank)
+    throw Error(fmt::format("{} has {} strides for {} dimensions", name, t.strides.size(), rank));
+  for (size_t i = 0; i < rank; ++i)
+    if (t.shape[i] < 1) throw Error(fmt::format("{} dimension {} is {}; every dimension must be at least 1", name, i, t.shape[i]));
+}
+
+void check_gpu_layout(const Tensor& t, const char* name) {
+  std::vector<int64_t> s = t.effective_strides();
+  if (s.back() != 1) throw Error(fmt::format("{} must be contiguous in its last dimension (stride 1), but its stride is {}", name, s.back()));
+  for (size_t i = 0; i + 1 < s.size(); ++i)
+    if (s[i] % 8 != 0)
+      throw Error(fmt::format("{} stride {} is {} elements; the GPU kernel needs strides that are multiples of 8 elements (16 bytes)", name,
+                              i, s[i]));
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) throw Error(fmt::format("{} must be 16-byte aligned", name));
+}
+
+}  // namespace
+
+LaunchShape validate_operands(const dsl::Spec& spec, const AttentionArgs& a, bool gpu) {
+  check_tensor(a.q, "q", 4);
+  check_tensor(a.k, "k", 4);
+  check_tensor(a.v, "v", 4);
+  check_tensor(a.o, "o", 4);
+  LaunchShape s{a.q.shape[0], a.q.shape[1], a.k.shape[1], a.q.shape[2], a.k.shape[2], a.q.shape[3], a.v.shape[3]};
+  auto expect = [](const Tensor& t, const char* name, std::vector<int64_t> want, const char* layout) {
+    if (t.shape != want)
+      throw Error(fmt::format("{} has shape [{}] but must be {} = [{}]", name, fmt::join(t.shape, ", "), layout, fmt::join(want, ", ")));
+  };
+  if (a.k.shape[0] != s.batch) throw Error(fmt::format("k has batch {} but q has {}", a.k.shape[0], s.batch));
+  if (s.head_dim != spec.head_dim)
+    throw Error(fmt::format("q has head dim {} but the spec was compiled for {}; set head_dim in the spec", s.head_dim, spec.head_dim));
+  expect(a.k, "k", {s.batch, s.kv_heads, s.seqlen_kv, s.head_dim}, "[B, Hkv, Skv, D]");
+  if (s.head_dim_v != spec.value_head_dim())
+    throw Error(fmt::format("v has head dim {} but the spec says {}", s.head_dim_v, spec.value_head_dim()));
+  expect(a.v, "v", {s.batch, s.kv_heads, s.seqlen_kv, s.head_dim_v}, "[B, Hkv, Skv, Dv]");
+  expect(a.o, "o", {s.batch, s.heads, s.seqlen_q, s.head_dim_v}, "[B, H, Sq, Dv]");
+  if (s.heads % s.kv_heads != 0)
+    throw Error(fmt::format("q has {} heads and k/v {}: the query heads must be a multiple of the KV heads (GQA)", s.heads, s.kv_heads));
+  if (spec.gqa_group && s.heads / s.kv_heads != spec.gqa_group)
+    throw Error(fmt::format("the spec fixes gqa_group = {} but the launch has {} / {} heads", spec.gqa_group, s.heads, s.kv_heads));
+  for (const auto* t : {&a.q, &a.k, &a.v, &a.o})
+    if (t->dtype != spec.dtype)
+      throw Error(fmt::format("q, k, v and o must all be {} (the spec's dtype), but one is {}", dsl::dtype_name(spec.dtype),
+                              dsl::dtype_name(t->dtype)));
+  if (a.lse.data) {
+    check_tensor(a.lse, "lse", 3);
+    expect(a.lse, "lse", {s.batch, s.heads, s.seqlen_q}, "[B, H, Sq]");
+    if (a.lse.dtype != dsl::DType::F32) throw Error("lse must be f32");
+    if (a.lse.effective_strides().back() != 1) throw Error("lse must be contiguous in its last dimension");
+  }
+  for (int64_t v : {s.batch, s.heads, s.seqlen_q, s.seqlen_kv})
+    if (v > INT32_MAX) throw Error("B, H, Sq and Skv must each be below 2^31");
+  if (gpu) {
+    check_gpu_layout(a.q, "q");
+    check_gpu_layout(a.k, "k");
+    check_gpu_layout(a.v, "v");
+    check_gpu_layout(a.o, "o");
+  }
+  if (!(a.scale >= 0) || std::isinf(a.scale)) throw Error(fmt::format("scale must be a finite number >= 0 (0 means 1/sqrt(D)), got {}", a.scale));
+  return s;
+}
+
+std::vector<Tensor> collect_buffers(const dsl::Spec& spec, const AttentionArgs& a, const std::vector<Tensor>& bound) {
+  std::vector<Tensor> out(spec.buffers.size());
+  for (const auto& [name, t] : a.buffers) {
+    int idx = -1;
+    for (size_t i = 0; i < spec.buffers.size(); ++i)
+      if (spec.buffers[i].name == name) idx = static_cast<int>(i);
+    if (idx < 0) {
+      std::vector<std::string> names;
+      for (const auto& b : spec.buffers) names.push_back(b.name);
+      auto guess = dsl::closest_name(name, names);
+      throw Error(fmt::format("buffer `{}` is not declared by spec `{}`{}", name, spec.name, guess ? fmt::format("; did you mean `{}`?", *guess) : ""));
+    }
+    out[idx] = t;
+  }
+  for (size_t i = 0; i < spec.buffers.size(); ++i) {
+    const dsl::BufferDecl& d = spec.buffers[i];
+    if (!out[i].data && i < bound.size()) out[i] = bound[i];
+    if (!out[i].data) throw Error(fmt::format("buffer `{}` ({}) was not given and is not bound for this device", d.name, d.str()));
+    if (out[i].dtype != d.dtype)
+      throw Error(fmt::format("buffer `{}` is declared {} but the given tensor is {}", d.name, d.str(), dsl::dtype_name(out[i].dtype)));
+    if (!out[i].strides.empty() && out[i].strides.size() != out[i].shape.size())
+      throw Error(fmt::format("buffer `{}` has {} strides for {} dimensions", d.name, out[i].strides.size(), out[i].shape.size()));
+  }
+  return out;
+}
+
+BoundValues bind_launch(const dsl::CheckedSpec& cs, const LaunchShape& s, const std::vector<Tensor>& buffers, const AttentionArgs& a) {
+  std::map<std::string, std::string> values = {{"B", std::to_string(s.batch)},      {"H", std::to_string(s.heads)},
+                                               {"Hkv", std::to_string(s.kv_heads)}, {"Sq", std::to_string(s.seqlen_q)},
+                                               {"Skv", std::to_string(s.seqlen_kv)}, {"D", std::to_string(s.head_dim)}};
+  for (const auto& [name, v] : a.params) {
+    const dsl::ParamDecl* p = cs.spec.find_param(name);
+    if (!p) {
+      std::vector<std::string> names;
+      for (const auto& q : cs.spec.params) names.push_back(q.name);
+      auto guess = dsl::closest_name(name, names);
+      throw Error(fmt::format("parameter `{}` is not declared by spec `{}`{}", name, cs.spec.name, guess ? fmt::format("; did you mean `{}`?", *guess) : ""));
+    }
+    if (p->type == dsl::ValueType::Int) {
+      if (v != std::floor(v)) throw Error(fmt::format("parameter `{}` is an int but was given {}", name, v));
+      values[name] = std::to_string(static_cast<long long>(v));
+    } else if (p->type == dsl::ValueType::Bool) {
+      values[name] = v != 0 ? "true" : "false";
+    } else {
+      values[name] = fmt::format("{:.9g}", v);
+    }
+  }
+  std::vector<std::optional<std::vector<int64_t>>> shapes;
+  for (const Tensor& t : buffers) shapes.push_back(t.shape);
+  return bind_values(cs, values, shapes, /*require_all=*/true);
+}
+
+std::string VariantChoice::key() const { return fmt::format("i{}_c{:x}", int32 ? 32 : 64, checked_loads); }
+
+VariantChoice choose_variant(const RangeInfo& ranges, const dsl::CheckedSpec& cs, const BoundValues& values) {
+  VariantChoice c;
+  EvalEnv env;
+  env.symbols = values.symbols;
+  env.params = values.params;
+  (void)cs;
+  for (size_t i = 0; i < ranges.loads.size() && i < 64; ++i) {
+    const LoadCheck& lc = ranges.loads[i];
+    if (lc.status != LoadCheck::Status::Conditional) continue;
+    if (!evaluate(lc.obligation, env).b) c.checked_loads |= 1ull << i;
+  }
+  if (ranges.int32_obligation) c.int32 = evaluate(ranges.int32_obligation, env).b;
+  return c;
+}
+
+std::vector<uint64_t> fill_variant_params(const ParamsLayout& layout, const std::vector<Tensor>& buffers, const BoundValues& values,
+                                          unsigned int* error_word) {
+  std::vector<uint64_t> slots(layout.slots.size(), 0);
+  for (size_t i = 0; i < layout.slots.size(); ++i) {
+    const ParamSlot& s = layout.slots[i];
+    uint64_t& out = slots[i];
+    switch (s.kind) {
+      case SlotKind::ErrorFlags: out = reinterpret_cast<uint64_t>(error_word); break;
+      case SlotKind::BufferData: out = reinterpret_cast<uint64_t>(buffers[s.index].data); break;
+      case SlotKind::BufferStride: out = static_cast<uint64_t>(buffers[s.index].effective_strides()[s.dim]); break;
+      case SlotKind::BufferExtent: out = static_cast<uint64_t>(buffers[s.index].shape[s.dim]); break;
+      case SlotKind::Symbol: out = static_cast<uint64_t>(values.symbols[s.index]); break;
+      case SlotKind::IntParam: out = static_cast<uint64_t>(values.params[s.index].i); break;
+      case SlotKind::BoolParam: out = values.params[s.index].b ? 1 : 0; break;
+      case SlotKind::FloatParam: {
+        float f = values.params[s.index].f;
+        uint32_t bits;
+        std::memcpy(&bits, &f, 4);
+        out = bits;
+        break;
+      }
+    }
+  }
+  return slots;
+}
+
+}  // namespace flexjit::runtime

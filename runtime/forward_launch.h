@@ -1,0 +1,47 @@
+// Host-side checks and parameter filling for one forward launch: shapes, strides, dtypes,
+// symbol and parameter binding, the launch-time range obligations that pick the kernel
+// variant, and the bytes of the variant's Params struct.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "compiler/bindings.h"
+#include "compiler/codegen/params_layout.h"
+#include "compiler/passes/range_analysis.h"
+#include "compiler/spec_ir.h"
+#include "runtime/flexjit.hpp"
+
+namespace flexjit::runtime {
+
+struct LaunchShape {
+  int64_t batch = 0, heads = 0, kv_heads = 0, seqlen_q = 0, seqlen_kv = 0, head_dim = 0, head_dim_v = 0;
+};
+
+// Checks q, k, v, o (and lse) against each other and the spec; throws flexjit::Error saying
+// which tensor, which dimension and what was expected. `gpu`: also 16-byte alignment and
+// strides that are multiples of 8 elements (the kernel's vector accesses).
+LaunchShape validate_operands(const dsl::Spec& spec, const AttentionArgs& args, bool gpu);
+
+// The captured buffers of a launch in spec order: from args, else from `bound` (same order,
+// may hold null data). Throws naming a missing or mistyped buffer.
+std::vector<Tensor> collect_buffers(const dsl::Spec& spec, const AttentionArgs& args, const std::vector<Tensor>& bound);
+
+// Binds symbols (from the launch shape and buffer shapes) and parameters (args.params).
+BoundValues bind_launch(const dsl::CheckedSpec& cs, const LaunchShape& shape, const std::vector<Tensor>& buffers,
+                        const AttentionArgs& args);
+
+// Which kernel variant the launch needs: conditional loads whose obligation fails for these
+// values must be emitted checked, and 64-bit ints unless the int32 obligation holds.
+struct VariantChoice {
+  uint64_t checked_loads = 0;
+  bool int32 = true;
+  std::string key() const;
+};
+VariantChoice choose_variant(const RangeInfo& ranges, const dsl::CheckedSpec& cs, const BoundValues& values);
+
+// The Params struct bytes (8 per slot) for the generated variant.
+std::vector<uint64_t> fill_variant_params(const ParamsLayout& layout, const std::vector<Tensor>& buffers, const BoundValues& values,
+                                          unsigned int* error_word);
+
+}  // namespace flexjit::runtime

@@ -1,0 +1,81 @@
+// `flexjit dump SPEC --emit=ast|ir|cuda|ptx`: show what a spec becomes at each stage.
+#include <fmt/format.h>
+
+#include "compiler/codegen/kernel_source.h"
+#include "compiler/frontend.h"
+#include "compiler/ir_report.h"
+#include "compiler/passes/pipeline.h"
+#include "dsl/ast.h"
+#include "runtime/nvrtc.h"
+#include "tools/commands.h"
+#include "tools/spec_options.h"
+
+namespace flexjit::tools {
+
+namespace {
+
+struct DumpOptions {
+  SpecOptions spec;
+  std::string emit = "cuda";
+  std::string dump_after;
+  std::string arch = "sm_90a";
+};
+
+int run_dump(const DumpOptions& o) {
+  dsl::Spec spec = o.spec.load();
+  if (o.emit == "ast") {
+    dsl::Diagnostics diags;
+    auto checked = dsl::check_spec(spec, diags);
+    if (!checked) throw CompileError(std::move(diags));
+    if (checked->score_mod) fmt::print("# score_mod\n{}", dsl::print_ast(*checked->score_mod->ast));
+    if (checked->mask_mod) fmt::print("# mask_mod\n{}", dsl::print_ast(*checked->mask_mod->ast));
+    return 0;
+  }
+  if (!o.dump_after.empty() && o.emit != "ir") throw Error("--dump-after goes with --emit=ir");
+  if (!o.dump_after.empty()) {
+    const auto& names = pass_names();
+    if (std::find(names.begin(), names.end(), o.dump_after) == names.end())
+      throw Error(fmt::format("unknown pass '{}' for --dump-after; passes: {}", o.dump_after, fmt::join(names, ", ")));
+  }
+  bool dumped = false;
+  SpecIR ir = build_spec_ir(spec, [&](const std::string& pass, const SpecIR& state) {
+    if (pass != o.dump_after) return;
+    fmt::print("# after pass `{}`\n{}", pass, ir_report(state, /*with_analyses=*/false));
+    dumped = true;
+  });
+  if (o.emit == "ir") {
+    if (!dumped) fmt::print("{}", ir_report(ir, /*with_analyses=*/true));
+    return 0;
+  }
+  RangeInfo ranges = analyze_ir_ranges(ir);
+  ForwardKernelOptions fo;
+  fo.dtype = spec.dtype;
+  fo.head_dim = spec.head_dim;
+  KernelSource ks = forward_kernel_source(ir, ranges, fo);
+  if (o.emit == "cuda") {
+    fmt::print("{}", ks.source);
+    return 0;
+  }
+  runtime::NvrtcRequest req;
+  req.source = ks.source;
+  req.program_name = ks.name + ".cu";
+  req.arch = o.arch;
+  req.want_ptx = true;
+  runtime::NvrtcOutput out = runtime::NvrtcCompiler().compile(req);
+  fmt::print("{}", out.ptx);
+  return 0;
+}
+
+}  // namespace
+
+void add_dump_command(CLI::App& app, Action& action) {
+  auto* cmd = app.add_subcommand("dump", "Print a spec's AST, IR (with dependence and range facts), generated CUDA or PTX");
+  auto o = std::make_shared<DumpOptions>();
+  o->spec.add_to(cmd);
+  cmd->add_option("--emit", o->emit, "What to print: ast, ir, cuda or ptx")->check(CLI::IsMember({"ast", "ir", "cuda", "ptx"}))->capture_default_str();
+  cmd->add_option("--dump-after", o->dump_after, "With --emit=ir: print the IR right after this pass (lower, fold, simplify, cse)");
+  cmd->add_option("--arch", o->arch, "With --emit=ptx: target architecture, e.g. sm_80, sm_90a")->capture_default_str();
+  cmd->callback([o, &action] { action = [o] { return run_dump(*o); }; });
+}
+
+}  // namespace flexjit::tools

@@ -1,0 +1,29 @@
+// Command-line options shared by the subcommands that take a spec: a JSON file and/or
+// flags (--score, --mask, --buffer, --param, --const, --head-dim, --dtype).
+#pragma once
+#include <CLI/CLI.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dsl/spec.h"
+
+namespace flexjit::tools {
+
+struct SpecOptions {
+  std::string file;
+  std::optional<std::string> score, mask, name, dtype;
+  std::vector<std::string> buffers, params, consts, grads;
+  int head_dim = 0;
+  int head_dim_v = 0;
+
+  void add_to(CLI::App* cmd);
+  // The spec from the file (if any) with the flags on top; throws CompileError with all
+  // diagnostics, or flexjit::Error for an unreadable file or an empty spec.
+  dsl::Spec load() const;
+};
+
+// How diagnostics are printed: "text" (caret form) or "json".
+std::string& diagnostics_format();
+
+}  // namespace flexjit::tools

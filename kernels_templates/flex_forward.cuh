@@ -27,7 +27,14 @@
 //   score_mod(vp, Row, Col, Tile, b, h, hkv, q, k0, j, score) -> float   score = scale * q.k, kv = k0 + j
 //   mask_mod (vp, Row, Col, Tile, b, h, hkv, q, k0, j) -> bool           true = attend; partial tiles only
 // The variant is only ever called with q < Sq and k0 + j < Skv; other elements are masked here.
-// Without score_mod the kernel requires scale > 0 (the row max is taken before scaling).
+//
+// What the host must guarantee (the kernel does not check):
+//   - q/k/v/o 16-byte aligned, last dim contiguous, every other stride a multiple of 8 elements;
+//   - H % Hkv == 0; Sq >= 1 (grid.x > 0); without score_mod, scale > 0 (the row max is taken before scaling);
+//   - dynamic shared memory limit raised to Traits::kSmemBytes (all configs exceed 48 KB);
+//   - a block mask built with q_tile = kBlockM, kv_tile = kBlockN, num_q_tiles >= grid.x, KV tile indices
+//     in [0, ceil(Skv / kBlockN)) (a tile past Skv would only be masked out), each list without repeats.
+// Fully masked rows (and query tiles whose lists are empty) produce O = 0 and LSE = -inf.
 
 namespace flex {
 
@@ -348,37 +355,28 @@ __device__ __forceinline__ void flex_forward(const FlexForwardParams& p, const t
     // so P = exp2(-inf) = 0 instead of NaN from (-inf) - (-inf).
     bool rescale = false;
     float alpha[kRowsPerThread];
+    float max_scaled[kRowsPerThread];
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int r = mt * 2 + half;
-        float mx = row_max[r];
+        float t[kNTiles];  // tree reduction: depth log2(kNTiles) instead of a kNTiles-long dependency chain
 #pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt)
-          mx = fmaxf(mx, fmaxf(acc_s[mt][nt][2 * half], acc_s[mt][nt][2 * half + 1]));
-        mx = flex::quad_max(mx);
-#ifdef FLEX_EAGER_RESCALE
-        const bool jump = mx != row_max[r];
-#else
+        for (int nt = 0; nt < kNTiles; ++nt) t[nt] = fmaxf(acc_s[mt][nt][2 * half], acc_s[mt][nt][2 * half + 1]);
+#pragma unroll
+        for (int stride = 1; stride < kNTiles; stride *= 2)
+#pragma unroll
+          for (int i = 0; i + stride < kNTiles; i += 2 * stride) t[i] = fmaxf(t[i], t[i + stride]);
+        const float mx = flex::quad_max(fmaxf(row_max[r], t[0]));
         // (mx - m) * mult is +inf when m = -inf < mx, NaN (false) when both are -inf.
         const bool jump = (mx - row_max[r]) * mult > kRescaleLog2;
-#endif
         const float m_new = jump ? mx : row_max[r];
-        const float max_scaled = m_new == K::neg_inf() ? 0.f : m_new * mult;
-        alpha[r] = flex::ex2(row_max[r] * mult - max_scaled);
+        max_scaled[r] = m_new == K::neg_inf() ? 0.f : m_new * mult;
+        alpha[r] = flex::ex2(row_max[r] * mult - max_scaled[r]);
         row_max[r] = m_new;
+        row_sum[r] *= alpha[r];
         rescale |= jump;
-        float sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-          for (int e = 2 * half; e < 2 * half + 2; ++e) {
-            acc_s[mt][nt][e] = flex::ex2(fmaf(acc_s[mt][nt][e], mult, -max_scaled));
-            sum += acc_s[mt][nt][e];
-          }
-        }
-        row_sum[r] = row_sum[r] * alpha[r] + sum;
       }
     }
     // Rows that did not jump have alpha = 1 exactly (or O = 0 while still empty), so the skip is exact.
@@ -391,17 +389,26 @@ __device__ __forceinline__ void flex_forward(const FlexForwardParams& p, const t
           for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] *= alpha[mt * 2 + e / 2];
     }
 
-    // O += P @ V   (P stays in registers: two n8 accumulator tiles of S form one 16x16 A fragment)
+    // O += P @ V, 16 columns of P at a time: P stays in registers (two n8 accumulator tiles of S form one
+    // 16x16 A fragment), and the exponentials of one chunk overlap the mmas of the previous one.
     const unsigned v_base = s_v + stage_off + v_lane;
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       unsigned pa[kMTiles][4];
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
-        pa[mt][0] = Mma::pack(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
-        pa[mt][1] = Mma::pack(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
-        pa[mt][2] = Mma::pack(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
-        pa[mt][3] = Mma::pack(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
+        float p[2][4];
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            p[i][e] = flex::ex2(fmaf(acc_s[mt][2 * kk + i][e], mult, -max_scaled[mt * 2 + e / 2]));
+        row_sum[mt * 2] += (p[0][0] + p[0][1]) + (p[1][0] + p[1][1]);
+        row_sum[mt * 2 + 1] += (p[0][2] + p[0][3]) + (p[1][2] + p[1][3]);
+        pa[mt][0] = Mma::pack(p[0][0], p[0][1]);
+        pa[mt][1] = Mma::pack(p[0][2], p[0][3]);
+        pa[mt][2] = Mma::pack(p[1][0], p[1][1]);
+        pa[mt][3] = Mma::pack(p[1][2], p[1][3]);
       }
 #pragma unroll
       for (int dp = 0; dp < kHeadDim / 16; ++dp) {

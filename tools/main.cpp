@@ -11,6 +11,10 @@
 #include "tools/commands.h"
 #include "tools/spec_options.h"
 
+#ifdef FLEXJIT_HAVE_CPU_BACKEND
+#include "runtime/cpu/cpu_backend.h"
+#endif
+
 int main(int argc, char** argv) {
   using namespace flexjit::tools;
   CLI::App app{"flexjit: JIT-compiled attention with score_mod / mask_mod written as expressions"};
@@ -25,6 +29,10 @@ int main(int argc, char** argv) {
   add_eval_command(app, action);
   add_compile_command(app, action);
   add_cache_command(app, action);
+  add_run_command(app, action);
+  add_bench_command(app, action);
+  add_random_command(app, action);
+  add_devices_command(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -32,6 +40,9 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : 1;
   }
   try {
+#ifdef FLEXJIT_HAVE_CPU_BACKEND
+    flexjit::cpu::install();
+#endif
     return action ? action() : 0;
   } catch (const flexjit::CompileError& e) {
     if (diagnostics_format() == "json") std::cerr << e.diagnostics().render_json() << "\n";

@@ -34,6 +34,7 @@ class CudaEmitter {
   // Starts a function body: earlier stages' hoisted values are visible through their state.
   void begin(Stage stage) {
     names_.clear();
+    flags_memo_.clear();
     lines_.clear();
     stage_ = stage;
     for (const HoistedValue& v : staged_.values)
@@ -45,6 +46,7 @@ class CudaEmitter {
     auto it = names_.find(e.get());
     if (it != names_.end()) return it->second;
     if (std::string leaf = leaf_text(e); !leaf.empty()) return leaf;
+    if (std::string guarded = emit_guarded(e); !guarded.empty()) return guarded;
     std::vector<std::string> k;
     for (const Expr& c : children(e)) k.push_back(emit(c));
     std::string rhs = op_text(e, k);
@@ -55,10 +57,70 @@ class CudaEmitter {
     return name;
   }
 
+  // `&&`, `||` and selects evaluate only the operand they use, as the interpreter does, when
+  // that operand holds work that can raise an error flag (a checked load, a runtime
+  // divisor): `i < n && buf[i] > 0` then guards the load. Other operands are computed
+  // eagerly (no divergence). Returns "" when e needs no guard.
+  std::string emit_guarded(const Expr& e) {
+    const Binary* b = e.as<Binary>();
+    const Select* sel = e.as<Select>();
+    bool logic = b && (b->op == BinaryOp::And || b->op == BinaryOp::Or);
+    if (!logic && !sel) return "";
+    if (logic ? !flags_errors(b->b) : !(flags_errors(sel->t) || flags_errors(sel->f))) return "";
+    std::string name = fmt::format("t{}", counter_++);
+    auto branch = [&](const Expr& value) {
+      auto saved = names_;
+      std::string v = emit(value);
+      lines_.push_back(fmt::format("{} = {};", name, v));
+      names_ = std::move(saved);  // temporaries of a branch are not visible after it
+    };
+    if (logic) {
+      std::string a = emit(b->a);
+      bool is_and = b->op == BinaryOp::And;
+      lines_.push_back(fmt::format("bool {} = {};", name, is_and ? "false" : "true"));
+      lines_.push_back(fmt::format("if ({}{}) {{", is_and ? "" : "!", a));
+      branch(b->b);
+      lines_.push_back("}");
+    } else {
+      std::string c = emit(sel->cond);
+      lines_.push_back(fmt::format("{} {};", c_type(e), name));
+      lines_.push_back(fmt::format("if ({}) {{", c));
+      branch(sel->t);
+      lines_.push_back("} else {");
+      branch(sel->f);
+      lines_.push_back("}");
+    }
+    names_[e.get()] = name;
+    return name;
+  }
+
+  // Whether evaluating e (beyond what is already in scope) can set an error flag.
+  bool flags_errors(const Expr& e) {
+    if (names_.count(e.get())) return false;
+    auto it = flags_memo_.find(e.get());
+    if (it != flags_memo_.end()) return it->second;
+    bool r = false;
+    if (e.as<Load>()) {
+      int idx = -1;
+      r = emitted_checked(e, &idx) && opt_.error_flags;
+    } else if (const Binary* b = e.as<Binary>()) {
+      const IntImm* d = b->b.as<IntImm>();
+      r = opt_.error_flags && e.type() == Type::Int && (b->op == BinaryOp::FloorDiv || b->op == BinaryOp::Mod) && !(d && d->value != 0);
+    }
+    for (const Expr& c : children(e)) r = r || flags_errors(c);
+    flags_memo_[e.get()] = r;
+    return r;
+  }
+
   void line(std::string s) { lines_.push_back(std::move(s)); }
   std::string body(int indent) const {
     std::string out;
-    for (const std::string& l : lines_) out += std::string(indent, ' ') + l + "\n";
+    int depth = 0;
+    for (const std::string& l : lines_) {
+      if (!l.empty() && l[0] == '}') --depth;
+      out += std::string(indent + 2 * depth, ' ') + l + "\n";
+      if (!l.empty() && l.back() == '{') ++depth;
+    }
     return out;
   }
 
@@ -325,6 +387,7 @@ class CudaEmitter {
   const VariantOptions& opt_;
   std::unordered_map<const Node*, int> load_index_;
   std::unordered_map<const Node*, std::string> names_;
+  std::unordered_map<const Node*, bool> flags_memo_;
   std::vector<std::string> lines_;
   Stage stage_ = Stage::Row;
   int counter_ = 0;
@@ -382,6 +445,24 @@ std::string params_struct(const ParamsLayout& layout) {
   return s + "  };\n";
 }
 
+// Whether evaluating `e` (a node of the analysed DAG) can set an error flag in this variant.
+bool may_flag(const SpecIR&, const RangeInfo& ranges, const VariantOptions& opt, const Expr& e) {
+  if (!opt.error_flags) return false;
+  if (const Binary* b = e.as<Binary>()) {
+    const IntImm* d = b->b.as<IntImm>();
+    return e.type() == Type::Int && (b->op == BinaryOp::FloorDiv || b->op == BinaryOp::Mod) && !(d && d->value != 0);
+  }
+  if (!e.as<Load>()) return false;
+  for (size_t i = 0; i < ranges.loads.size(); ++i) {
+    if (!ranges.loads[i].load.same_as(e)) continue;
+    const LoadCheck& c = ranges.loads[i];
+    if (c.status == LoadCheck::Status::Proven) return false;
+    if (c.status == LoadCheck::Status::Unproven) return true;
+    return i >= 64 || ((opt.checked_loads >> i) & 1);
+  }
+  return true;
+}
+
 }  // namespace
 
 GeneratedVariant generate_cuda_variant(const SpecIR& ir, const RangeInfo& ranges, const VariantOptions& options,
@@ -390,6 +471,7 @@ GeneratedVariant generate_cuda_variant(const SpecIR& ir, const RangeInfo& ranges
   StagingOptions so;
   so.tile_size = options.tile_size;
   so.hoist = options.hoist;
+  so.may_flag = [&](const ir::Expr& original) { return may_flag(ir, ranges, options, original); };
   StagedMods staged = stage_mods(ir.score_mod, ir.mask_mod, so);
   out.layout = make_layout(ir);
   out.row_values = staged.count(Stage::Row);

@@ -88,6 +88,22 @@ inline float float_round(float a) {
   else r = std::fmod(fl, 2.0f) == 0.0f ? fl : fl + 1.0f;
   return std::copysign(r, a);  // keeps -0.0 for -0.4 as rintf does
 }
+// min/max: a NaN operand yields the other operand (also a signaling NaN, unlike glibc's
+// fminf, so that a value loaded from a buffer behaves like one computed), and -0.0 counts as
+// less than +0.0 (C leaves that case open). Both are then commutative, as LLVM's
+// llvm.minimumnum / llvm.maximumnum are.
+inline float float_min(float a, float b) {
+  if (std::isnan(a)) return b;
+  if (std::isnan(b)) return a;
+  if (a == b) return std::signbit(a) ? a : b;
+  return a < b ? a : b;
+}
+inline float float_max(float a, float b) {
+  if (std::isnan(a)) return b;
+  if (std::isnan(b)) return a;
+  if (a == b) return std::signbit(a) ? b : a;
+  return a > b ? a : b;
+}
 inline float float_sigmoid(float a) { return 1.0f / (1.0f + std::exp(-a)); }
 inline float float_rsqrt(float a) { return 1.0f / std::sqrt(a); }
 
@@ -199,8 +215,8 @@ inline Scalar apply_binary(BinaryOp op, const Scalar& x, const Scalar& y, bool* 
     case BinaryOp::Div: return Scalar::of_float(a / b);
     case BinaryOp::FloorDiv: return Scalar::of_float(float_floordiv(a, b));
     case BinaryOp::Mod: return Scalar::of_float(float_mod(a, b));
-    case BinaryOp::Min: return Scalar::of_float(std::fmin(a, b));
-    case BinaryOp::Max: return Scalar::of_float(std::fmax(a, b));
+    case BinaryOp::Min: return Scalar::of_float(float_min(a, b));
+    case BinaryOp::Max: return Scalar::of_float(float_max(a, b));
     case BinaryOp::Pow: return Scalar::of_float(std::pow(a, b));
     case BinaryOp::EQ: return Scalar::of_bool(a == b);
     case BinaryOp::NE: return Scalar::of_bool(a != b);

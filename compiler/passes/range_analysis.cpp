@@ -26,6 +26,7 @@ constexpr i128 kSymbolMax = (static_cast<i128>(1) << 31) - 1;  // documented lim
 constexpr i128 kSafe = static_cast<i128>(1) << 63;              // sums of |terms| below this cannot overflow int64
 constexpr i128 kInt64Min = std::numeric_limits<int64_t>::min();
 constexpr i128 kInt64Max = std::numeric_limits<int64_t>::max();
+constexpr size_t kMaxBoundNodes = 256;                          // larger bounds are dropped (kept unbounded)
 constexpr int64_t kInt32Min = std::numeric_limits<int32_t>::min();
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 
@@ -197,6 +198,18 @@ class Analyzer {
     return *f.safe;
   }
 
+  // The size of e written out as a tree (saturating): bounds are printed and compared as
+  // text, so one built from shared sub-bounds must not grow exponentially.
+  size_t tree_size(const Expr& e) {
+    Facts& f = facts(e);
+    if (!f.tree_size) {
+      size_t n = 1;
+      for (const Expr& c : children(e)) n = std::min(n + tree_size(c), kMaxBoundNodes + 1);
+      f.tree_size = n;
+    }
+    return *f.tree_size;
+  }
+
   Expr smart_min(const Expr& a, const Expr& b) { return min_max(BinaryOp::Min, a, b); }
   Expr smart_max(const Expr& a, const Expr& b) { return min_max(BinaryOp::Max, a, b); }
 
@@ -230,6 +243,7 @@ class Analyzer {
     std::optional<Lin> lin;
     std::optional<SB> sb_atom;
     std::optional<bool> safe;
+    std::optional<size_t> tree_size;
   };
 
   Facts& facts(const Expr& e) {
@@ -338,8 +352,9 @@ class Analyzer {
   }
 
   // min/max of two canonical bounds: one of them when the prover orders them, else a Min/Max
-  // atom with its operands in key order.
+  // atom with its operands in key order. Null (inexpressible) operands give null.
   Expr min_max(BinaryOp op, const Expr& a, const Expr& b) {
+    if (!a || !b) return {};  // a bound that could not be expressed: the result is unbounded too
     Lin d = lin_add(lin(b), lin(a), -1);  // b - a
     bool a_le_b = nonneg(d) == Tri::True, b_le_a = nonneg(lin_scale(d, -1)) == Tri::True;
     if (a_le_b) return op == BinaryOp::Min ? a : b;
@@ -460,12 +475,12 @@ class RangeBuilder {
     }
   }
 
-  // Drops bounds that could not be evaluated safely at launch.
+  // Drops bounds that could not be evaluated safely at launch, or that grew too large.
   Interval finish(Interval r) {
     r.lo = an_.canon(r.lo);
     r.hi = an_.canon(r.hi);
-    if (r.lo && !an_.safe(r.lo)) r.lo = {};
-    if (r.hi && !an_.safe(r.hi)) r.hi = {};
+    if (r.lo && (!an_.safe(r.lo) || an_.tree_size(r.lo) > kMaxBoundNodes)) r.lo = {};
+    if (r.hi && (!an_.safe(r.hi) || an_.tree_size(r.hi) > kMaxBoundNodes)) r.hi = {};
     return r;
   }
 
@@ -550,12 +565,17 @@ class RangeBuilder {
       }
       case BinaryOp::BitOr:
       case BinaryOp::BitXor: {
-        // Both non-negative and below 2^k: so is the result.
-        auto hx = x.hi ? const_int(x.hi) : std::nullopt, hy = y.hi ? const_int(y.hi) : std::nullopt;
-        if (!an_.provably_nonneg(x.lo) || !an_.provably_nonneg(y.lo) || !hx || !hy) return {};
-        int64_t m = std::max(*hx, *hy), p = 1;
-        while (p <= m && p < (int64_t{1} << 62)) p <<= 1;
-        return {make_int(0), make_int(p > m ? p - 1 : std::numeric_limits<int64_t>::max())};
+        // For x, y >= 0: max(x, y) <= x | y <= x + y and 0 <= x ^ y <= x + y; when both are
+        // below 2^k, so is the result.
+        if (!an_.provably_nonneg(x.lo) || !an_.provably_nonneg(y.lo) || !x.hi || !y.hi) return {};
+        Expr lo = b->op == BinaryOp::BitOr ? an_.smart_max(x.lo, y.lo) : make_int(0);
+        auto hx = const_int(x.hi), hy = const_int(y.hi);
+        if (hx && hy) {
+          int64_t m = std::max(*hx, *hy), p = 1;
+          while (p <= m && p < (int64_t{1} << 62)) p <<= 1;
+          if (p > m) return {lo, make_int(p - 1)};
+        }
+        return wrapping({lo, add(x.hi, y.hi)});
       }
       case BinaryOp::Shl:
         if (cy && *cy >= 0 && *cy <= 62) return scale(x, int64_t{1} << *cy);
@@ -572,18 +592,29 @@ class RangeBuilder {
 
   Interval product(const Interval& x, const Interval& y) {
     if (!x.lo || !x.hi || !y.lo || !y.hi) return {};
-    bool xp = an_.provably_nonneg(x.lo), xn = an_.provably_nonpos(x.hi);
-    bool yp = an_.provably_nonneg(y.lo), yn = an_.provably_nonpos(y.hi);
-    const Expr &a = x.lo, &A = x.hi, &c = y.lo, &C = y.hi;
-    if (xp && yp) return {mul(a, c), mul(A, C)};
-    if (xp && yn) return {mul(A, c), mul(a, C)};
-    if (xn && yp) return {mul(a, C), mul(A, c)};
-    if (xn && yn) return {mul(A, C), mul(a, c)};
-    if (xp) return {mul(A, c), mul(A, C)};
-    if (xn) return {mul(a, C), mul(a, c)};
-    if (yp) return {mul(a, C), mul(A, C)};
-    if (yn) return {mul(A, c), mul(a, c)};
-    return {an_.smart_min(mul(a, C), mul(A, c)), an_.smart_max(mul(a, c), mul(A, C))};
+    // With one factor's sign known the product is monotone in the other factor, so each
+    // bound is one of two corners, picked by the sign of the other factor's bound when
+    // that is provable (the sign may differ between symbol bindings otherwise).
+    if (an_.provably_nonneg(x.lo)) return {lower_of(x, y.lo), upper_of(x, y.hi)};   // increasing in y
+    if (an_.provably_nonpos(x.hi)) return {lower_of(x, y.hi), upper_of(x, y.lo)};   // decreasing in y
+    if (an_.provably_nonneg(y.lo)) return {lower_of(y, x.lo), upper_of(y, x.hi)};
+    if (an_.provably_nonpos(y.hi)) return {lower_of(y, x.hi), upper_of(y, x.lo)};
+    // No sign known: every corner can be the extreme for some binding of the symbols.
+    Expr p[4] = {mul(x.lo, y.lo), mul(x.lo, y.hi), mul(x.hi, y.lo), mul(x.hi, y.hi)};
+    return {an_.smart_min(an_.smart_min(p[0], p[1]), an_.smart_min(p[2], p[3])),
+            an_.smart_max(an_.smart_max(p[0], p[1]), an_.smart_max(p[2], p[3]))};
+  }
+
+  // min over v in [lo, hi] of v * k: lo * k when k >= 0, hi * k when k <= 0.
+  Expr lower_of(const Interval& v, const Expr& k) {
+    if (an_.provably_nonneg(k)) return mul(v.lo, k);
+    if (an_.provably_nonpos(k)) return mul(v.hi, k);
+    return an_.smart_min(mul(v.lo, k), mul(v.hi, k));
+  }
+  Expr upper_of(const Interval& v, const Expr& k) {
+    if (an_.provably_nonneg(k)) return mul(v.hi, k);
+    if (an_.provably_nonpos(k)) return mul(v.lo, k);
+    return an_.smart_max(mul(v.lo, k), mul(v.hi, k));
   }
 
   Interval floordiv(const Interval& x, const Interval& y, std::optional<int64_t> c) {
@@ -623,13 +654,26 @@ class RangeBuilder {
   RangeInfo& out_;
 };
 
+// The conjunction of residual conditions `N <= P`, without duplicates; of several
+// `N <= constant` with the same N only the tightest is kept.
 Expr conjunction(const std::vector<Expr>& conds) {
-  Expr acc;
-  std::unordered_set<std::string> seen;
+  std::vector<Expr> kept;
+  std::unordered_map<std::string, size_t> by_text, by_lhs;
   for (const Expr& c : conds) {
-    if (!seen.insert(print_inline(c)).second) continue;
-    acc = acc ? Binary::make(BinaryOp::And, acc, c) : c;
+    if (!by_text.emplace(print_inline(c), kept.size()).second) continue;
+    const Binary* le = c.as<Binary>();
+    if (le && le->op == BinaryOp::LE && le->b.as<IntImm>()) {
+      auto [it, fresh] = by_lhs.emplace(print_inline(le->a), kept.size());
+      if (!fresh) {
+        Expr& old = kept[it->second];
+        if (le->b.as<IntImm>()->value < old.as<Binary>()->b.as<IntImm>()->value) old = c;
+        continue;
+      }
+    }
+    kept.push_back(c);
   }
+  Expr acc;
+  for (const Expr& c : kept) acc = acc ? Binary::make(BinaryOp::And, acc, c) : c;
   return acc;
 }
 

@@ -150,11 +150,10 @@ class Simplifier : public IRMutator {
     Expr a = bn->a, b = bn->b;
     Type t = a.type();
     // Canonical order: the constant on the right. && and || keep their order (the right
-    // operand is only evaluated when the left does not decide), and float min/max keep theirs
-    // (fminf(-0.0, 0.0) and fminf(0.0, -0.0) differ).
+    // operand is only evaluated when the left does not decide). Float min/max are commutative
+    // as scalar_ops.h defines them (-0.0 < +0.0; a NaN yields the other operand).
     bool swappable = binary_op_is_comparison(op) ||
-                     (binary_op_is_commutative(op) && op != BinaryOp::And && op != BinaryOp::Or &&
-                      !(t == Type::Float && (op == BinaryOp::Min || op == BinaryOp::Max)));
+                     (binary_op_is_commutative(op) && op != BinaryOp::And && op != BinaryOp::Or);
     if (swappable && is_immediate(a) && !is_immediate(b)) return bin(flip(op), b, a);
 
     if (t == Type::Int) return int_binary(e, op, a, b);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <unordered_set>
 
 #include "compiler/ir/ir_mutator.h"
 
@@ -163,6 +164,25 @@ StagedMods stage_mods(const Expr& score_mod, const Expr& mask_mod, const Staging
     for (const Expr& k : children(e)) note_use(k, s);
   });
 
+  // Nodes every evaluation reaches: not only through the right operand of && / || or the
+  // branches of a select.
+  std::unordered_set<const Node*> unconditional;
+  std::function<void(const Expr&)> mark = [&](const Expr& e) {
+    if (!unconditional.insert(e.get()).second) return;
+    const Binary* b = e.as<Binary>();
+    if (b && (b->op == BinaryOp::And || b->op == BinaryOp::Or)) return mark(b->a);
+    if (const Select* s = e.as<Select>()) return mark(s->cond);
+    for (const Expr& k : children(e)) mark(k);
+  };
+  for (const Expr& r : roots) mark(r);
+  std::unordered_map<const Node*, bool> flags;
+  for_each_node(roots, [&](const Expr& e) {
+    auto o = out.origin.find(e.get());
+    bool f = options.may_flag && o != out.origin.end() && options.may_flag(o->second);
+    for (const Expr& k : children(e)) f = f || flags[k.get()];
+    flags[e.get()] = f;
+  });
+
   int slots[4] = {0, 0, 0, 0};
   for_each_node(roots, [&](const Expr& e) {
     Stage s = stage_from_vars(vars[e.get()]);
@@ -170,6 +190,7 @@ StagedMods stage_mods(const Expr& score_mod, const Expr& mask_mod, const Staging
     auto it = consumer_stage.find(e.get());
     if (it == consumer_stage.end() || static_cast<int>(it->second) <= static_cast<int>(s)) return;
     if (s == Stage::Col && slots[1] >= options.max_col_values) return;
+    if (flags[e.get()] && !unconditional.count(e.get())) return;
     out.value_of.emplace(e.get(), static_cast<int>(out.values.size()));
     out.values.push_back(HoistedValue{e, s, slots[static_cast<int>(s)]++});
   });

@@ -2,6 +2,7 @@
 // flash-attention kernel, so that work constant across a row, a KV tile or a tile column
 // is computed once (the SAM `rel_h[b, h, q, kv // 64]` load) instead of per score element.
 #pragma once
+#include <functional>
 #include <unordered_map>
 #include <vector>
 
@@ -24,6 +25,11 @@ struct StagingOptions {
   int tile_size = 64;          // kBlockN of the kernel; tiles start at multiples of it
   int max_col_values = 2;      // Col values cost rows x columns registers per thread each
   bool hoist = true;           // false: only the tile rewrite, nothing hoisted (for testing)
+  // Whether a node of the input DAG can raise an error flag when evaluated (a checked load,
+  // a runtime divisor). Such work is hoisted only where it is evaluated unconditionally:
+  // hoisting it out of `c && x` or a select's branch would report errors the program guards
+  // against. Null: nothing can flag.
+  std::function<bool(const ir::Expr&)> may_flag;
 };
 
 struct StagedMods {

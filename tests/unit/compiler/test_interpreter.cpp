@@ -177,6 +177,18 @@ TEST_CASE("interpreter: round is half to even; sign, min, max", "[compiler][inte
   CHECK(mn(kNan, 1.0f) == 1.0f);
   CHECK(mx(2.0f, kNan) == 2.0f);
   CHECK(mn(-1.0f, 3.0f) == -1.0f);
+  CHECK(std::isnan(mn(kNan, kNan)));
+  // -0.0 is below +0.0, whatever the operand order.
+  CHECK(bits(mn(-0.0f, 0.0f)) == bits(-0.0f));
+  CHECK(bits(mn(0.0f, -0.0f)) == bits(-0.0f));
+  CHECK(bits(mx(-0.0f, 0.0f)) == bits(0.0f));
+  CHECK(bits(mx(0.0f, -0.0f)) == bits(0.0f));
+  // A signaling NaN (as loaded from a buffer) also yields the other operand.
+  uint32_t snan_bits = 0x7f800001u;
+  float snan;
+  std::memcpy(&snan, &snan_bits, 4);
+  CHECK(mn(snan, 2.0f) == 2.0f);
+  CHECK(mx(2.0f, snan) == 2.0f);
   FloatExpr floor("floor(x) + ceil(y)");
   CHECK(floor(-1.5f, -1.5f) == -3.0f);
   FloatExpr misc("sigmoid(x) + rsqrt(y)");

@@ -1,0 +1,260 @@
+// GPU forward tests (label gpu): every case runs through Runtime::compile + Kernel::forward
+// and is compared element by element with the float64 reference; outputs are poisoned first.
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <cstring>
+
+#include "gpu/gpu_harness.h"
+
+using namespace flexjit;
+using namespace flexjit::test;
+
+namespace {
+
+CaseResult run_case(const dsl::Spec& spec_in, const CaseOptions& c, std::map<std::string, int64_t> extra_symbols = {}) {
+  dsl::Spec spec = spec_in;
+  spec.dtype = c.dtype;
+  const int dev = 0;
+  std::mt19937 rng(c.seed);
+  const int64_t D = spec.head_dim, Dv = spec.value_head_dim();
+  std::vector<uint16_t> qb, kb, vb;
+  std::vector<float> q = random_rounded(size_t(c.B * c.H * c.Sq * D), c.dtype, rng, qb);
+  std::vector<float> k = random_rounded(size_t(c.B * c.Hkv * c.Skv * D), c.dtype, rng, kb);
+  std::vector<float> v = random_rounded(size_t(c.B * c.Hkv * c.Skv * Dv), c.dtype, rng, vb);
+  DeviceTensor4 dq = upload4(dev, qb, c.dtype, c.B, c.H, c.Sq, D, c.bshd);
+  DeviceTensor4 dk = upload4(dev, kb, c.dtype, c.B, c.Hkv, c.Skv, D, c.bshd);
+  DeviceTensor4 dv = upload4(dev, vb, c.dtype, c.B, c.Hkv, c.Skv, Dv, c.bshd);
+  std::vector<uint16_t> zeros(size_t(c.B * c.H * c.Sq * Dv), 0);
+  DeviceTensor4 dout = upload4(dev, zeros, c.dtype, c.B, c.H, c.Sq, Dv, c.bshd);
+  dout.mem.fill_bytes(0xff);  // NaN poison: every element must be written
+  runtime::DeviceBuffer dlse(dev, size_t(c.B * c.H * c.Sq) * 4);
+  dlse.fill_bytes(0xff);
+
+  std::map<std::string, int64_t> sym = {{"B", c.B}, {"H", c.H}, {"Hkv", c.Hkv}, {"Sq", c.Sq}, {"Skv", c.Skv}, {"D", D},
+                                        {"L", 2 * c.Skv - 1}, {"N", 64}};
+  for (auto& [k2, v2] : extra_symbols) sym[k2] = v2;
+  std::vector<HostDeviceBuffer> bufs = make_buffers(spec, sym, dev, rng, 8);
+
+  Runtime rt;
+  auto kernel = rt.compile(spec);
+  AttentionArgs a;
+  a.q = dq.tensor;
+  a.k = dk.tensor;
+  a.v = dv.tensor;
+  a.o = dout.tensor;
+  a.lse = Tensor{dlse.data(), dsl::DType::F32, {c.B, c.H, c.Sq}, {}};
+  a.params = c.params;
+  for (size_t i = 0; i < bufs.size(); ++i)
+    a.buffers.emplace_back(spec.buffers[i].name, Tensor{bufs[i].mem.data(), bufs[i].host.dtype, bufs[i].host.shape, {}});
+  kernel->forward(a);
+  kernel->check_errors(dev, nullptr);
+
+  std::vector<float> o = download4(dout, c.dtype);
+  std::vector<float> lse(size_t(c.B * c.H * c.Sq));
+  dlse.download(lse.data(), lse.size() * 4);
+
+  SpecIR ir = build_spec_ir(spec);
+  EvalEnv env;
+  env.symbols.resize(ir.checked.symbols.size());
+  for (size_t i = 0; i < ir.checked.symbols.size(); ++i) env.symbols[i] = sym.count(ir.checked.symbols[i]) ? sym[ir.checked.symbols[i]] : 1;
+  env.params.resize(spec.params.size());
+  for (size_t i = 0; i < spec.params.size(); ++i) {
+    const dsl::ParamDecl& p = spec.params[i];
+    Value val;
+    val.type = p.type == dsl::ValueType::Float ? ir::Type::Float : p.type == dsl::ValueType::Bool ? ir::Type::Bool : ir::Type::Int;
+    double x = p.type == dsl::ValueType::Float ? p.float_value : p.type == dsl::ValueType::Bool ? double(p.bool_value) : double(p.int_value);
+    for (auto& [n, pv] : c.params)
+      if (n == p.name) x = pv;
+    val.i = static_cast<int64_t>(x);
+    val.f = static_cast<float>(x);
+    val.b = x != 0;
+    env.params[i] = val;
+  }
+  for (const HostDeviceBuffer& b : bufs) env.buffers.push_back(BufferView{b.host.dtype, b.host.data.data(), b.host.shape, contiguous_strides(b.host.shape)});
+  RefResult ref = reference_attention(ir, RefShape{c.B, c.H, c.Hkv, c.Sq, c.Skv, D, Dv}, q, k, v, env, 1.0 / std::sqrt(double(D)));
+  return CaseResult{compare(o, ref.o), compare(lse, ref.lse)};
+}
+
+void expect_close(const CaseResult& r, double bound = 1.5e-2) {
+  INFO("O: rel_l2 " << r.o.rel_l2 << " max_abs " << r.o.max_abs << " bad " << r.o.bad << " (first " << r.o.first_bad << ")");
+  INFO("LSE: rel_l2 " << r.lse.rel_l2 << " max_abs " << r.lse.max_abs << " bad " << r.lse.bad << " (first " << r.lse.first_bad << ")");
+  CHECK(r.o.bad == 0);
+  CHECK(r.lse.bad == 0);
+  CHECK(r.o.rel_l2 < bound);
+  CHECK(r.lse.max_abs < 5e-2);
+}
+
+dsl::Spec inline_spec(const std::string& name, std::optional<std::string> score, std::optional<std::string> mask, int d = 64,
+                      std::vector<std::string> buffers = {}, std::vector<std::string> params = {}) {
+  dsl::Spec s;
+  s.name = name;
+  s.score_mod = score;
+  s.mask_mod = mask;
+  s.head_dim = d;
+  dsl::Diagnostics diags;
+  for (auto& b : buffers) dsl::add_buffer(s, b, "test", diags);
+  for (auto& p : params) dsl::add_param(s, p, "test", diags);
+  REQUIRE(!diags.has_errors());
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("gallery specs match the float64 reference (bf16, Sq != Skv)", "[gpu]") {
+  FLEXJIT_REQUIRE_GPU();
+  for (const auto& path : gallery_specs()) {
+    dsl::Spec spec = load_spec(path);
+    INFO(spec.name);
+    CaseOptions c;
+    c.Sq = 190;
+    c.Skv = 260;
+    if (spec.name == "sliding_window") c.params = {{"window", 40}};
+    if (spec.name == "prefix_lm") c.params = {{"prefix", 70}};
+    // doc: i32[Sq] is indexed by kv too: only in range when Skv <= Sq (flexjit reports the
+    // out-of-range loads otherwise, which the next test case checks).
+    if (spec.name == "document") c.Skv = c.Sq;
+    expect_close(run_case(spec, c));
+  }
+}
+
+TEST_CASE("fp16 inputs", "[gpu]") {
+  FLEXJIT_REQUIRE_GPU();
+  CaseOptions c;
+  c.dtype = dsl::DType::F16;
+  for (const char* name : {"causal", "softcap", "alibi"}) {
+    INFO(name);
+    expect_close(run_case(load_spec(gallery_dir() / (std::string(name) + ".json")), c));
+  }
+}
+
+TEST_CASE("every head dim, natively", "[gpu]") {
+  FLEXJIT_REQUIRE_GPU();
+  for (int d : {32, 64, 80, 96, 128, 192, 256}) {
+    INFO("head dim " << d);
+    CaseOptions c;
+    c.B = 1;
+    c.H = 2;
+    c.Hkv = 2;
+    c.Sq = 150;
+    c.Skv = 170;
+    expect_close(run_case(inline_spec("causal_d", std::nullopt, "q >= kv", d), c));
+    expect_close(run_case(inline_spec("plain_d", std::nullopt, std::nullopt, d), c));
+  }
+}
+
+TEST_CASE("lengths 1, 17, 1000 and 4097 with Sq != Skv", "[gpu]") {
+  FLEXJIT_REQUIRE_GPU();
+  for (auto [sq, skv] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {1, 17}, {17, 1}, {17, 1000}, {1000, 17}, {1000, 4097}, {4097, 1000}}) {
+    INFO("Sq " << sq << " Skv " << skv);
+    CaseOptions c;
+    c.B = 1;
+    c.H = 1;
+    c.Hkv = 1;
+    c.Sq = sq;
+    c.Skv = skv;
+    expect_close(run_case(inline_spec("plain_len", std::nullopt, std::nullopt, 64), c));
+    expect_close(run_case(inline_spec("causal_len", "score * 0.5", "q >= kv", 64), c));
+  }
+}
+
+TEST_CASE("GQA 4:1 and 8:1", "[gpu]") {
+  FLEXJIT_REQUIRE_GPU();
+  for (int64_t group : {4, 8}) {
+    CaseOptions c;
+    c.H = 8;
+    c.Hkv = 8 / group;
+    expect_close(run_case(load_spec(gallery_dir() / "alibi_causal.json"), c));
+    expect_close(run_case(inline_spec("gqa_kvhead", "score + float(kv_head)", "q >= kv", 64), c));
+  }
+}
+
+TEST_CASE("fully masked rows give O = 0 and LSE = -inf", "[gpu]") {
+  FLEXJIT_REQUIRE_GPU();
+  CaseOptions c;
+  // Rows q < 50 see nothing; later rows see a causal window.
+  CaseResult r = run_case(inline_spec("masked_rows", std::nullopt, "q >= 50 && kv <= q - 50", 64), c);
+  expect_close(r);
+  CaseResult all = run_case(inline_spec("all_masked", std::nullopt, "kv > q + 1000000", 64), c);
+  CHECK(all.o.bad == 0);
+  CHECK(all.lse.bad == 0);
+  CHECK(all.o.max_abs == 0);
+}
+
+TEST_CASE("[B, S, H, D] strides work without a copy", "[gpu]") {
+  FLEXJIT_REQUIRE_GPU();
+  CaseOptions c;
+  c.bshd = true;
+  c.H = 4;
+  c.Hkv = 2;
+  expect_close(run_case(load_spec(gallery_dir() / "sam_relpos.json"), c));
+  c.Skv = c.Sq;
+  expect_close(run_case(load_spec(gallery_dir() / "document.json"), c));
+}
+
+TEST_CASE("a document mask indexed past its buffer is reported, not read out of bounds", "[gpu]") {
+  FLEXJIT_REQUIRE_GPU();
+  CaseOptions c;
+  c.Sq = 100;
+  c.Skv = 300;  // doc: i32[Sq] indexed by kv up to 299
+  try {
+    run_case(load_spec(gallery_dir() / "document.json"), c);
+    FAIL("the out-of-range doc[kv] loads were not reported");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("doc[kv]") != std::string::npos);
+  }
+}
+
+TEST_CASE("a pointer on the wrong device is an error naming the buffer", "[gpu]") {
+  FLEXJIT_REQUIRE_GPU();
+  dsl::Spec spec = load_spec(gallery_dir() / "document.json");
+  spec.head_dim = 64;
+  Runtime rt;
+  auto kernel = rt.compile(spec);
+  std::mt19937 rng(3);
+  std::vector<uint16_t> bits;
+  random_rounded(64 * 64, dsl::DType::BF16, rng, bits);
+  DeviceTensor4 q = upload4(0, bits, dsl::DType::BF16, 1, 1, 64, 64, false);
+  DeviceTensor4 k = upload4(0, bits, dsl::DType::BF16, 1, 1, 64, 64, false);
+  DeviceTensor4 v = upload4(0, bits, dsl::DType::BF16, 1, 1, 64, 64, false);
+  DeviceTensor4 o = upload4(0, bits, dsl::DType::BF16, 1, 1, 64, 64, false);
+  std::vector<int32_t> host_doc(64, 0);
+  AttentionArgs a;
+  a.q = q.tensor, a.k = k.tensor, a.v = v.tensor, a.o = o.tensor;
+  a.buffers = {{"doc", Tensor{host_doc.data(), dsl::DType::I32, {64}, {}}}};
+  try {
+    kernel->forward(a);
+    FAIL("a host pointer was accepted as a device buffer");
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    INFO(msg);
+    CHECK(msg.find("buffer `doc`") != std::string::npos);
+    CHECK(msg.find("cuda:0") != std::string::npos);
+  }
+  if (runtime::device_count() >= 2) {
+    runtime::DeviceBuffer other(1, 64 * 4);
+    a.buffers = {{"doc", Tensor{other.data(), dsl::DType::I32, {64}, {}}}};
+    try {
+      kernel->forward(a);
+      FAIL("a buffer on cuda:1 was accepted for a launch on cuda:0");
+    } catch (const Error& e) {
+      std::string msg = e.what();
+      CHECK(msg.find("lives on cuda:1") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("an out-of-range load is clamped and reported", "[gpu]") {
+  FLEXJIT_REQUIRE_GPU();
+  CaseOptions c;
+  dsl::Spec spec = inline_spec("oob", "score + bias[offset[q]]", std::nullopt, 64, {"bias: f32[N]", "offset: i32[Sq]"});
+  // offsets up to 7 but N = 4: some loads are out of range.
+  try {
+    run_case(spec, c, {{"N", 4}});
+    FAIL("no error was reported");
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    INFO(msg);
+    CHECK(msg.find("buffer `bias`") != std::string::npos);
+    CHECK(msg.find("clamped") != std::string::npos);
+  }
+}

@@ -1,0 +1,48 @@
+// Code generation facts that golden files would only show indirectly.
+#include <catch2/catch.hpp>
+
+#include "compiler/codegen/kernel_source.h"
+#include "compiler/frontend.h"
+#include "compiler/ir_report.h"
+
+using namespace flexjit;
+
+namespace {
+std::string source_for(const std::string& score, const std::string& mask, std::vector<std::string> buffers, bool int32 = true) {
+  dsl::Spec spec;
+  spec.head_dim = 64;
+  if (!score.empty()) spec.score_mod = score;
+  if (!mask.empty()) spec.mask_mod = mask;
+  dsl::Diagnostics d;
+  for (const auto& b : buffers) dsl::add_buffer(spec, b, "test", d);
+  REQUIRE(!d.has_errors());
+  SpecIR ir = build_spec_ir(spec);
+  ForwardKernelOptions fo;
+  fo.head_dim = 64;
+  fo.variant.int32 = int32;
+  return forward_kernel_source(ir, analyze_ir_ranges(ir), fo).source;
+}
+}  // namespace
+
+TEST_CASE("a guarded checked load is evaluated only when selected", "[codegen]") {
+  std::string src = source_for("where(offset[q] < 4, score + bias[offset[q]], score)", "", {"bias: f32[N]", "offset: i32[Sq]"});
+  INFO(src);
+  CHECK(src.find("fj::checked_index") != std::string::npos);
+  CHECK(src.find("if (") != std::string::npos);
+}
+
+TEST_CASE("proven loads are unchecked and hoisted; 64-bit mode widens ints", "[codegen]") {
+  std::string src = source_for("score + rel_h[b, h, q, kv // 64] + rel_w[b, h, q, kv % 64]", "", {"rel_h: bf16[B, H, Sq, 64]", "rel_w: bf16[B, H, Sq, 64]"});
+  CHECK(src.find("fj::checked_index") == std::string::npos);
+  CHECK(src.find("struct Col { float") != std::string::npos);
+  CHECK(src.find("struct Tile { float") != std::string::npos);
+  std::string wide = source_for("score + bias[h, q - kv + Skv - 1]", "", {"bias: f32[H, L]"}, /*int32=*/false);
+  CHECK(wide.find("long long") != std::string::npos);
+}
+
+TEST_CASE("a buffer-free mask gets an interval block-mask builder, a data-dependent one a dense builder", "[codegen]") {
+  std::string causal = source_for("", "q >= kv && q - kv < 100", {});
+  CHECK(causal.find("flex_build_block_mask_interval") != std::string::npos);
+  std::string doc = source_for("", "doc[q] == doc[kv]", {"doc: i32[Sq]"});
+  CHECK(doc.find("flex_build_block_mask_dense") != std::string::npos);
+}

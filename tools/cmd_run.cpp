@@ -1,0 +1,106 @@
+// `flexjit run SPEC --q q.npy --k k.npy --v v.npy --out o.npy [--lse lse.npy] --device cuda:0|cpu`:
+// one attention launch on files, for users checking a spec against their framework.
+#include <fmt/format.h>
+
+#include <map>
+
+#include "compiler/bindings.h"
+#include "dsl/error.h"
+#include "runtime/flexjit.hpp"
+#include "tools/commands.h"
+#include "tools/spec_options.h"
+#include "tools/tensor_io.h"
+
+namespace flexjit::tools {
+
+namespace {
+
+struct RunOptions {
+  SpecOptions spec;
+  std::string q, k, v, out, lse, device = "cuda:0";
+  std::vector<std::string> loads, sets;
+  float scale = 0;
+};
+
+std::pair<std::string, std::string> split_eq(const std::string& s, const char* flag) {
+  size_t eq = s.find('=');
+  if (eq == std::string::npos || eq == 0) throw Error(fmt::format("{} expects NAME=VALUE, got '{}'", flag, s));
+  return {s.substr(0, eq), s.substr(eq + 1)};
+}
+
+int run_run(const RunOptions& o) {
+  dsl::Spec spec = o.spec.load();
+  Device device = parse_device(o.device);
+  NpyArray q = read_npy(o.q), k = read_npy(o.k), v = read_npy(o.v);
+  if (q.shape.size() == 4) {
+    spec.head_dim = static_cast<int>(q.shape[3]);
+    if (v.shape.size() == 4 && v.shape[3] != q.shape[3]) spec.head_dim_v = static_cast<int>(v.shape[3]);
+  }
+  spec.dtype = q.dtype;
+  Runtime rt;
+  auto kernel = rt.compile(spec);
+  std::vector<PlacedTensor> placed;
+  placed.reserve(8 + o.loads.size());
+  auto add = [&](NpyArray a) -> Tensor {
+    placed.push_back(place(std::move(a), device));
+    return placed.back().tensor();
+  };
+  AttentionArgs args;
+  args.device = device;
+  args.scale = o.scale;
+  std::vector<int64_t> o_shape = q.shape;
+  if (o_shape.size() == 4 && v.shape.size() == 4) o_shape[3] = v.shape[3];
+  std::vector<int64_t> lse_shape(q.shape.begin(), q.shape.size() >= 3 ? q.shape.begin() + 3 : q.shape.end());
+  args.q = add(std::move(q));
+  args.k = add(std::move(k));
+  args.v = add(std::move(v));
+  placed.push_back(place_empty(spec.dtype, o_shape, device));
+  size_t o_index = placed.size() - 1;
+  args.o = placed.back().tensor();
+  size_t lse_index = 0;
+  if (!o.lse.empty()) {
+    placed.push_back(place_empty(dsl::DType::F32, lse_shape, device));
+    lse_index = placed.size() - 1;
+    args.lse = placed.back().tensor();
+  }
+  for (const std::string& l : o.loads) {
+    auto [name, path] = split_eq(l, "--load");
+    args.buffers.emplace_back(name, add(read_npy(path)));
+  }
+  for (const std::string& s : o.sets) {
+    auto [name, value] = split_eq(s, "--set");
+    const dsl::ParamDecl* p = spec.find_param(name);
+    if (!p) throw Error(fmt::format("--set names `{}`, which is not a parameter of the spec", name));
+    Value val = parse_param_value(*p, value);
+    args.params.emplace_back(name, val.type == ir::Type::Float ? double(val.f) : val.type == ir::Type::Bool ? double(val.b) : double(val.i));
+  }
+  kernel->forward(args);
+  if (device.kind == Device::Kind::Cuda) kernel->check_errors(device.index, args.stream);
+  fetch(placed[o_index]);
+  write_npy(o.out, placed[o_index].host);
+  if (!o.lse.empty()) {
+    fetch(placed[lse_index]);
+    write_npy(o.lse, placed[lse_index].host);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_run_command(CLI::App& app, Action& action) {
+  auto* cmd = app.add_subcommand("run", "Run attention with the spec on .npy inputs (q [B,H,Sq,D], k/v [B,Hkv,Skv,D])");
+  auto o = std::make_shared<RunOptions>();
+  o->spec.add_to(cmd);
+  cmd->add_option("--q", o->q, "Queries [B, H, Sq, D] (.npy, bf16 as uint16, f16, or f32 on the CPU)")->required();
+  cmd->add_option("--k", o->k, "Keys [B, Hkv, Skv, D]")->required();
+  cmd->add_option("--v", o->v, "Values [B, Hkv, Skv, Dv]")->required();
+  cmd->add_option("--out", o->out, "Output O [B, H, Sq, Dv] (.npy)")->required();
+  cmd->add_option("--lse", o->lse, "Also write the natural-log LSE [B, H, Sq] (f32 .npy)");
+  cmd->add_option("--load", o->loads, "A captured buffer: NAME=FILE.npy (repeatable)");
+  cmd->add_option("--set", o->sets, "A runtime parameter: NAME=VALUE (repeatable)");
+  cmd->add_option("--scale", o->scale, "Softmax scale (default 1/sqrt(D))");
+  cmd->add_option("--device", o->device, "cuda:N or cpu")->capture_default_str();
+  cmd->callback([o, &action] { action = [o] { return run_run(*o); }; });
+}
+
+}  // namespace flexjit::tools

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine over binaries staged by tools/build_for_gpu.sh: the GPU tests,
+# compute-sanitizer on three representative launches, the PyTorch cross-check and the
+# benchmarks. Logs and result tables go to $OUT (or ./gpu-out).
+#   tools/gpu_check.sh [tests] [sanitize] [torch] [bench]   (default: all four)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BIN=${FLEXJIT_BIN:-.device/bin}
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+export FLEXJIT_CACHE_DIR=${FLEXJIT_CACHE_DIR:-/tmp/flexjit-cache}
+export PYTHONUNBUFFERED=1
+steps=${*:-tests sanitize torch bench}
+status=0
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+for step in $steps; do
+  case $step in
+    tests)
+      echo "== GPU tests"
+      "$BIN/gpu_tests" 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 || status=1
+      ;;
+    sanitize)
+      echo "== compute-sanitizer (memcheck, racecheck)"
+      python3 tests/gpu/sanitize_inputs.py "$OUT/san" || status=1
+      for tool in memcheck racecheck; do
+        for spec in causal document sam_relpos; do
+          args=(run "examples/gallery/$spec.json" --q "$OUT/san/q.npy" --k "$OUT/san/k.npy" --v "$OUT/san/v.npy" --out "$OUT/san/o.npy" --device cuda:0)
+          [ "$spec" = document ] && args+=(--load "doc=$OUT/san/doc.npy")
+          [ "$spec" = sam_relpos ] && args+=(--load "rel_h=$OUT/san/rel.npy" --load "rel_w=$OUT/san/rel.npy")
+          compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/flexjit" "${args[@]}" > "$OUT/san_${tool}_${spec}.log" 2>&1
+          rc=$?
+          echo "$tool $spec: exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san_${tool}_${spec}.log" | tail -1)"
+          [ $rc -eq 0 ] || status=1
+        done
+      done
+      ;;
+    torch)
+      echo "== gallery against torch flex_attention"
+      python3 tests/gpu/compare_torch.py --flexjit "$BIN/flexjit" --out "$OUT/torch_compare.json" || status=1
+      ;;
+    bench)
+      echo "== benchmarks"
+      python3 bench/bench_forward.py --flexjit "$BIN/flexjit" --out "$OUT" || status=1
+      ;;
+  esac
+done
+exit $status

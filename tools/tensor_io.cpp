@@ -1,0 +1,62 @@
+#include "tools/tensor_io.h"
+
+#include <fmt/format.h>
+
+#include "dsl/error.h"
+
+namespace flexjit::tools {
+
+Device parse_device(const std::string& text) {
+  if (text == "cpu") return Device::cpu();
+  if (text == "cuda") return Device::cuda(0);
+  if (text.rfind("cuda:", 0) == 0) {
+    char* end = nullptr;
+    long n = std::strtol(text.c_str() + 5, &end, 10);
+    if (*end == '\0' && end != text.c_str() + 5 && n >= 0) return Device::cuda(static_cast<int>(n));
+  }
+  throw Error(fmt::format("--device '{}' is not a device; use cpu, cuda or cuda:N", text));
+}
+
+Tensor PlacedTensor::tensor() {
+  void* data = device_copy ? device_copy->data() : host.data.data();
+  return Tensor{data, host.dtype, host.shape, {}};
+}
+
+PlacedTensor place(NpyArray a, const Device& device) {
+  PlacedTensor t{std::move(a), nullptr};
+  if (device.kind == Device::Kind::Cuda) {
+    t.device_copy = std::make_unique<runtime::DeviceBuffer>(device.index, t.host.data.size());
+    t.device_copy->upload(t.host.data.data(), t.host.data.size());
+  }
+  return t;
+}
+
+PlacedTensor place_empty(dsl::DType dtype, std::vector<int64_t> shape, const Device& device) {
+  NpyArray a;
+  a.dtype = dtype;
+  a.shape = std::move(shape);
+  a.data.assign(static_cast<size_t>(a.numel()) * dsl::dtype_size(dtype), 0xff);  // NaN poison for floats
+  return place(std::move(a), device);
+}
+
+void fetch(PlacedTensor& t) {
+  if (t.device_copy) t.device_copy->download(t.host.data.data(), t.host.data.size());
+}
+
+std::vector<int64_t> parse_shape(const std::string& text, const char* flag) {
+  std::vector<int64_t> shape;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = text.find(',', start);
+    std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    char* end = nullptr;
+    long long v = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < 1) throw Error(fmt::format("{} expects positive integers separated by commas, got '{}'", flag, text));
+    shape.push_back(v);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return shape;
+}
+
+}  // namespace flexjit::tools

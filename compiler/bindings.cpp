@@ -68,12 +68,10 @@ Value const_value(const dsl::ParamDecl& p) {
 
 BoundValues bind_values(const dsl::CheckedSpec& cs, const std::map<std::string, std::string>& values,
                         const std::vector<std::optional<std::vector<int64_t>>>& buffer_shapes, bool require_all) {
-  const dsl::Spec& spec = cs.spec;
-  BoundValues out;
-  out.symbols.assign(cs.symbols.size(), 0);
-  out.symbol_bound.assign(cs.symbols.size(), false);
-  std::vector<std::string> bound_by(cs.symbols.size());
-
+  BindingInputs in;
+  in.symbols.resize(cs.symbols.size());
+  in.params.resize(cs.spec.params.size());
+  in.buffer_shapes = buffer_shapes;
   for (const auto& [name, text] : values) {
     int si = cs.symbol_index(name);
     if (si >= 0) {
@@ -82,24 +80,43 @@ BoundValues bind_values(const dsl::CheckedSpec& cs, const std::map<std::string, 
       long long x = std::strtoll(text.c_str(), &end, 10);
       if (end == text.c_str() || *end != '\0' || errno == ERANGE || x < 1 || x > INT32_MAX)
         throw Error(fmt::format("symbol `{}` must be a positive int below 2^31, but got '{}'", name, text));
-      out.symbols[si] = x;
-      out.symbol_bound[si] = true;
-      bound_by[si] = fmt::format("{}={}", name, x);
+      in.symbols[si] = x;
       continue;
     }
-    if (!spec.find_param(name)) {
+    const dsl::ParamDecl* p = cs.spec.find_param(name);
+    if (!p) {
       std::vector<std::string> names = cs.symbols;
-      for (const dsl::ParamDecl& p : spec.params) names.push_back(p.name);
+      for (const dsl::ParamDecl& q : cs.spec.params) names.push_back(q.name);
       auto guess = dsl::closest_name(name, names);
       throw Error(fmt::format("`{}` is neither a parameter nor a shape symbol of this spec{}", name,
                               guess ? fmt::format("; did you mean `{}`?", *guess) : ""));
     }
+    in.params[static_cast<size_t>(p - cs.spec.params.data())] = parse_param_value(*p, text);
   }
+  return bind_typed(cs, in, require_all);
+}
 
-  for (size_t bi = 0; bi < spec.buffers.size() && bi < buffer_shapes.size(); ++bi) {
-    if (!buffer_shapes[bi]) continue;
+BoundValues bind_typed(const dsl::CheckedSpec& cs, const BindingInputs& in, bool require_all) {
+  const dsl::Spec& spec = cs.spec;
+  BoundValues out;
+  out.symbols.assign(cs.symbols.size(), 0);
+  out.symbol_bound.assign(cs.symbols.size(), false);
+  // Where each symbol's value came from, for messages: -1 explicit, else a buffer index.
+  std::vector<int> bound_by(cs.symbols.size(), -1);
+  std::vector<size_t> bound_dim(cs.symbols.size(), 0);
+  for (size_t si = 0; si < in.symbols.size() && si < cs.symbols.size(); ++si) {
+    if (!in.symbols[si]) continue;
+    out.symbols[si] = *in.symbols[si];
+    out.symbol_bound[si] = true;
+  }
+  auto source = [&](size_t si) {
+    return bound_by[si] < 0 ? fmt::format("{}={}", cs.symbols[si], out.symbols[si])
+                            : fmt::format("buffer `{}` dimension {}", spec.buffers[bound_by[si]].name, bound_dim[si]);
+  };
+  for (size_t bi = 0; bi < spec.buffers.size() && bi < in.buffer_shapes.size(); ++bi) {
+    if (!in.buffer_shapes[bi]) continue;
     const dsl::BufferDecl& b = spec.buffers[bi];
-    const std::vector<int64_t>& shape = *buffer_shapes[bi];
+    const std::vector<int64_t>& shape = *in.buffer_shapes[bi];
     if (shape.size() != b.shape.size())
       throw Error(fmt::format("buffer `{}` is declared with {} dimensions ({}) but the given tensor has {} ({})", b.name, b.shape.size(),
                               b.str(), shape.size(), fmt::join(shape, ", ")));
@@ -111,30 +128,32 @@ BoundValues bind_values(const dsl::CheckedSpec& cs, const std::map<std::string, 
                                   b.str(), shape[d]));
         continue;
       }
-      int si = cs.symbol_index(dim.symbol);
+      size_t si = static_cast<size_t>(cs.symbol_index(dim.symbol));
       if (shape[d] < 1 || shape[d] > INT32_MAX)
         throw Error(fmt::format("buffer `{}` dimension {} ({}) is {}; symbols must be in [1, 2^31)", b.name, d, dim.symbol, shape[d]));
       if (out.symbol_bound[si] && out.symbols[si] != shape[d])
         throw Error(fmt::format("buffer `{}` dimension {} is {} = {}, but {} is already {} (from {})", b.name, d, dim.symbol, shape[d],
-                                dim.symbol, out.symbols[si], bound_by[si]));
-      out.symbols[si] = shape[d];
-      out.symbol_bound[si] = true;
-      bound_by[si] = fmt::format("buffer `{}` dimension {}", b.name, d);
+                                dim.symbol, out.symbols[si], source(si)));
+      if (!out.symbol_bound[si]) {
+        out.symbols[si] = shape[d];
+        out.symbol_bound[si] = true;
+        bound_by[si] = static_cast<int>(bi);
+        bound_dim[si] = d;
+      }
     }
   }
-
   out.params.resize(spec.params.size());
   for (size_t i = 0; i < spec.params.size(); ++i) {
     const dsl::ParamDecl& p = spec.params[i];
-    auto it = values.find(p.name);
+    bool given = i < in.params.size() && in.params[i];
     if (p.is_const) {
-      if (it != values.end())
+      if (given)
         throw Error(fmt::format("`{}` is a const parameter baked into the kernel; it cannot be set at launch (declare it `{}: {}` to make it a "
                                 "runtime parameter)",
                                 p.name, p.name, dsl::value_type_name(p.type)));
       out.params[i] = const_value(p);
-    } else if (it != values.end()) {
-      out.params[i] = parse_param_value(p, it->second);
+    } else if (given) {
+      out.params[i] = *in.params[i];
     } else if (p.has_value) {
       out.params[i] = const_value(p);
     } else if (require_all) {

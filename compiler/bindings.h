@@ -18,6 +18,14 @@ struct BoundValues {
   std::vector<Value> params;        // by spec param index; const params hold their value
 };
 
+// Typed inputs of a binding (the launch path fills these directly, without text).
+struct BindingInputs {
+  std::vector<std::optional<int64_t>> symbols;                     // by symbol index: explicit values
+  std::vector<std::optional<Value>> params;                        // by param index: given values
+  std::vector<std::optional<std::vector<int64_t>>> buffer_shapes;  // by buffer index: given tensors' shapes
+};
+BoundValues bind_typed(const dsl::CheckedSpec& spec, const BindingInputs& in, bool require_all);
+
 // Binds symbols from explicit values (`Skv=4096`) and from the shapes of the buffers that
 // are given (nullopt = not given), checking every literal and symbolic extent. Parameters
 // come from `param_values` (text as typed on a command line), defaults or const values.

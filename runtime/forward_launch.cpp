@@ -104,9 +104,11 @@ std::vector<Tensor> collect_buffers(const dsl::Spec& spec, const AttentionArgs& 
 }
 
 BoundValues bind_launch(const dsl::CheckedSpec& cs, const LaunchShape& s, const std::vector<Tensor>& buffers, const AttentionArgs& a) {
-  std::map<std::string, std::string> values = {{"B", std::to_string(s.batch)},      {"H", std::to_string(s.heads)},
-                                               {"Hkv", std::to_string(s.kv_heads)}, {"Sq", std::to_string(s.seqlen_q)},
-                                               {"Skv", std::to_string(s.seqlen_kv)}, {"D", std::to_string(s.head_dim)}};
+  // The six standard symbols come first in every symbol table (collect_symbols).
+  BindingInputs in;
+  in.symbols = {s.batch, s.heads, s.kv_heads, s.seqlen_q, s.seqlen_kv, s.head_dim};
+  in.symbols.resize(cs.symbols.size());
+  in.params.resize(cs.spec.params.size());
   for (const auto& [name, v] : a.params) {
     const dsl::ParamDecl* p = cs.spec.find_param(name);
     if (!p) {
@@ -115,18 +117,20 @@ BoundValues bind_launch(const dsl::CheckedSpec& cs, const LaunchShape& s, const 
       auto guess = dsl::closest_name(name, names);
       throw Error(fmt::format("parameter `{}` is not declared by spec `{}`{}", name, cs.spec.name, guess ? fmt::format("; did you mean `{}`?", *guess) : ""));
     }
+    Value val;
     if (p->type == dsl::ValueType::Int) {
-      if (v != std::floor(v)) throw Error(fmt::format("parameter `{}` is an int but was given {}", name, v));
-      values[name] = std::to_string(static_cast<long long>(v));
+      if (v != std::floor(v) || std::abs(v) > 9.0e15) throw Error(fmt::format("parameter `{}` is an int but was given {}", name, v));
+      val = Value::of_int(static_cast<int64_t>(v));
     } else if (p->type == dsl::ValueType::Bool) {
-      values[name] = v != 0 ? "true" : "false";
+      val = Value::of_bool(v != 0);
     } else {
-      values[name] = fmt::format("{:.9g}", v);
+      val = Value::of_float(static_cast<float>(v));
     }
+    in.params[static_cast<size_t>(p - cs.spec.params.data())] = val;
   }
-  std::vector<std::optional<std::vector<int64_t>>> shapes;
-  for (const Tensor& t : buffers) shapes.push_back(t.shape);
-  return bind_values(cs, values, shapes, /*require_all=*/true);
+  in.buffer_shapes.reserve(buffers.size());
+  for (const Tensor& t : buffers) in.buffer_shapes.emplace_back(t.shape);
+  return bind_typed(cs, in, /*require_all=*/true);
 }
 
 std::string VariantChoice::key() const { return fmt::format("i{}_c{:x}", int32 ? 32 : 64, checked_loads); }

@@ -2,7 +2,10 @@
 // per-device module loading, pointer checks, block-mask building and the launches.
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 
@@ -99,6 +102,40 @@ Workspace::~Workspace() {
     }
 }
 
+// Per-phase host time of launches, collected when FLEXJIT_PROFILE_LAUNCH is set (for
+// finding launch overhead; printed when the kernel is destroyed).
+struct LaunchProfile {
+  bool enabled = std::getenv("FLEXJIT_PROFILE_LAUNCH") != nullptr;
+  double us[5] = {};
+  long launches = 0;
+  ~LaunchProfile() {
+    if (enabled && launches)
+      std::fprintf(stderr, "flexjit launch profile over %ld launches (us): validate+collect %.2f, pointer checks %.2f, bind+variant %.2f, "
+                   "workspace+params+mask %.2f, cuLaunchKernel %.2f\n",
+                   launches, us[0] / launches, us[1] / launches, us[2] / launches, us[3] / launches, us[4] / launches);
+  }
+};
+
+class LaunchTimer {
+ public:
+  explicit LaunchTimer(LaunchProfile& p) : p_(p) {
+    if (p_.enabled) {
+      last_ = std::chrono::steady_clock::now();
+      ++p_.launches;
+    }
+  }
+  void lap(int phase) {
+    if (!p_.enabled) return;
+    auto now = std::chrono::steady_clock::now();
+    p_.us[phase] += std::chrono::duration<double, std::micro>(now - last_).count();
+    last_ = now;
+  }
+
+ private:
+  LaunchProfile& p_;
+  std::chrono::steady_clock::time_point last_;
+};
+
 class KernelImpl : public Kernel {
  public:
   KernelImpl(SpecIR ir, RuntimeOptions options) : ir_(std::move(ir)), options_(options) {
@@ -118,6 +155,7 @@ class KernelImpl : public Kernel {
   const dsl::Spec& spec() const override { return ir_.spec(); }
 
   void forward(const AttentionArgs& a) override {
+    LaunchTimer timer(profile_);
     if (a.device.kind == Device::Kind::Cpu) {
       auto cpu = cpu_executor();
       if (!cpu) throw Error("this build of flexjit has no CPU backend (configure with FLEXJIT_CPU_BACKEND=ON)");
@@ -128,11 +166,14 @@ class KernelImpl : public Kernel {
     runtime::LaunchShape shape = runtime::validate_operands(spec(), a, /*gpu=*/true);
     int device = launch_device(a);
     std::vector<Tensor> buffers = runtime::collect_buffers(spec(), a, bound_for(device));
+    timer.lap(0);
     check_pointers(a, buffers, device);
+    timer.lap(1);
     BoundValues values = runtime::bind_launch(ir_.checked, shape, buffers, a);
     runtime::VariantChoice choice = runtime::choose_variant(ranges_, ir_.checked, values);
     VariantState& var = variant(choice, device);
     const ForwardConfig& cfg = var.source.config;
+    timer.lap(2);
 
     runtime::ScopedDevice scope(device);
     Workspace& ws = workspace_for(a, device, shape, cfg);
@@ -151,11 +192,13 @@ class KernelImpl : public Kernel {
       }
       set_mask(p.block_mask, *mask);
     }
+    timer.lap(3);
     void* args[] = {&p, vparams.data()};
     unsigned grid_x = static_cast<unsigned>((shape.seqlen_q + cfg.block_m - 1) / cfg.block_m);
     check_cu(d.cuLaunchKernel(var.forward_fn.at(device), grid_x, static_cast<unsigned>(shape.heads), static_cast<unsigned>(shape.batch),
                               static_cast<unsigned>(cfg.threads()), 1, 1, static_cast<unsigned>(cfg.shared_bytes()), a.stream, args, nullptr),
              "launching the forward kernel");
+    timer.lap(4);
   }
 
   std::unique_ptr<BlockMask> build_block_mask(const AttentionArgs& a) override {
@@ -474,6 +517,7 @@ class KernelImpl : public Kernel {
 
   SpecIR ir_;
   RuntimeOptions options_;
+  LaunchProfile profile_;
   RangeInfo ranges_;
   std::string canonical_;
   bool mask_uses_b_ = false, mask_uses_h_ = false;

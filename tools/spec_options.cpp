@@ -61,8 +61,9 @@ dsl::Spec SpecOptions::load() const {
     spec.dtype = *dt;
   }
   if (diags.has_errors()) throw CompileError(std::move(diags));
-  if (file.empty() && !score && !mask && buffers.empty() && params.empty())
-    throw Error("no spec given: pass a spec file, or --score / --mask expressions (see --help)");
+  // Plain attention (no mods) is a valid spec, but it must be asked for by name.
+  if (file.empty() && !score && !mask && buffers.empty() && params.empty() && !name)
+    throw Error("no spec given: pass a spec file, --score / --mask expressions, or --name NAME for plain attention (see --help)");
   return spec;
 }
 

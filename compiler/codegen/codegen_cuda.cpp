@@ -252,7 +252,13 @@ class CudaEmitter {
         case BinaryOp::Add: return fmt::format("({} + {})", x, y);
         case BinaryOp::Sub: return fmt::format("({} - {})", x, y);
         case BinaryOp::Mul: return fmt::format("({} * {})", x, y);
-        case BinaryOp::Div: return fmt::format("({} / {})", x, y);
+        case BinaryOp::Div:
+          // Division by a constant becomes a multiplication by its reciprocal (at most one ulp
+          // from IEEE division; exact for powers of two): IEEE division costs a dozen
+          // instructions per score element and dominated soft-capping.
+          if (const FloatImm* c = b->b.as<FloatImm>(); c && std::isfinite(c->value) && c->value != 0.f && std::isfinite(1.f / c->value))
+            return fmt::format("({} * {})", x, cuda_float(1.f / c->value));
+          return fmt::format("({} / {})", x, y);
         case BinaryOp::FloorDiv: return fmt::format("fj::floordiv({}, {})", x, y);
         case BinaryOp::Mod: return fmt::format("fj::mod({}, {})", x, y);
         case BinaryOp::Min: return fmt::format("fminf({}, {})", x, y);

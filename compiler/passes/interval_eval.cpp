@@ -435,7 +435,7 @@ class BoxEvaluator {
       }
       case BinaryOp::Min:
       case BinaryOp::Max: {
-        // fminf/fmaxf return the other operand when one is NaN.
+        // min/max return the other operand when one is NaN (scalar_ops.h).
         bool is_min = op == BinaryOp::Min;
         AV r = float_av(is_min ? std::min(x.flo, y.flo) : std::max(x.flo, y.flo), is_min ? std::min(x.fhi, y.fhi) : std::max(x.fhi, y.fhi),
                         x.nan && y.nan);

@@ -29,7 +29,7 @@ struct FlexVariant {
   __device__ static __forceinline__ void tile(const Params& p, const Row& row, Tile& tile, int b, int h, int hkv, int q, int k0) {
   }
   __device__ static __forceinline__ float score_mod(const Params& p, const Row& row, const Col& col, const Tile& tile, int b, int h, int hkv, int q, int k0, int j, float score) {
-    const float t0 = (score / 30.0f);
+    const float t0 = (score * 0.033333335f);
     const float t1 = fj::tanh_fast(t0);
     const float t2 = (t1 * 30.0f);
     return t2;

@@ -4,6 +4,8 @@
 #include "compiler/codegen/kernel_source.h"
 #include "compiler/frontend.h"
 #include "compiler/ir_report.h"
+#include "compiler/ir/ir_printer.h"
+#include "compiler/passes/autodiff.h"
 #include "compiler/passes/pipeline.h"
 #include "dsl/ast.h"
 #include "runtime/nvrtc.h"
@@ -47,6 +49,17 @@ int run_dump(const DumpOptions& o) {
     if (!dumped) fmt::print("{}", ir_report(ir, /*with_analyses=*/true));
     return 0;
   }
+  if (o.emit == "grad") {
+    ScoreModGradient g = differentiate_score_mod(ir);
+    fmt::print("# d score_mod / d score\n{}", ir::print_ir(g.d_score));
+    for (const GradScatter& sc : g.scatters) {
+      std::vector<std::string> idx;
+      for (const ir::Expr& i : sc.indices) idx.push_back(ir::print_inline(i));
+      fmt::print("# grad_{}[{}] += dS * coefficient\n{}", spec.buffers[sc.buffer].name, fmt::join(idx, ", "), ir::print_ir(sc.coefficient));
+    }
+    if (g.scatters.empty()) fmt::print("# no buffer requires a gradient (mark one with --grad NAME or \"grad\" in the spec)\n");
+    return 0;
+  }
   RangeInfo ranges = analyze_ir_ranges(ir);
   ForwardKernelOptions fo;
   fo.dtype = spec.dtype;
@@ -72,7 +85,7 @@ void add_dump_command(CLI::App& app, Action& action) {
   auto* cmd = app.add_subcommand("dump", "Print a spec's AST, IR (with dependence and range facts), generated CUDA or PTX");
   auto o = std::make_shared<DumpOptions>();
   o->spec.add_to(cmd);
-  cmd->add_option("--emit", o->emit, "What to print: ast, ir, cuda or ptx")->check(CLI::IsMember({"ast", "ir", "cuda", "ptx"}))->capture_default_str();
+  cmd->add_option("--emit", o->emit, "What to print: ast, ir, grad (score_mod derivatives), cuda or ptx")->check(CLI::IsMember({"ast", "ir", "grad", "cuda", "ptx"}))->capture_default_str();
   cmd->add_option("--dump-after", o->dump_after, "With --emit=ir: print the IR right after this pass (lower, fold, simplify, cse)");
   cmd->add_option("--arch", o->arch, "With --emit=ptx: target architecture, e.g. sm_80, sm_90a")->capture_default_str();
   cmd->callback([o, &action] { action = [o] { return run_dump(*o); }; });

@@ -32,10 +32,12 @@ int run_random(const RandomOptions& o) {
   std::normal_distribution<float> normal(0.f, 1.f);
   int64_t lo = 0, hi = 2;
   if (!o.ints.empty()) {
-    auto r = parse_shape(o.ints, "--ints");
-    if (r.size() != 2 || r[0] >= r[1] + 1) throw Error("--ints expects LO,HI with LO <= HI (both >= 1; use --ints 1,12 for ids 1..11)");
-    lo = r[0];
-    hi = r[1];
+    char* end = nullptr;
+    lo = std::strtoll(o.ints.c_str(), &end, 10);
+    if (*end != ',') throw Error(fmt::format("--ints expects LO,HI, got '{}'", o.ints));
+    const char* second = end + 1;
+    hi = std::strtoll(second, &end, 10);
+    if (*end != '\0' || end == second || hi <= lo) throw Error(fmt::format("--ints expects LO,HI with LO < HI (HI exclusive), got '{}'", o.ints));
   }
   std::uniform_int_distribution<int64_t> ints(lo, std::max(lo, hi - 1));
   for (int64_t i = 0; i < n; ++i) {

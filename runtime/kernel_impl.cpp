@@ -157,6 +157,9 @@ class KernelImpl : public Kernel {
   void forward(const AttentionArgs& a) override {
     LaunchTimer timer(profile_);
     if (a.device.kind == Device::Kind::Cpu) {
+      // The same argument checks as on the GPU, so errors do not depend on the backend.
+      runtime::validate_operands(spec(), a, /*gpu=*/false);
+      runtime::collect_buffers(spec(), a, {});
       auto cpu = cpu_executor();
       if (!cpu) throw Error("this build of flexjit has no CPU backend (configure with FLEXJIT_CPU_BACKEND=ON)");
       cpu->forward(ir_, a);

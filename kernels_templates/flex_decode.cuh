@@ -1,0 +1,669 @@
+// Split-KV flash-decoding template (mma.sync, sm_80+) over a paged or contiguous KV cache, and its exact LSE combine.
+#pragma once
+#include "flex_decode_params.cuh"
+#include "flex_mma.cuh"
+
+// Decode: 1..16 query rows per sequence against a long KV cache. Memory-bound (every K/V byte is used by only
+// group * q_len query rows), so the design goal is DRAM bandwidth, not tensor throughput:
+//
+// - grid = (num_splits, Hkv * row_blocks, B), block = 128 threads (4 warps). One CTA reads the K/V tiles of one
+//   split of one (sequence, KV head) once and serves every query head of that KV head: the group * max_q_len
+//   query rows (row R = g * max_q_len + i for query head hkv * group + g, query row i) are packed into the M
+//   dimension of the mma tile, kBlockM = 16 * kMTiles rows per CTA (row block rb holds rows
+//   [rb * kBlockM, rb * kBlockM + kBlockM)). Rows past group * max_q_len or past q_len(b) are padding.
+// - The 64-row KV tile is split over the warps by columns: warp w owns KV rows [16 w, 16 w + 16) of every tile,
+//   with its own running max / sum / O for all kBlockM rows, so each K/V byte in shared memory is read by one
+//   warp only. The warps' states are merged through shared memory at the end.
+// - K/V tiles stream through kStages shared-memory stages with 16-byte cp.async (row gather through the page
+//   table; any page size, since a row's D elements are contiguous in every supported layout). The page ids of
+//   tile t + kStages - 1 are fetched one iteration before its copies are issued, so the dependent page-table
+//   load never stalls the copy issue.
+// - Split s of a (sequence, KV head) visits tiles [begin + s * n, min(end, begin + (s + 1) * n)), n =
+//   ceil((end - begin) / num_splits), [begin, end) = the sequence's tile window. With num_splits == 1 the CTA
+//   writes O and LSE itself; otherwise fp32 partials (O divided by the split's own sum, and its LSE) go to the
+//   workspace and flex_decode_combine merges them.
+//
+// Contract with the generated Variant: as in flex_forward.cuh (Params, kHasScoreMod, kHasMaskMod, Row, Col, Tile,
+// row/col/tile/score_mod/mask_mod with the same signatures), where h is the query head, hkv = h / group,
+// q = kv_len(b) - q_len(b) + i is the absolute position of query row i, k0 = 64 * tile and j the column within
+// the tile (kv = k0 + j, the logical position in the sequence). The variant is called only for valid rows
+// (i < q_len(b)) and kv < kv_len(b): row() once per row, col() once per row and column j < min(64, kv_len(b))
+// of the columns this thread owns, tile() once per row and visited tile, mask_mod only on partial tiles.
+//
+// Host responsibilities besides FlexDecodeParams' list: dynamic shared memory of Traits::kSmemBytes (raise the
+// limit above 48 KB), p.row_blocks = ceil(group * max_q_len / Traits::kBlockM), the workspace when
+// num_splits > 1, and the combine launch after the decode launch (same stream):
+//   combine grid = ceil(B * H * max_q_len / 4), block = 128 threads, no shared memory.
+// An all-masked row (or a row whose visited tiles are empty) ends with O = 0 and LSE = -inf.
+
+// kHeadDim: D (multiple of 16, up to 256). kMTiles: 16-row mma tiles of packed query rows per CTA (1 or 2; more
+// rows go to further row blocks). kStages: K/V shared-memory stages (2..4).
+template <int kHeadDim_, int kMTiles_, int kStages_, class Element_>
+struct FlexDecodeTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kMTiles = kMTiles_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kBlockM = 16 * kMTiles;
+  static constexpr int kBlockN = kFlexDecodeBlockN;
+  static constexpr int kNWarps = 4;
+  static constexpr int kNThreads = kNWarps * 32;
+  static constexpr int kColsPerWarp = kBlockN / kNWarps;  // 16: one k-step of P @ V per warp and tile
+  static constexpr int kDTiles = kHeadDim / 8;
+  static constexpr int kRowsPerThread = 2 * kMTiles;
+  static constexpr int kColsPerThread = 4;                // 2 n8 tiles x 2 elements
+  static constexpr int kChunksPerRow = kHeadDim / 8;     // 16-byte chunks of one row
+  static constexpr int kRowsPerPass = kNThreads / kChunksPerRow;
+  static constexpr int kPasses = (kBlockN + kRowsPerPass - 1) / kRowsPerPass;
+  // Rows padded by 16 bytes: odd number of 16-byte chunks per row, so ldmatrix and cp.async are conflict-free.
+  static constexpr int kSmemStride = kHeadDim + 8;
+  static constexpr int kSmemQBytes = kBlockM * kSmemStride * 2;
+  static constexpr int kSmemTileBytes = kBlockN * kSmemStride * 2;
+  static constexpr int kSmemStageBytes = 2 * kSmemTileBytes;  // K then V
+  // End-of-CTA merge of the warps (reuses the stages): O [kNWarps][kBlockM][kOStride] fp32, then row max and sum.
+  // kOStride = D + 8 floats: the float2 stores of a half-warp (rows g, columns 2t) hit distinct banks.
+  static constexpr int kOStride = kHeadDim + 8;
+  static constexpr int kSmemMergeBytes = kNWarps * kBlockM * (kOStride + 2) * 4;
+  static constexpr int kSmemBodyBytes =
+      kStages * kSmemStageBytes > kSmemMergeBytes ? kStages * kSmemStageBytes : kSmemMergeBytes;
+  static constexpr int kSmemBytes = kSmemQBytes + kSmemBodyBytes;
+
+  static_assert(sizeof(Element) == 2, "FlexDecodeTraits: Element must be __nv_bfloat16 or __half");
+  static_assert(kHeadDim % 16 == 0 && kHeadDim >= 16 && kHeadDim <= 256,
+                "FlexDecodeTraits: kHeadDim must be a multiple of 16 in [16, 256]");
+  static_assert(kMTiles == 1 || kMTiles == 2, "FlexDecodeTraits: kMTiles must be 1 or 2 (O of more rows does not fit in registers)");
+  static_assert(kHeadDim <= 128 || kMTiles == 1, "FlexDecodeTraits: D > 128 allows only kMTiles = 1 (register budget)");
+  static_assert(kStages >= 2 && kStages <= 4, "FlexDecodeTraits: kStages must be in [2, 4]");
+  static_assert(kBlockN == 64 && kColsPerWarp == 16, "FlexDecodeTraits: the warp layout assumes 64-row tiles over 4 warps");
+  static_assert(kRowsPerPass >= 1, "FlexDecodeTraits: need at least one thread per 16-byte chunk of a row");
+  static_assert(kSmemBytes <= 232448, "FlexDecodeTraits: shared memory exceeds the 227 KB an sm_90 block may use; lower kStages");
+};
+
+namespace flex {
+
+// KV copies: 16-byte cp.async like flex_mma.cuh's cp_async_16, with L2 hints. L2::256B: a miss fetches the whole
+// 256-byte block (longer DRAM bursts; ~1% faster decode on the H100). kEvictFirst adds an evict_first cache
+// policy (FlexDecodeParams::kv_evict_first): the KV stream is read once, so it should not push out other data.
+// Measured on the H100 (DECODE_NOTES.md): evict_first is faster for short caches and windows, slower at 32K;
+// an explicit evict_normal policy was 5% slower than no policy at all, so the default path carries none.
+__device__ __forceinline__ unsigned long long kv_evict_first_policy() {
+  unsigned long long policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+template <bool kEvictFirst>
+__device__ __forceinline__ void cp_async_16_kv(unsigned dst, const void* src, bool pred, unsigned long long policy) {
+  const int src_size = pred ? 16 : 0;
+  if constexpr (kEvictFirst) {
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
+                 "r"(src_size), "l"(policy));
+  } else {
+    (void)policy;
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size));
+  }
+}
+
+// Per-thread helpers of one (Traits, Variant) decode instantiation.
+template <class Traits, class Variant>
+struct DecodeKernel {
+  using Element = typename Traits::Element;
+  using VParams = typename Variant::Params;
+  using Row = typename Variant::Row;
+  using Col = typename Variant::Col;
+  using Tile = typename Variant::Tile;
+
+  static constexpr int kMTiles = Traits::kMTiles;
+  static constexpr int kRowsPerThread = Traits::kRowsPerThread;
+  static constexpr int kColsPerThread = Traits::kColsPerThread;
+  static constexpr int kPasses = Traits::kPasses;
+  static constexpr int kRowsPerPass = Traits::kRowsPerPass;
+
+  static __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
+
+  // CTA-tile row of the thread's accumulator row r: m-tile r / 2, half r % 2 (rows g and g + 8).
+  static __device__ __forceinline__ int row_in_tile(int lane, int r) { return (r / 2) * 16 + (r % 2) * 8 + lane / 4; }
+  // Tile column (0..63) of the thread's accumulator column c: warp's 16 columns, n8 tile c / 2, element c % 2.
+  static __device__ __forceinline__ int col_in_tile(int warp, int lane, int c) {
+    return warp * Traits::kColsPerWarp + (c / 2) * 8 + 2 * (lane % 4) + (c % 2);
+  }
+
+  // Where the thread's KV rows of one tile live: page id (or the sequence index when contiguous) and the slot
+  // within it; slot < 0 marks a row at or past kv_len (zero-filled, nothing read).
+  struct RowLoc {
+    int page[kPasses];
+    int slot[kPasses];
+  };
+
+  // Page lookups of tile `t` for the rows this thread copies (row r0 + i * kRowsPerPass of the tile).
+  static __device__ __forceinline__ void locate(RowLoc& loc, const FlexDecodeParams& p, const int* page_row, int b,
+                                                int t, int r0, int kv_len) {
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      const int row = r0 + i * kRowsPerPass;
+      const int pos = t * Traits::kBlockN + row;
+      const bool valid = (Traits::kBlockN % kRowsPerPass == 0 || row < Traits::kBlockN) && pos < kv_len;
+      if (page_row == nullptr) {
+        loc.page[i] = b;
+        loc.slot[i] = valid ? pos : -1;
+      } else if (valid) {
+        int idx, slot;
+        if (p.page_shift >= 0) {
+          idx = pos >> p.page_shift;
+          slot = pos & (p.page_size - 1);
+        } else {
+          idx = pos / p.page_size;
+          slot = pos - idx * p.page_size;
+        }
+        loc.page[i] = __ldg(page_row + idx);
+        loc.slot[i] = slot;
+      } else {
+        loc.page[i] = 0;
+        loc.slot[i] = -1;
+      }
+    }
+  }
+
+  // cp.async of the thread's chunks of one K tile and one V tile into a stage.
+  template <bool kEvictFirst>
+  static __device__ __forceinline__ void issue_hinted(const RowLoc& loc, const FlexDecodeParams& p,
+                                                      const Element* k_head, const Element* v_head, unsigned s_k,
+                                                      unsigned s_v, int r0, int c, unsigned long long policy) {
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      const int row = r0 + i * kRowsPerPass;
+      if (Traits::kBlockN % kRowsPerPass == 0 || row < Traits::kBlockN) {
+        const bool valid = loc.slot[i] >= 0;
+        const long long off = valid ? (long long)loc.page[i] * p.kv_stride_page + (long long)loc.slot[i] * p.kv_stride_row : 0;
+        const unsigned dst = (row * Traits::kSmemStride + c * 8) * 2;
+        cp_async_16_kv<kEvictFirst>(s_k + dst, k_head + off, valid, policy);
+        cp_async_16_kv<kEvictFirst>(s_v + dst, v_head + off, valid, policy);
+      }
+    }
+  }
+  // The cache policy is launch-uniform: one branch per tile, not per copy.
+  static __device__ __forceinline__ void issue(const RowLoc& loc, const FlexDecodeParams& p, const Element* k_head,
+                                               const Element* v_head, unsigned s_k, unsigned s_v, int r0, int c,
+                                               unsigned long long policy, bool evict_first) {
+    if (evict_first) issue_hinted<true>(loc, p, k_head, v_head, s_k, s_v, r0, c, policy);
+    else issue_hinted<false>(loc, p, k_head, v_head, s_k, s_v, r0, c, policy);
+  }
+
+  // Score modification, masking and bounds of one warp's S tile, in place: elements of padding rows or at
+  // kv >= kv_len become -inf without calling the variant. kPartial: run mask_mod.
+  template <bool kPartial>
+  static __device__ __forceinline__ void apply_mods(float (&s)[kMTiles][2][4], const VParams& vp,
+                                                    const Row (&row)[kRowsPerThread],
+                                                    const Col (&col)[kRowsPerThread][kColsPerThread],
+                                                    const Tile (&tile)[kRowsPerThread], const bool (&row_ok)[kRowsPerThread],
+                                                    const int (&head)[kRowsPerThread], const int (&qpos)[kRowsPerThread],
+                                                    int b, int hkv, int warp, int lane, int k0, int kv_len, float scale) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = mt * 2 + e / 2;
+          const int c = nt * 2 + e % 2;
+          const int j = col_in_tile(warp, lane, c);
+          float x = s[mt][nt][e];
+          if (row_ok[r] && k0 + j < kv_len) {
+            if constexpr (Variant::kHasScoreMod) {
+              // FUSION POINT: score_mod
+              x = Variant::score_mod(vp, row[r], col[r][c], tile[r], b, head[r], hkv, qpos[r], k0, j, x * scale);
+            }
+            if constexpr (kPartial) {
+              // FUSION POINT: mask_mod
+              if (!Variant::mask_mod(vp, row[r], col[r][c], tile[r], b, head[r], hkv, qpos[r], k0, j)) x = neg_inf();
+            }
+          } else {
+            x = neg_inf();
+          }
+          s[mt][nt][e] = x;
+        }
+      }
+    }
+  }
+};
+
+}  // namespace flex
+
+// One CTA: one split of the KV tiles of one (sequence b, KV head, row block). See the top of this file.
+template <class Traits, class Variant>
+__device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typename Variant::Params& vp) {
+  using K = flex::DecodeKernel<Traits, Variant>;
+  using Element = typename Traits::Element;
+  using Mma = flex::Mma16816<Element>;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kMTiles = Traits::kMTiles;
+  constexpr int kDTiles = Traits::kDTiles;
+  constexpr int kStages = Traits::kStages;
+  constexpr int kRowsPerThread = Traits::kRowsPerThread;
+  constexpr int kColsPerThread = Traits::kColsPerThread;
+  constexpr int kSmemStride = Traits::kSmemStride;
+  constexpr int kChunksPerRow = Traits::kChunksPerRow;
+  constexpr int kNWarps = Traits::kNWarps;
+  constexpr int kNThreads = Traits::kNThreads;
+  constexpr float kLog2e = 1.4426950408889634f;
+  constexpr float kLn2 = 0.6931471805599453f;
+  constexpr float kRescaleLog2 = 8.f;  // lazy rescaling threshold, as in flex_forward.cuh
+
+  extern __shared__ __align__(128) unsigned char flex_smem[];
+
+  // ============================================ Prologue ============================================
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int split = blockIdx.x;
+  const int hkv = blockIdx.y / p.row_blocks;
+  const int rb = blockIdx.y % p.row_blocks;
+  const int b = blockIdx.z;
+  const int group = p.heads / p.kv_heads;
+  const int max_q = p.max_q_len;
+  const int n_rows = group * max_q;  // packed rows of this KV head
+  const int kv_len = p.kv_lens != nullptr ? p.kv_lens[b] : p.kv_len;
+  const int q_len = p.q_lens != nullptr ? p.q_lens[b] : max_q;
+
+  // This split's tiles.
+  const int n_kv_tiles = (kv_len + kBlockN - 1) / kBlockN;
+  int t_begin = 0, t_end = n_kv_tiles, f_begin = 0, f_end = 0;
+  {
+    const FlexDecodeTiles& tw = p.tiles;
+    const long long off = b * tw.stride_b + hkv * tw.stride_h;
+    if (tw.begin != nullptr) t_begin = max(tw.begin[off], 0);
+    if (tw.end != nullptr) t_end = min(tw.end[off], n_kv_tiles);
+    if (tw.full_begin != nullptr) {
+      f_begin = tw.full_begin[off];
+      f_end = tw.full_end[off];
+    }
+  }
+  const int n_window = max(t_end - t_begin, 0);
+  const int per_split = (n_window + p.num_splits - 1) / p.num_splits;
+  const int my_begin = t_begin + split * per_split;
+  const int n_tiles = max(0, min(t_end - my_begin, per_split));
+
+  // Shared memory: Q [kBlockM][kSmemStride], then kStages x (K, V) [kBlockN][kSmemStride].
+  const unsigned s_q = flex::smem_addr(flex_smem);
+  const unsigned s_body = s_q + Traits::kSmemQBytes;
+
+  // Packed rows of Q: row tr of the tile is R = rb * kBlockM + tr -> (g, i) -> query head hkv * group + g.
+  {
+    const Element* g_q = static_cast<const Element*>(p.q) + b * p.q_stride_b;
+    for (int chunk = tid; chunk < kBlockM * kChunksPerRow; chunk += kNThreads) {
+      const int tr = chunk / kChunksPerRow;
+      const int c = chunk % kChunksPerRow;
+      const int R = rb * kBlockM + tr;
+      const int g = R / max_q;
+      const int i = R - g * max_q;
+      const bool valid = R < n_rows && i < q_len;
+      const Element* src = g_q + i * p.q_stride_s + (hkv * group + g) * p.q_stride_h + c * 8;
+      flex::cp_async_16(s_q + (tr * kSmemStride + c * 8) * 2, valid ? src : g_q, valid);
+    }
+  }
+
+  // K/V pipeline: stages 0 .. kStages-2 in flight (one commit group each, the first one also holding Q).
+  const int r0 = tid / kChunksPerRow;
+  const int cc = tid % kChunksPerRow;
+  const bool copier = r0 < Traits::kRowsPerPass;  // D = 80, 96, ...: the last few threads copy nothing
+  const int* page_row = p.page_table != nullptr ? p.page_table + b * p.page_table_stride : nullptr;
+  const Element* k_head = static_cast<const Element*>(p.k) + hkv * p.kv_stride_head + cc * 8;
+  const Element* v_head = static_cast<const Element*>(p.v) + hkv * p.kv_stride_head + cc * 8;
+  typename K::RowLoc loc;
+  const bool evict_first = p.kv_evict_first != 0;
+  const unsigned long long policy = evict_first ? flex::kv_evict_first_policy() : 0ull;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (copier && s < n_tiles) {
+      K::locate(loc, p, page_row, b, my_begin + s, r0, kv_len);
+      K::issue(loc, p, k_head, v_head, s_body + s * Traits::kSmemStageBytes,
+               s_body + s * Traits::kSmemStageBytes + Traits::kSmemTileBytes, r0, cc, policy, evict_first);
+    }
+    flex::cp_async_commit();
+  }
+  // Page ids of the next tile to issue (kStages - 1), fetched ahead.
+  if (copier && kStages - 1 < n_tiles) K::locate(loc, p, page_row, b, my_begin + kStages - 1, r0, kv_len);
+
+  // Per-row state: validity, query head, absolute position, hoisted variant values.
+  bool row_ok[kRowsPerThread];
+  int head[kRowsPerThread];
+  int qpos[kRowsPerThread];
+  typename Variant::Row row_st[kRowsPerThread];
+  typename Variant::Col col_st[kRowsPerThread][kColsPerThread];
+#pragma unroll
+  for (int r = 0; r < kRowsPerThread; ++r) {
+    const int R = rb * kBlockM + K::row_in_tile(lane, r);
+    const int g = R / max_q;
+    const int i = R - g * max_q;
+    row_ok[r] = R < n_rows && i < q_len;
+    head[r] = hkv * group + g;
+    qpos[r] = kv_len - q_len + i;
+    if (row_ok[r]) {
+      Variant::row(vp, row_st[r], b, head[r], hkv, qpos[r]);
+#pragma unroll
+      for (int c = 0; c < kColsPerThread; ++c) {
+        const int j = K::col_in_tile(warp, lane, c);
+        if (j < kv_len) Variant::col(vp, row_st[r], col_st[r][c], b, head[r], hkv, qpos[r], j);
+      }
+    }
+  }
+
+  // Per-lane ldmatrix byte offsets (fragment layouts: flex_mma.cuh; same matrices as flex_forward.cuh).
+  const int l8 = lane % 8;
+  const int lm = lane / 8;
+  const unsigned q_lane = s_q + (((lm & 1) * 8 + l8) * kSmemStride + (lm >> 1) * 8) * 2;
+  const unsigned k_lane = ((warp * 16 + (lm >> 1) * 8 + l8) * kSmemStride + (lm & 1) * 8) * 2;
+  const unsigned v_lane = Traits::kSmemTileBytes + ((warp * 16 + (lm & 1) * 8 + l8) * kSmemStride + (lm >> 1) * 8) * 2;
+
+  float acc_o[kMTiles][kDTiles][4];
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] = 0.f;
+  float row_max[kRowsPerThread];
+  float row_sum[kRowsPerThread];
+#pragma unroll
+  for (int r = 0; r < kRowsPerThread; ++r) {
+    row_max[r] = K::neg_inf();
+    row_sum[r] = 0.f;
+  }
+  // exp(score - max) = exp2((x - max) * mult); without score_mod x is the raw q.k (see flex_forward.cuh).
+  const float mult = Variant::kHasScoreMod ? kLog2e : p.scale * kLog2e;
+
+  // ============================================ Mainloop ============================================
+  for (int it = 0; it < n_tiles; ++it) {
+    flex::cp_async_wait<kStages - 2>();  // tile it has landed
+    __syncthreads();                     // ... for every thread, and every warp is done with tile it - 1's stage
+
+    // Refill the stage of tile it - 1 with tile it + kStages - 1, then fetch the page ids of the tile after it.
+    if (copier && it + kStages - 1 < n_tiles) {
+      const unsigned st = s_body + ((it + kStages - 1) % kStages) * Traits::kSmemStageBytes;
+      K::issue(loc, p, k_head, v_head, st, st + Traits::kSmemTileBytes, r0, cc, policy, evict_first);
+      if (it + kStages < n_tiles) K::locate(loc, p, page_row, b, my_begin + it + kStages, r0, kv_len);
+    }
+    flex::cp_async_commit();
+
+    const int t = my_begin + it;
+    const int k0 = t * kBlockN;
+    const unsigned stage = s_body + (it % kStages) * Traits::kSmemStageBytes;
+
+    typename Variant::Tile tile_st[kRowsPerThread];
+#pragma unroll
+    for (int r = 0; r < kRowsPerThread; ++r)
+      if (row_ok[r]) Variant::tile(vp, row_st[r], tile_st[r], b, head[r], hkv, qpos[r], k0);
+
+    // S = Q @ K^T over the warp's 16 KV rows.
+    float acc_s[kMTiles][2][4];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      unsigned bk[4];
+      flex::ldmatrix_x4(bk, stage + k_lane + kk * 32);
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        unsigned a[4];
+        flex::ldmatrix_x4(a, q_lane + (mt * 16 * kSmemStride + kk * 16) * 2);
+        Mma::run(acc_s[mt][0], a, bk[0], bk[1]);
+        Mma::run(acc_s[mt][1], a, bk[2], bk[3]);
+      }
+    }
+
+    // S = mask(score_mod(scale * S)); -inf for padding rows and kv >= kv_len.
+    if (Variant::kHasMaskMod && !(t >= f_begin && t < f_end))
+      K::template apply_mods<true>(acc_s, vp, row_st, col_st, tile_st, row_ok, head, qpos, b, hkv, warp, lane, k0,
+                                   kv_len, p.scale);
+    else
+      K::template apply_mods<false>(acc_s, vp, row_st, col_st, tile_st, row_ok, head, qpos, b, hkv, warp, lane, k0,
+                                    kv_len, p.scale);
+
+    // Online softmax in base 2 with lazy rescaling, per warp over its 16 columns (see flex_forward.cuh).
+    bool rescale = false;
+    float alpha[kRowsPerThread];
+    float max_scaled[kRowsPerThread];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = mt * 2 + half;
+        const float t4 = fmaxf(fmaxf(acc_s[mt][0][2 * half], acc_s[mt][0][2 * half + 1]),
+                               fmaxf(acc_s[mt][1][2 * half], acc_s[mt][1][2 * half + 1]));
+        const float mx = flex::quad_max(fmaxf(row_max[r], t4));
+        const bool jump = (mx - row_max[r]) * mult > kRescaleLog2;
+        const float m_new = jump ? mx : row_max[r];
+        max_scaled[r] = m_new == K::neg_inf() ? 0.f : m_new * mult;
+        alpha[r] = flex::ex2(row_max[r] * mult - max_scaled[r]);
+        row_max[r] = m_new;
+        row_sum[r] *= alpha[r];
+        rescale |= jump;
+      }
+    }
+    if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] *= alpha[mt * 2 + e / 2];
+    }
+
+    // O += P @ V: the warp's 16 columns of P are one 16x16 A fragment, straight from the S accumulators.
+    unsigned pa[kMTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+      float pr[2][4];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) pr[nt][e] = flex::ex2(fmaf(acc_s[mt][nt][e], mult, -max_scaled[mt * 2 + e / 2]));
+      row_sum[mt * 2] += (pr[0][0] + pr[0][1]) + (pr[1][0] + pr[1][1]);
+      row_sum[mt * 2 + 1] += (pr[0][2] + pr[0][3]) + (pr[1][2] + pr[1][3]);
+      pa[mt][0] = Mma::pack(pr[0][0], pr[0][1]);
+      pa[mt][1] = Mma::pack(pr[0][2], pr[0][3]);
+      pa[mt][2] = Mma::pack(pr[1][0], pr[1][1]);
+      pa[mt][3] = Mma::pack(pr[1][2], pr[1][3]);
+    }
+#pragma unroll
+    for (int dp = 0; dp < kHeadDim / 16; ++dp) {
+      unsigned bv[4];
+      flex::ldmatrix_x4_trans(bv, stage + v_lane + dp * 32);
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        Mma::run(acc_o[mt][2 * dp], pa[mt], bv[0], bv[1]);
+        Mma::run(acc_o[mt][2 * dp + 1], pa[mt], bv[2], bv[3]);
+      }
+    }
+  }
+
+  // ============================================ Epilogue ============================================
+  // Merge the warps: with m_w the warp's (stale) max in log2 units and l_w its sum, the row's total is
+  // L * 2^M with M = max_w m_w, L = sum_w l_w 2^(m_w - M); O = sum_w O_w 2^(m_w - M) / L; LSE = M ln 2 + ln L.
+  flex::cp_async_wait<0>();
+  __syncthreads();
+  float* s_o = reinterpret_cast<float*>(flex_smem + Traits::kSmemQBytes);  // [kNWarps][kBlockM][kOStride]
+  float* s_m = s_o + kNWarps * kBlockM * Traits::kOStride;               // [kNWarps][kBlockM]
+  float* s_l = s_m + kNWarps * kBlockM;                                  // [kNWarps][kBlockM]
+  float m_own[kRowsPerThread];
+#pragma unroll
+  for (int r = 0; r < kRowsPerThread; ++r) {
+    const float l = flex::quad_sum(row_sum[r]);
+    m_own[r] = row_max[r] == K::neg_inf() ? K::neg_inf() : row_max[r] * mult;
+    if (lane % 4 == 0) {
+      const int tr = K::row_in_tile(lane, r);
+      s_m[warp * kBlockM + tr] = m_own[r];
+      s_l[warp * kBlockM + tr] = l;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = mt * 2 + half;
+      const int tr = K::row_in_tile(lane, r);
+      float m_all = K::neg_inf();
+#pragma unroll
+      for (int w = 0; w < kNWarps; ++w) m_all = fmaxf(m_all, s_m[w * kBlockM + tr]);
+      float l_all = 0.f;
+#pragma unroll
+      for (int w = 0; w < kNWarps; ++w) {
+        const float mw = s_m[w * kBlockM + tr];
+        if (mw != K::neg_inf()) l_all += s_l[w * kBlockM + tr] * flex::ex2(mw - m_all);
+      }
+      const float factor = m_own[r] == K::neg_inf() ? 0.f : flex::ex2(m_own[r] - m_all);
+      const float sc = l_all > 0.f ? factor / l_all : 0.f;
+      float* dst = s_o + (warp * kBlockM + tr) * Traits::kOStride + 2 * (lane % 4);
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt)
+        *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(acc_o[mt][dt][2 * half] * sc, acc_o[mt][dt][2 * half + 1] * sc);
+    }
+  }
+  __syncthreads();
+
+  // Rows out: 8 consecutive values per thread and step (16-byte element stores, or two float4 partial stores).
+  const bool direct = p.num_splits == 1;
+  const int h0 = hkv * group;
+  for (int chunk = tid; chunk < kBlockM * kChunksPerRow; chunk += kNThreads) {
+    const int tr = chunk / kChunksPerRow;
+    const int c = chunk % kChunksPerRow;
+    const int R = rb * kBlockM + tr;
+    const int g = R / max_q;
+    const int i = R - g * max_q;
+    if (!(R < n_rows && i < q_len)) continue;
+    float v[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = 0.f;
+#pragma unroll
+    for (int w = 0; w < kNWarps; ++w) {
+      const float4* src = reinterpret_cast<const float4*>(s_o + (w * kBlockM + tr) * Traits::kOStride + c * 8);
+      const float4 x0 = src[0], x1 = src[1];
+      v[0] += x0.x; v[1] += x0.y; v[2] += x0.z; v[3] += x0.w;
+      v[4] += x1.x; v[5] += x1.y; v[6] += x1.z; v[7] += x1.w;
+    }
+    if (direct) {
+      uint4 packed;
+      packed.x = Mma::pack(v[0], v[1]);
+      packed.y = Mma::pack(v[2], v[3]);
+      packed.z = Mma::pack(v[4], v[5]);
+      packed.w = Mma::pack(v[6], v[7]);
+      Element* g_o = static_cast<Element*>(p.o) + b * p.o_stride_b + i * p.o_stride_s + (h0 + g) * p.o_stride_h;
+      *reinterpret_cast<uint4*>(g_o + c * 8) = packed;
+    } else {
+      // A split whose row saw nothing keeps LSE = -inf and is never read by the combine: skip its O.
+      bool any = false;
+#pragma unroll
+      for (int w = 0; w < kNWarps; ++w) any |= s_m[w * kBlockM + tr] != K::neg_inf();
+      if (!any) continue;
+      const long long ws_row = ((long long)(b * p.heads + h0 + g) * max_q + i) * p.num_splits + split;
+      float4* dst = reinterpret_cast<float4*>(p.ws_o + ws_row * kHeadDim + c * 8);
+      dst[0] = make_float4(v[0], v[1], v[2], v[3]);
+      dst[1] = make_float4(v[4], v[5], v[6], v[7]);
+    }
+  }
+  if (tid < kBlockM) {
+    const int tr = tid;
+    const int R = rb * kBlockM + tr;
+    const int g = R / max_q;
+    const int i = R - g * max_q;
+    if (R < n_rows && i < q_len) {
+      float m_all = K::neg_inf();
+#pragma unroll
+      for (int w = 0; w < kNWarps; ++w) m_all = fmaxf(m_all, s_m[w * kBlockM + tr]);
+      float l_all = 0.f;
+#pragma unroll
+      for (int w = 0; w < kNWarps; ++w) {
+        const float mw = s_m[w * kBlockM + tr];
+        if (mw != K::neg_inf()) l_all += s_l[w * kBlockM + tr] * flex::ex2(mw - m_all);
+      }
+      const float lse = l_all > 0.f ? m_all * kLn2 + logf(l_all) : K::neg_inf();
+      if (direct) {
+        if (p.lse != nullptr) p.lse[b * p.lse_stride_b + (h0 + g) * p.lse_stride_h + i] = lse;
+      } else {
+        p.ws_lse[((long long)(b * p.heads + h0 + g) * max_q + i) * p.num_splits + split] = lse;
+      }
+    }
+  }
+}
+
+// Merges the splits of each output row exactly: w_s = exp(LSE_s - max LSE), O = sum w_s O_s / sum w_s,
+// LSE = max + ln(sum w_s); splits with LSE = -inf are skipped (their O is never read); a row whose splits are
+// all -inf gets O = 0 and LSE = -inf. One warp per row (b, h, i), row = (b * H + h) * max_q_len + i;
+// grid = ceil(B * H * max_q_len / 4), block = 128 threads.
+template <int kHeadDim, class Element>
+__device__ __forceinline__ void flex_decode_combine(const FlexDecodeParams& p) {
+  using Mma = flex::Mma16816<Element>;
+  constexpr int kQuads = kHeadDim / 4;              // float4 chunks of a row
+  constexpr int kPerLane = (kQuads + 31) / 32;
+  const float neg_inf = __int_as_float(0xff800000u);
+  const int lane = threadIdx.x % 32;
+  const long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const int max_q = p.max_q_len;
+  if (row >= (long long)p.batch * p.heads * max_q) return;
+  const int i = (int)(row % max_q);
+  const int h = (int)((row / max_q) % p.heads);
+  const int b = (int)(row / ((long long)max_q * p.heads));
+  const int q_len = p.q_lens != nullptr ? p.q_lens[b] : max_q;
+  if (i >= q_len) return;
+  const int ns = p.num_splits;
+  const float* lse_row = p.ws_lse + row * ns;
+  const float* o_row = p.ws_o + row * ns * kHeadDim;
+
+  float m = neg_inf;
+  for (int s = lane; s < ns; s += 32) m = fmaxf(m, lse_row[s]);
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+
+  float acc[kPerLane][4];
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[k][e] = 0.f;
+  float l = 0.f;
+  if (m != neg_inf) {
+    for (int s0 = 0; s0 < ns; s0 += 32) {
+      // Lane s holds the weight of split s0 + s; broadcast one at a time (warp-uniform skip of empty splits).
+      const float ls = s0 + lane < ns ? lse_row[s0 + lane] : neg_inf;
+      const float w_lane = ls == neg_inf ? 0.f : __expf(ls - m);
+      const int n = min(32, ns - s0);
+#pragma unroll 4
+      for (int s = 0; s < n; ++s) {
+        const float w = __shfl_sync(0xffffffffu, w_lane, s);
+        if (w == 0.f) continue;
+        l += w;
+        const float4* src = reinterpret_cast<const float4*>(o_row + (long long)(s0 + s) * kHeadDim);
+#pragma unroll
+        for (int k = 0; k < kPerLane; ++k) {
+          const int c = lane + 32 * k;
+          if (kQuads % 32 == 0 || c < kQuads) {
+            const float4 x = src[c];
+            acc[k][0] += w * x.x;
+            acc[k][1] += w * x.y;
+            acc[k][2] += w * x.z;
+            acc[k][3] += w * x.w;
+          }
+        }
+      }
+    }
+  }
+  const float inv = l > 0.f ? 1.f / l : 0.f;
+  Element* g_o = static_cast<Element*>(p.o) + b * p.o_stride_b + i * p.o_stride_s + h * p.o_stride_h;
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    const int c = lane + 32 * k;
+    if (kQuads % 32 == 0 || c < kQuads) {
+      uint2 packed;
+      packed.x = Mma::pack(acc[k][0] * inv, acc[k][1] * inv);
+      packed.y = Mma::pack(acc[k][2] * inv, acc[k][3] * inv);
+      *reinterpret_cast<uint2*>(g_o + c * 4) = packed;
+    }
+  }
+  if (lane == 0 && p.lse != nullptr)
+    p.lse[b * p.lse_stride_b + h * p.lse_stride_h + i] = l > 0.f ? m + logf(l) : neg_inf;
+}

@@ -1,0 +1,131 @@
+// Launch parameters, workspace layout and split heuristic of the flex decode kernels (split-KV + LSE combine).
+#pragma once
+
+// Plain data only: this header is also compiled as host C++20 (no CUDA headers), so it must not use
+// CUDA types, qualifiers or fixed-width integer typedefs. The split heuristic is host code and is hidden
+// from NVRTC, which compiles device code only.
+
+// KV rows per tile of the decode kernel. 64 as in the forward kernel, so the generator's staging (Col values
+// per column j of a 64-wide tile, Tile values per k0) and any tile window are shared by both kernels.
+constexpr int kFlexDecodeBlockN = 64;
+// Upper bound of FlexDecodeParams::num_splits (the combine kernel keeps nothing per split in registers, so
+// this only bounds the workspace and keeps the heuristic sane).
+constexpr int kFlexDecodeMaxSplits = 256;
+
+// Which KV tiles (of kFlexDecodeBlockN rows, tile t = rows [64 t, 64 t + 64)) one sequence visits.
+// Tiles outside [begin, end) are never read: a sliding window or a document reads only its pages. Tiles in
+// [full_begin, full_end) are "full": mask_mod is not called there (the host proved it true everywhere);
+// every other visited tile runs mask_mod per element. All pointers null: every tile below the KV length is
+// visited, and all are partial when the variant has a mask_mod.
+struct FlexDecodeTiles {
+  const int* begin;       // [B, Hkv] first tile to visit (null = 0)
+  const int* end;         // [B, Hkv] one past the last tile (null = ceil(kv_len / 64)); clamped to that
+  const int* full_begin;  // [B, Hkv] first full tile (null = no full tiles)
+  const int* full_end;    // [B, Hkv] one past the last full tile
+  long long stride_b;     // element stride of the four arrays over sequences (usually 1 or Hkv)
+  long long stride_h;     // element stride over KV heads (0 = one range for every KV head)
+};
+
+// Everything the decode kernel and its combine kernel need besides the variant's own parameters.
+//
+// Query rows: sequence b has q_len(b) query rows (q_lens[b], or max_q_len when q_lens is null), 1..16, the last
+// q_len(b) positions of the sequence: row i sits at absolute position kv_len(b) - q_len(b) + i, which is the
+// `q` the variant sees. q is [B, max_q_len, H, D] (any order of the three outer dims through the strides).
+//
+// KV cache (k and v share one layout; row = one (position, KV head) vector of D contiguous elements):
+//   paged (page_table != null): position p of sequence b is slot p % page_size of page
+//     page_table[b * page_table_stride + p / page_size]; element offset of its row for KV head hkv =
+//     page * kv_stride_page + (p % page_size) * kv_stride_row + hkv * kv_stride_head.
+//       [num_pages, page_size, Hkv, D]: kv_stride_page = page_size*Hkv*D, kv_stride_row = Hkv*D, kv_stride_head = D
+//       [num_pages, Hkv, page_size, D]: kv_stride_page = Hkv*page_size*D, kv_stride_row = D, kv_stride_head = page_size*D
+//   contiguous (page_table == null): offset = b * kv_stride_page + p * kv_stride_row + hkv * kv_stride_head,
+//       e.g. [B, Hkv, Skv, D]: kv_stride_page = Hkv*Skv*D, kv_stride_row = D, kv_stride_head = Skv*D.
+//
+// Outputs: o like q ([B, max_q_len, H, D] through strides), lse [B, H, max_q_len] (row stride 1, may be null).
+// Rows i >= q_len(b) are never written. With num_splits == 1 the decode kernel writes o and lse itself and no
+// combine runs; otherwise it writes fp32 partials into the workspace and the combine kernel writes o and lse.
+//
+// Workspace (num_splits > 1), R = B * H * max_q_len rows indexed row = (b * H + h) * max_q_len + i:
+//   ws_o   float [R][num_splits][D]  partial O of each split, already divided by its own row sum
+//   ws_lse float [R][num_splits]     natural-log LSE of each split's scores, -inf for an empty/all-masked split
+// flex_decode_workspace_bytes() gives the size; the two arrays may live in one allocation (ws_lse after ws_o).
+//
+// What the host must guarantee (the kernels do not check): q/k/v/o 16-byte aligned and every stride a multiple
+// of 8 elements (16-byte vector accesses); H % Hkv == 0; 1 <= q_len(b) <= max_q_len <= 16 and
+// q_len(b) <= kv_len(b); page tables hold a valid page for every position below kv_len(b) that a visited tile
+// touches; without score_mod, scale > 0; num_splits in [1, kFlexDecodeMaxSplits]; grid and row blocks as in
+// flex_decode.cuh.
+struct FlexDecodeParams {
+  const void* q;                 // element type = the kernel's Element (bf16 or fp16)
+  const void* k;                 // KV cache, keys
+  const void* v;                 // KV cache, values (same strides as k)
+  void* o;                       // output, same element type
+  float* lse;                    // [B, H, max_q_len] natural-log LSE of the modified scores (null = not written)
+  float* ws_o;                   // workspace partial O (num_splits > 1)
+  float* ws_lse;                 // workspace partial LSE (num_splits > 1)
+  const int* kv_lens;            // [B] KV length of each sequence (null = kv_len for all)
+  const int* q_lens;             // [B] query rows of each sequence (null = max_q_len for all)
+  const int* page_table;         // [B, page_table_stride] page ids (null = contiguous KV)
+  long long q_stride_b, q_stride_s, q_stride_h;  // element strides of q
+  long long o_stride_b, o_stride_s, o_stride_h;  // element strides of o
+  long long lse_stride_b, lse_stride_h;          // element strides of lse (row stride 1)
+  long long kv_stride_page;      // see above (the sequence stride when page_table is null)
+  long long kv_stride_row;       // between consecutive positions of one page (or sequence)
+  long long kv_stride_head;      // between KV heads
+  long long page_table_stride;   // element stride of page_table over sequences
+  int page_size;                 // positions per page, >= 1 (ignored when contiguous)
+  int page_shift;                // log2(page_size) when it is a power of two, else -1 (cheaper indexing)
+  int batch;                     // B
+  int heads;                     // H, query heads
+  int kv_heads;                  // Hkv
+  int max_q_len;                 // rows per sequence the layout of q/o/lse is built for, 1..16
+  int kv_len;                    // KV length of every sequence when kv_lens is null
+  int num_splits;                // KV splits per (sequence, KV head, row block): grid.x
+  int row_blocks;                // ceil(group * max_q_len / kBlockM) where group = H / Hkv: grid.y = Hkv * row_blocks
+  int kv_evict_first;            // nonzero: K/V loads carry an L2 evict_first policy (see flex_decode.cuh)
+  float scale;                   // softmax scale applied to q.k before score_mod
+  FlexDecodeTiles tiles;         // tile window / full tiles; all null = every tile, all partial
+};
+
+// Bytes of workspace a launch with these sizes needs (0 when num_splits == 1).
+inline long long flex_decode_workspace_bytes(int batch, int heads, int max_q_len, int head_dim, int num_splits) {
+  if (num_splits <= 1) return 0;
+  const long long rows = (long long)batch * heads * max_q_len * num_splits;
+  return rows * head_dim * 4 + rows * 4;
+}
+
+#if !defined(__CUDACC_RTC__)
+// Split count for one decode launch. Every split of a launch is about as long, so the grid runs in waves of
+// num_sms * ctas_per_sm CTAs and a last, partly filled wave leaves the memory system idle for its length.
+// The count is the smallest one whose wave efficiency n / (ceil(n / slots) * slots), n = CTAs, is within 10% of
+// the best reachable: fewer, longer splits amortise each CTA's pipeline fill and the combine.
+//   num_sms, ctas_per_sm: the device and the kernel's occupancy (cudaOccupancyMaxActiveBlocksPerMultiprocessor);
+//   ctas_without_split: batch * kv_heads * row_blocks;
+//   max_tiles: the most KV tiles one (sequence, KV head) visits (ceil(kv_len / 64), or the window's tiles);
+//   min_tiles_per_split: shortest split worth a CTA.
+// Returns a count in [1, kFlexDecodeMaxSplits] that leaves no split empty for the longest sequence.
+inline int flex_decode_num_splits(int num_sms, int ctas_per_sm, int ctas_without_split, int max_tiles,
+                                  int min_tiles_per_split = 2) {
+  if (ctas_without_split <= 0 || max_tiles <= 0) return 1;
+  if (num_sms < 1) num_sms = 1;
+  if (ctas_per_sm < 1) ctas_per_sm = 1;
+  if (min_tiles_per_split < 1) min_tiles_per_split = 1;
+  const long long slots = (long long)num_sms * ctas_per_sm;
+  int max_splits = max_tiles / min_tiles_per_split;
+  if (max_splits > kFlexDecodeMaxSplits) max_splits = kFlexDecodeMaxSplits;
+  if (max_splits < 1) max_splits = 1;
+  auto efficiency = [&](int s) {
+    const long long n = (long long)ctas_without_split * s;
+    const long long waves = (n + slots - 1) / slots;
+    return (double)n / (double)(waves * slots);
+  };
+  double best = 0;
+  for (int s = 1; s <= max_splits; ++s)
+    if (efficiency(s) > best) best = efficiency(s);
+  int splits = 1;
+  while (splits < max_splits && efficiency(splits) < 0.9 * best) ++splits;
+  // Equal tiles per split, and no trailing split left empty by the rounding.
+  const int per_split = (max_tiles + splits - 1) / splits;
+  return (max_tiles + per_split - 1) / per_split;
+}
+#endif

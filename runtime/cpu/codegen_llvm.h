@@ -1,0 +1,69 @@
+// CodeGenLLVM: lowers a spec's staged score_mod / mask_mod IR to LLVM IR with IRBuilder, as
+// the row-segment functions of runtime/cpu/mod_abi.h that LLVM's loop vectoriser can widen.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "compiler/codegen/params_layout.h"
+#include "compiler/passes/range_analysis.h"
+#include "compiler/spec_ir.h"
+
+namespace llvm {
+class LLVMContext;
+class Module;
+}  // namespace llvm
+
+namespace flexjit::cpu {
+
+struct CodeGenOptions {
+  int tile_size = 64;          // the driver's KV tile (staging aligns kv // c and kv % c to it)
+  uint64_t checked_loads = 0;  // bit i: conditional load i (RangeInfo::loads order) failed its obligation at launch
+  bool hoist = true;           // hoist Row / Col / Tile values (false: everything per element, for tests)
+};
+
+// A load site that can raise an error bit (a checked load), for error messages.
+struct FlagSite {
+  std::string buffer;      // buffer name
+  std::string expression;  // the load as lowered, e.g. "bias[offset[q]]"
+  uint32_t bit = 0;
+};
+
+// What the driver needs to call a generated module.
+struct ModModuleInfo {
+  ParamsLayout params;      // the slot array `p` of every function
+  int tile_size = 64;
+  size_t state_bytes = 0;   // per query row, a multiple of 64
+  int row_values = 0, col_values = 0, tile_values = 0;
+  bool has_score_mod = false, has_mask_mod = false;
+  std::vector<FlagSite> loads;  // checked loads only
+  std::vector<std::string> function_names;  // row, col, tile, score, mask (the JIT looks these up)
+};
+
+// Where the module will run: from the JIT's target machine.
+struct TargetInfo {
+  std::string triple, data_layout, cpu, features;
+};
+
+class CodeGenLLVM {
+ public:
+  // `ranges` must come from analyze_ranges over ir.score_mod and ir.mask_mod (forward domains).
+  CodeGenLLVM(const SpecIR& ir, const RangeInfo& ranges, const CodeGenOptions& options);
+  ~CodeGenLLVM();
+
+  // Builds the five functions of mod_abi.h, named `<prefix>_row` ... `<prefix>_mask`.
+  std::unique_ptr<llvm::Module> generate(llvm::LLVMContext& ctx, const TargetInfo& target, const std::string& prefix);
+  const ModModuleInfo& info() const { return info_; }
+
+  struct Impl;  // the staged IR, analyses and state layout (shared with the emitter in the .cpp)
+
+ private:
+  std::unique_ptr<Impl> impl_;
+  ModModuleInfo info_;
+};
+
+// The slot layout of the `p` array for a spec (same scheme as the CUDA variant's Params).
+ParamsLayout cpu_params_layout(const SpecIR& ir);
+
+}  // namespace flexjit::cpu

@@ -13,7 +13,7 @@
 // instructions at half rate. An assumption, not a measurement: memory, caches and clock
 // behaviour are ignored.
 //
-//   flexjit_cpu_bench [--threads N] [--iters N] [--seq S] [--no-naive] [--block-m M] [--block-n N] [--chunk-n C] [--isa NAME] [--append FILE]
+//   flexjit_cpu_bench [--threads N] [--iters N] [--seq S] [--no-naive] [--block-m M] [--block-n N] [--chunk-n C] [--isa NAME] [--more] [--append FILE]
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -139,7 +139,7 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   int threads = 0, iters = 5, block_m = 0, block_n = 0, chunk_n = 0;
   int64_t S = 2048;
-  bool naive = true;
+  bool naive = true, more = false;
   std::string append, only_isa;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -154,13 +154,14 @@ int main(int argc, char** argv) {
     else if (a == "--iters") iters = std::max(1, std::atoi(next().c_str()));
     else if (a == "--seq") S = std::atoll(next().c_str());
     else if (a == "--no-naive") naive = false;
+    else if (a == "--more") more = true;
     else if (a == "--block-m") block_m = std::atoi(next().c_str());
     else if (a == "--block-n") block_n = std::atoi(next().c_str());
     else if (a == "--chunk-n") chunk_n = std::atoi(next().c_str());
     else if (a == "--append") append = next();
     else if (a == "--isa") only_isa = next();
     else {
-      std::fprintf(stderr, "usage: %s [--threads N] [--iters N] [--seq S] [--no-naive] [--block-m M] [--block-n N] [--chunk-n C] [--isa NAME] [--append FILE]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--threads N] [--iters N] [--seq S] [--no-naive] [--block-m M] [--block-n N] [--chunk-n C] [--isa NAME] [--more] [--append FILE]\n", argv[0]);
       return 2;
     }
   }
@@ -246,10 +247,65 @@ int main(int argc, char** argv) {
     }
   }
   if (naive) std::printf("\nmax |O - naive| = %.3g\n", max_diff);
+
+  // --more: other gallery-style mods at the same shape, one thread, the best ISA; the
+  // density of each mask is measured by counting, for the FLOP formula.
+  std::string extra;
+  if (more) {
+    struct Case {
+      const char* name;
+      const char* score;
+      const char* mask;
+      bool exact_math;
+      int64_t window;  // the mask keeps 0 <= q - kv < window (0: no mask)
+    };
+    const Case cases[] = {{"full (no mods)", nullptr, nullptr, false, 0},
+                          {"softcap 30 (libmvec tanh)", "30.0 * tanh(score / 30.0)", nullptr, false, 0},
+                          {"softcap 30 (scalar tanhf)", "30.0 * tanh(score / 30.0)", nullptr, true, 0},
+                          {"alibi + causal", "score + slope[h] * float(kv - q)", "q >= kv", false, S},
+                          {"sliding window 256", nullptr, "q >= kv && q - kv < 256", false, 256}};
+    extra += "\n| spec (1 thread, best ISA) | density | flexjit ms | GFLOP/s |\n| --- | --- | --- | --- |\n";
+    std::vector<float> slope(static_cast<size_t>(H), 0.05f);
+    for (const Case& c : cases) {
+      flexjit::dsl::Spec sp;
+      sp.name = "bench";
+      if (c.score) sp.score_mod = c.score;
+      if (c.mask) sp.mask_mod = c.mask;
+      sp.dtype = flexjit::DType::F32;
+      sp.head_dim = static_cast<int>(D);
+      flexjit::dsl::Diagnostics diags;
+      flexjit::dsl::add_buffer(sp, "slope: f32[H]", "bench", diags);
+      auto kern = rt.compile(sp);
+      flexjit::AttentionArgs ca = a;
+      ca.buffers = {{"slope", flexjit::Tensor::contiguous(slope.data(), flexjit::DType::F32, {H})}};
+      flexjit::cpu::CpuSettings st;
+      st.threads = 1;
+      st.exact_math = c.exact_math;
+      flexjit::cpu::configure(st);
+      kern->forward(ca);
+      std::vector<double> ms;
+      for (int i = 0; i < iters; ++i) {
+        auto t0 = std::chrono::steady_clock::now();
+        kern->forward(ca);
+        ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      }
+      double dens = 1.0;
+      if (c.window > 0) {
+        int64_t kept = 0;
+        for (int64_t i = 0; i < S; ++i) kept += std::min(i + 1, c.window);
+        dens = static_cast<double>(kept) / static_cast<double>(S * S);
+      }
+      double med = median(ms);
+      std::string row = fmt::format("| {} | {:.3f} | {:.1f} | {:.1f} |\n", c.name, dens, med, 4.0 * B * H * S * S * D * dens / (med * 1e6));
+      std::printf("%s", row.c_str());
+      extra += row;
+    }
+  }
   if (!append.empty()) {
     std::ofstream out(append, std::ios::app);
     out << table << rows;
     if (naive) out << fmt::format("\nmax |O - naive| = {:.2g}; target: ≥ 25 GFLOP/s per core.\n", max_diff);
+    out << extra;
     std::printf("appended to %s\n", append.c_str());
   }
   return 0;

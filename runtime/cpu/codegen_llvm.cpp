@@ -11,11 +11,13 @@
 #include <llvm/IR/Module.h>
 #include <llvm/IR/Verifier.h>
 #include <llvm/Support/raw_ostream.h>
+#include <llvm/Transforms/Utils/ModuleUtils.h>
 
 #include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <set>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -308,6 +310,9 @@ class FnEmitter {
   // so later roots that use it pick them up.
   void set_leaf_flags(const Expr& e, llvm::Value* bits) { leaf_flags_[e.get()] = bits; }
 
+  // The libmvec ABI letters calls may name variants for (TargetInfo::vector_math_isas).
+  void set_vector_isas(const std::string& isas) { vector_isas_ = isas; }
+
   llvm::Value* state_ptr(llvm::IRBuilder<>& bld, int64_t offset, llvm::Value* index, int64_t elem_bytes) {
     llvm::Value* off = llvm::ConstantInt::get(i64_, offset);
     if (index) off = bld.CreateAdd(off, bld.CreateMul(index, llvm::ConstantInt::get(i64_, elem_bytes)));
@@ -404,8 +409,10 @@ class FnEmitter {
 
   // libm functions LLVM has no intrinsic for (or whose intrinsic it may rewrite inexactly:
   // pow(x, -1) -> 1 / x), called under private names the JIT binds to the C library, so
-  // the results are the C library's bit for bit, as in the interpreter.
-  llvm::Value* call_libm(const char* name, std::initializer_list<llvm::Value*> args) {
+  // the results are the C library's bit for bit, as in the interpreter. With vector_math,
+  // the call also names libmvec's variants (`_ZGVdN8v_tanhf` ...) through the vector
+  // function ABI attribute, so the loop vectoriser can widen loops that contain it.
+  llvm::Value* call_libm(const char* name, const char* libm_name, std::initializer_list<llvm::Value*> args) {
     std::vector<llvm::Type*> params(args.size(), f32_);
     llvm::FunctionCallee f = m_.getOrInsertFunction(name, llvm::FunctionType::get(f32_, params, false));
     if (auto* fn = llvm::dyn_cast<llvm::Function>(f.getCallee())) {
@@ -416,9 +423,29 @@ class FnEmitter {
     llvm::CallInst* c = body_.CreateCall(f, std::vector<llvm::Value*>(args));
     c->setDoesNotAccessMemory();
     c->setDoesNotThrow();
+    if (g_.opt.vector_math && !vector_isas_.empty()) {
+      std::string variants;
+      std::string kinds(args.size(), 'v');
+      for (char isa : vector_isas_) {
+        unsigned lanes = isa == 'b' ? 4 : isa == 'e' ? 16 : 8;
+        std::string vector_name = fmt::format("_ZGV{}N{}{}_{}", isa, lanes, kinds, libm_name);
+        llvm::Type* vt = llvm::FixedVectorType::get(f32_, lanes);
+        std::vector<llvm::Type*> vparams(args.size(), vt);
+        llvm::FunctionCallee vf = m_.getOrInsertFunction(vector_name, llvm::FunctionType::get(vt, vparams, false));
+        if (auto* fn = llvm::dyn_cast<llvm::Function>(vf.getCallee())) {
+          fn->setDoesNotThrow();
+          fn->setDoesNotAccessMemory();
+          fn->addFnAttr(llvm::Attribute::WillReturn);
+          // Unused until the vectoriser calls it: keep global DCE from deleting the
+          // declaration the mapping refers to (as LLVM's InjectTLIMappings does).
+          if (kept_.insert(fn).second) llvm::appendToCompilerUsed(m_, {fn});
+        }
+        variants += fmt::format("{}_ZGV{}N{}{}_{}({})", variants.empty() ? "" : ",", isa, lanes, kinds, name, vector_name);
+      }
+      c->addFnAttr(llvm::Attribute::get(ctx_, "vector-function-abi-variant", variants));
+    }
     return c;
   }
-
   llvm::Value* fconst(float v) { return llvm::ConstantFP::get(f32_, static_cast<double>(v)); }
   llvm::Value* iconst(int64_t v) { return llvm::ConstantInt::get(i64_, static_cast<uint64_t>(v), true); }
 
@@ -515,10 +542,10 @@ class FnEmitter {
       case UnaryOp::Exp2: return call_intrinsic(llvm::Intrinsic::exp2, f32_, {a});
       case UnaryOp::Log: return call_intrinsic(llvm::Intrinsic::log, f32_, {a});
       case UnaryOp::Log2: return call_intrinsic(llvm::Intrinsic::log2, f32_, {a});
-      case UnaryOp::Log1p: return call_libm("flexjit_log1pf", {a});
+      case UnaryOp::Log1p: return call_libm("flexjit_log1pf", "log1pf", {a});
       case UnaryOp::Sqrt: return call_intrinsic(llvm::Intrinsic::sqrt, f32_, {a});
       case UnaryOp::Rsqrt: return body_.CreateFDiv(fconst(1), call_intrinsic(llvm::Intrinsic::sqrt, f32_, {a}));
-      case UnaryOp::Tanh: return call_libm("flexjit_tanhf", {a});
+      case UnaryOp::Tanh: return call_libm("flexjit_tanhf", "tanhf", {a});
       case UnaryOp::Sigmoid: {
         llvm::Value* ex = call_intrinsic(llvm::Intrinsic::exp, f32_, {body_.CreateFNeg(a)});
         return body_.CreateFDiv(fconst(1), body_.CreateFAdd(fconst(1), ex));
@@ -563,7 +590,7 @@ class FnEmitter {
         }
         case BinaryOp::Min: return call_intrinsic(llvm::Intrinsic::minnum, f32_, {x, y});
         case BinaryOp::Max: return call_intrinsic(llvm::Intrinsic::maxnum, f32_, {x, y});
-        case BinaryOp::Pow: return call_libm("flexjit_powf", {x, y});
+        case BinaryOp::Pow: return call_libm("flexjit_powf", "powf", {x, y});
         case BinaryOp::EQ: return body_.CreateFCmpOEQ(x, y);
         case BinaryOp::NE: return body_.CreateFCmpUNE(x, y);
         case BinaryOp::LT: return body_.CreateFCmpOLT(x, y);
@@ -708,6 +735,8 @@ class FnEmitter {
   std::unordered_map<const ir::Node*, uint32_t> lb_bits_;
   std::unordered_map<const ir::Node*, llvm::Value*> div_zero_;
   std::unordered_map<int, llvm::Value*> slot_vals_, slot_ptrs_;
+  std::string vector_isas_;
+  std::set<llvm::Function*> kept_;
 };
 
 // One generated function: its signature, attributes and (for row segments) the loop.
@@ -843,6 +872,7 @@ std::unique_ptr<llvm::Module> CodeGenLLVM::generate(llvm::LLVMContext& ctx, cons
     llvm::IRBuilder<> eb(entry);
     llvm::Instruction* ret = eb.CreateRetVoid();
     FnEmitter em(g, *m, stage, ret, entry);
+    em.set_vector_isas(target.vector_math_isas);
     em.body().SetInsertPoint(ret);
     bind_row(em, f);
     if (tile) em.k0 = f->getArg(5);
@@ -867,6 +897,7 @@ std::unique_ptr<llvm::Module> CodeGenLLVM::generate(llvm::LLVMContext& ctx, cons
     llvm::Function* f = make_function(*m, target, name, void_t, with({{"ncols", ArgKind::Count}, {"state", ArgKind::StateOut}}));
     FnShape s = make_loop(f, f->getArg(5), /*returns_bits=*/false);
     FnEmitter em(g, *m, Stage::Col, s.entry_end, s.body);
+    em.set_vector_isas(target.vector_math_isas);
     bind_row(em, f);
     em.j = s.j;
     em.state = f->getArg(6);
@@ -892,6 +923,7 @@ std::unique_ptr<llvm::Module> CodeGenLLVM::generate(llvm::LLVMContext& ctx, cons
                                             {"state", ArgKind::State}}));
     FnShape s = make_loop(f, f->getArg(6), /*returns_bits=*/true);
     FnEmitter em(g, *m, Stage::Element, s.entry_end, s.body);
+    em.set_vector_isas(target.vector_math_isas);
     bind_row(em, f);
     em.k0 = f->getArg(5);
     em.j = s.j;
@@ -920,6 +952,7 @@ std::unique_ptr<llvm::Module> CodeGenLLVM::generate(llvm::LLVMContext& ctx, cons
                                       with({{"k0", ArgKind::Index}, {"n", ArgKind::Count}, {"keep", ArgKind::KeepOut}, {"state", ArgKind::State}}));
     FnShape s = make_loop(f, f->getArg(6), /*returns_bits=*/true);
     FnEmitter em(g, *m, Stage::Element, s.entry_end, s.body);
+    em.set_vector_isas(target.vector_math_isas);
     bind_row(em, f);
     em.k0 = f->getArg(5);
     em.j = s.j;

@@ -21,6 +21,11 @@ struct CodeGenOptions {
   int tile_size = 64;          // the driver's KV tile (staging aligns kv // c and kv % c to it)
   uint64_t checked_loads = 0;  // bit i: conditional load i (RangeInfo::loads order) failed its obligation at launch
   bool hoist = true;           // hoist Row / Col / Tile values (false: everything per element, for tests)
+  // Let the loop vectoriser call glibc's vector math library (libmvec) for tanh, log1p and
+  // pow, whose scalar calls otherwise keep a row loop scalar; within 4 ulp of the scalar C
+  // library instead of bit for bit (docs/CPU_BACKEND.md). Off: every function is the scalar
+  // C library's, exactly what the interpreter computes.
+  bool vector_math = false;
 };
 
 // A load site that can raise an error bit (a checked load), for error messages.
@@ -44,6 +49,9 @@ struct ModModuleInfo {
 // Where the module will run: from the JIT's target machine.
 struct TargetInfo {
   std::string triple, data_layout, cpu, features;
+  // libmvec variants the JIT can bind, by x86 vector ABI letter: 'b' (SSE, 4 lanes),
+  // 'd' (AVX2, 8), 'e' (AVX-512, 16); empty when libmvec is unavailable.
+  std::string vector_math_isas;
 };
 
 class CodeGenLLVM {

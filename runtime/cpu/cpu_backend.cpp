@@ -38,6 +38,7 @@ CpuSettings& settings_slot() {
     CpuSettings d;
     if (const char* t = std::getenv("FLEXJIT_CPU_THREADS")) d.threads = std::max(0, std::atoi(t));
     if (const char* i = std::getenv("FLEXJIT_CPU_ISA")) d.isa = i;
+    if (const char* e = std::getenv("FLEXJIT_CPU_EXACT_MATH")) d.exact_math = std::string(e) == "1";
     return d;
   }();
   return s;
@@ -124,6 +125,7 @@ class Executor : public CpuExecutor {
       CodeGenOptions options;
       options.tile_size = job.block_n;
       options.checked_loads = choice.checked_loads;
+      options.vector_math = !cfg.exact_math;
       mods = compile_mods(st->ir, st->ranges, options, st->canonical);
       // A buffer with an empty dimension is read (clamped to index 0, flagged) from zeros.
       alignas(64) static const uint64_t zeros[8] = {};

@@ -10,11 +10,14 @@
 #include <llvm/IR/Module.h>
 #include <llvm/Passes/OptimizationLevel.h>
 #include <llvm/Passes/PassBuilder.h>
+#include <llvm/ADT/SmallVector.h>
+#include <llvm/ADT/StringRef.h>
 #include <llvm/Support/Error.h>
 #include <llvm/Support/TargetSelect.h>
 #include <llvm/Support/raw_ostream.h>
 #include <llvm/Target/TargetMachine.h>
 
+#include <dlfcn.h>
 #include <math.h>
 
 #include <cstdlib>
@@ -77,10 +80,38 @@ JitEngine::JitEngine() {
   target_.cpu = jtmb.getCPU();
   target_.features = jtmb.getFeatures().getString();
   target_.data_layout = tm_->createDataLayout().getStringRepresentation();
+  find_vector_math();
   jit_ = check(llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(std::move(jtmb)).create(), "creating the ORC JIT");
 }
 
 JitEngine::~JitEngine() = default;
+
+// glibc's vector math library (libmvec, glibc >= 2.35 for tanhf and log1pf): the variants of
+// each ABI whose instructions this CPU has. The library stays loaded for the process.
+void JitEngine::find_vector_math() {
+  void* lib = dlopen("libmvec.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) return;
+  llvm::SmallVector<llvm::StringRef, 128> features;
+  llvm::StringRef(target_.features).split(features, ',');
+  auto has = [&](const char* f) {
+    for (llvm::StringRef x : features)
+      if (x.size() > 1 && x[0] == '+' && x.substr(1) == f) return true;
+    return false;
+  };
+  for (char isa : {'b', 'd', 'e'}) {
+    if (isa == 'd' && !(has("avx2") && has("fma"))) continue;
+    if (isa == 'e' && !(has("avx512f") && has("avx512dq"))) continue;
+    unsigned lanes = isa == 'b' ? 4 : isa == 'e' ? 16 : 8;
+    std::vector<std::pair<std::string, void*>> found;
+    for (const auto& [fn, kinds] : {std::pair<const char*, const char*>{"tanhf", "v"}, {"log1pf", "v"}, {"powf", "vv"}}) {
+      std::string name = fmt::format("_ZGV{}N{}{}_{}", isa, lanes, kinds, fn);
+      if (void* addr = dlsym(lib, name.c_str())) found.push_back({name, addr});
+    }
+    if (found.size() != 3) continue;
+    target_.vector_math_isas += isa;
+    vector_math_.insert(vector_math_.end(), found.begin(), found.end());
+  }
+}
 
 std::string JitEngine::next_prefix() {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -122,6 +153,7 @@ std::vector<void*> JitEngine::add(std::unique_ptr<llvm::Module> module, std::uni
       {mangle("fmaxf"), fn(static_cast<F2>(&fmaxf))},         {mangle("tanhf"), fn(static_cast<F1>(&tanhf))},
       {mangle("powf"), fn(static_cast<F2>(&powf))},           {mangle("log1pf"), fn(static_cast<F1>(&log1pf))},
   };
+  for (const auto& [name, addr] : vector_math_) libm[mangle(name)] = fn(addr);
   check(jd.define(llvm::orc::absoluteSymbols(std::move(libm))), "binding the C math library");
   check(jit_->addIRModule(jd, llvm::orc::ThreadSafeModule(std::move(module), std::move(context))), "adding a module");
   std::vector<void*> out;

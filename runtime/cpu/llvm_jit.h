@@ -4,6 +4,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/cpu/codegen_llvm.h"
@@ -41,9 +42,11 @@ class JitEngine {
 
  private:
   JitEngine();
+  void find_vector_math();
   std::unique_ptr<llvm::orc::LLJIT> jit_;
   std::unique_ptr<llvm::TargetMachine> tm_;
   TargetInfo target_;
+  std::vector<std::pair<std::string, void*>> vector_math_;  // libmvec functions generated code may call
   mutable std::mutex mutex_;
   int counter_ = 0;
   std::string last_ir_;

@@ -48,9 +48,11 @@ std::shared_ptr<const CompiledMods> build(const SpecIR& ir, const RangeInfo& ran
   mods->fns.mask = reinterpret_cast<MaskRowFn>(addr.at(4));
   mods->jit_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   ++g_compiles;
-  runtime::log_info("cpu: JIT-compiled the mods of spec `{}` for {} ({}, KV tile {}, {} row / {} col / {} tile values, {} checked loads) in {:.1f} ms",
-                    ir.spec().name, jit.target().cpu, jit.target().triple, options.tile_size, mods->info.row_values, mods->info.col_values,
-                    mods->info.tile_values, mods->info.loads.size(), mods->jit_ms);
+  runtime::log_info(
+      "cpu: JIT-compiled the mods of spec `{}` for {} ({}, KV tile {}, {} row / {} col / {} tile values, {} checked loads, {}) in {:.1f} ms",
+      ir.spec().name, jit.target().cpu, jit.target().triple, options.tile_size, mods->info.row_values, mods->info.col_values,
+      mods->info.tile_values, mods->info.loads.size(),
+      options.vector_math && !jit.target().vector_math_isas.empty() ? "libmvec for tanh/log1p/pow" : "scalar libm", mods->jit_ms);
   return mods;
 }
 
@@ -58,8 +60,8 @@ std::shared_ptr<const CompiledMods> build(const SpecIR& ir, const RangeInfo& ran
 
 std::shared_ptr<const CompiledMods> compile_mods(const SpecIR& ir, const RangeInfo& ranges, const CodeGenOptions& options,
                                                  const std::string& canonical_ir) {
-  std::string key = fmt::format("{}\ntile {}\nchecked {:x}\nhoist {}\n", canonical_ir.empty() ? canonical_ir_text(ir) : canonical_ir,
-                                options.tile_size, options.checked_loads, options.hoist ? 1 : 0);
+  std::string key = fmt::format("{}\ntile {}\nchecked {:x}\nhoist {}\nvector_math {}\n", canonical_ir.empty() ? canonical_ir_text(ir) : canonical_ir,
+                                options.tile_size, options.checked_loads, options.hoist ? 1 : 0, options.vector_math ? 1 : 0);
   std::shared_ptr<CacheSlot> slot;
   {
     std::lock_guard<std::mutex> lock(cache_mutex());

@@ -22,7 +22,7 @@ namespace flexjit::test {
 class JitHarness {
  public:
   // `env` supplies symbols, params and buffers exactly as the interpreter reads them.
-  JitHarness(const SpecIR& ir, const EvalEnv& env, int tile_size = 64, bool hoist = true) : ir_(ir) {
+  JitHarness(const SpecIR& ir, const EvalEnv& env, int tile_size = 64, bool hoist = true, bool vector_math = false) : ir_(ir) {
     std::vector<ir::Expr> roots;
     if (ir.score_mod) roots.push_back(ir.score_mod);
     if (ir.mask_mod) roots.push_back(ir.mask_mod);
@@ -34,6 +34,7 @@ class JitHarness {
     cpu::CodeGenOptions options;
     options.tile_size = tile_size;
     options.hoist = hoist;
+    options.vector_math = vector_math;
     options.checked_loads = runtime::choose_variant(ranges_, ir.checked, values_).checked_loads;
     mods_ = cpu::compile_mods(ir, ranges_, options);
     for (const BufferView& v : env.buffers) {

@@ -17,6 +17,11 @@
 #include "runtime/cpu/mod_jit.h"
 #include "runtime/flexjit.hpp"
 #include "support/spec_loading.h"
+#include "compiler/ir/ir_mutator.h"
+#include "compiler/ir/ir_printer.h"
+#include "compiler/passes/pipeline.h"
+#include "runtime/cpu_executor.h"
+#include "unit/compiler/random_ir.h"
 #include "unit/cpu/gallery_inputs.h"
 
 using namespace flexjit;
@@ -67,10 +72,9 @@ struct Reference {
 // The float64 reference: S = scale * q.k in double, the mods through the interpreter (the
 // score handed to score_mod rounded to fp32, as the language defines it), softmax and P.V in
 // double. Fully masked rows: O = 0, LSE = -inf.
-Reference reference(const Problem& p, const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v) {
-  SpecIR ir = build_spec_ir(p.spec);
+Reference reference(const SpecIR& ir, EvalEnv env, const Problem& p, const std::vector<float>& q, const std::vector<float>& k,
+                    const std::vector<float>& v) {
   const Sizes& s = p.sz;
-  EvalEnv env = test::eval_env(ir.checked, s, p.buffers, p.params);
   double scale = p.scale > 0 ? p.scale : 1.0 / std::sqrt(static_cast<double>(s.D));
   Reference r;
   r.o.assign(static_cast<size_t>(s.B * s.H * s.Sq * p.Dv), 0.0);
@@ -115,6 +119,11 @@ Reference reference(const Problem& p, const std::vector<float>& q, const std::ve
         r.lse[ri] = mx + std::log(sum);
       }
   return r;
+}
+
+Reference reference(const Problem& p, const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v) {
+  SpecIR ir = build_spec_ir(p.spec);
+  return reference(ir, test::eval_env(ir.checked, p.sz, p.buffers, p.params), p, q, k, v);
 }
 
 struct Output {
@@ -333,6 +342,20 @@ TEST_CASE("CPU attention: scale, a value head dim other than D, and a parameter"
   check_close(p, ref, run_cpu(p), 2e-4, describe(p));
 }
 
+TEST_CASE("CPU attention: softcap with the vector and the scalar math library", "[cpu][attention]") {
+  SettingsGuard guard;
+  dsl::Spec spec = test::load_spec(test::gallery_dir() / "softcap.json");
+  Problem p = make_problem(spec, {1, 2, 2, 70, 90, 64}, 17);
+  p.scale = 4.0f;  // scores of tens, so the cap (30) bends them
+  Reference ref = reference(p, p.q, p.k, p.v);
+  for (bool exact : {false, true}) {
+    cpu::CpuSettings st;
+    st.exact_math = exact;
+    cpu::configure(st);
+    check_close(p, ref, run_cpu(p), 2e-4, describe(p) + (exact ? " scalar libm" : " libmvec"));
+  }
+}
+
 TEST_CASE("CPU attention: strided operands", "[cpu][attention][strides]") {
   dsl::Spec spec = test::load_spec(test::gallery_dir() / "alibi_causal.json");
   Sizes s{2, 4, 2, 37, 51, 24};
@@ -493,4 +516,117 @@ TEST_CASE("CPU attention: argument errors are reported", "[cpu][attention][error
   CHECK_THROWS_WITH(run_cpu(p), Catch::Contains("doc"));
   SettingsGuard guard;
   CHECK_THROWS_WITH(cpu::configure({0, "sse9"}), Catch::Contains("unknown instruction set"));
+}
+
+TEST_CASE("CPU attention: random masks and score mods through the executor", "[cpu][attention][random]") {
+  // Random IR straight into the CpuExecutor seam (the public API takes text). Where the CPU
+  // reports an error, the interpreter must have flagged some point too (the CPU evaluates a
+  // subset of the points, with the interpreter's short-circuit rules); otherwise O and LSE
+  // must match the reference wherever it is finite.
+  cpu::install();
+  std::shared_ptr<CpuExecutor> exec = cpu_executor();
+  REQUIRE(exec);
+  SpecIR base = test::random_ir_spec();
+  const dsl::CheckedSpec& cs = base.checked;
+  const Sizes sz{1, 4, 2, 45, 70, 24};
+  int compared = 0, reported = 0;
+  for (uint64_t seed = 1; seed <= 40; ++seed) {
+    test::RandomIR gen(seed * 31337, /*int_heavy=*/seed % 3 != 0);
+    ir::Expr mask;
+    for (int tries = 0; tries < 16 && !mask; ++tries) {
+      ir::Expr m = gen.gen(ir::Type::Bool, 2 + static_cast<int>(seed % 3));
+      bool uses_score = false;
+      ir::for_each_node(m, [&](const ir::Expr& n) {
+        if (const ir::Var* v = n.as<ir::Var>()) uses_score |= v->var == dsl::VarId::Score;
+      });
+      if (!uses_score) mask = m;
+    }
+    ir::Expr score = seed % 2 ? gen.gen(ir::Type::Float, 2) : ir::Expr();
+    SpecIR s = optimize(SpecIR{cs, score, mask});
+    std::mt19937_64 rng(seed);
+    std::vector<int32_t> ti(static_cast<size_t>(sz.Skv));
+    std::vector<float> tf(64);
+    std::vector<uint8_t> tb(static_cast<size_t>(sz.Sq)), tu(static_cast<size_t>(sz.Skv));
+    std::vector<uint16_t> th(static_cast<size_t>(sz.H * 16));
+    for (auto& x : ti) x = static_cast<int32_t>(gen.range(-12, 80));
+    for (auto& x : tf) x = static_cast<float>(gen.range(-40, 40)) / 8.0f;
+    for (auto& x : tb) x = static_cast<uint8_t>(gen.range(0, 1));
+    for (auto& x : tu) x = static_cast<uint8_t>(gen.range(0, 255));
+    for (auto& x : th) x = test::float_to_bf16_bits(static_cast<float>(gen.range(-40, 40)) / 8.0f);
+    std::vector<std::pair<std::string, double>> params = {
+        {"pi", static_cast<double>(gen.range(-10, 70))}, {"pf", static_cast<double>(gen.range(-20, 20)) / 4.0}, {"pb", double(gen.range(0, 1))}};
+    Problem p;
+    p.sz = sz;
+    p.Dv = sz.D;
+    p.spec = s.spec();
+    std::uniform_real_distribution<float> u(-1.5f, 1.5f);
+    p.q.resize(static_cast<size_t>(sz.B * sz.H * sz.Sq * sz.D));
+    p.k.resize(static_cast<size_t>(sz.B * sz.Hkv * sz.Skv * sz.D));
+    p.v.resize(p.k.size());
+    for (auto* t : {&p.q, &p.k, &p.v})
+      for (float& x : *t) x = u(rng);
+    EvalEnv env;
+    env.symbols = test::symbols(cs, {{"B", sz.B}, {"H", sz.H}, {"Hkv", sz.Hkv}, {"Sq", sz.Sq}, {"Skv", sz.Skv}, {"D", sz.D}});
+    env.params = {Value::of_int(static_cast<int64_t>(params[0].second)), Value::of_float(static_cast<float>(params[1].second)),
+                  Value::of_bool(params[2].second != 0)};
+    env.buffers = {test::view(dsl::DType::I32, ti, {sz.Skv}), test::view(dsl::DType::F32, tf, {64}), test::view(dsl::DType::Bool, tb, {sz.Sq}),
+                   test::view(dsl::DType::BF16, th, {sz.H, 16}), test::view(dsl::DType::U8, tu, {sz.Skv})};
+    // Did the interpreter flag anything at any point (mask everywhere, score_mod where kept)?
+    bool interpreter_flagged = false;
+    for (int64_t h = 0; h < sz.H && !interpreter_flagged; ++h)
+      for (int64_t qi = 0; qi < sz.Sq && !interpreter_flagged; ++qi)
+        for (int64_t kv = 0; kv < sz.Skv && !interpreter_flagged; ++kv) {
+          EvalEnv e = env;
+          e.vars[int(dsl::VarId::B)] = 0;
+          e.vars[int(dsl::VarId::H)] = h;
+          e.vars[int(dsl::VarId::KvHead)] = h / 2;
+          e.vars[int(dsl::VarId::Q)] = qi;
+          e.vars[int(dsl::VarId::KV)] = kv;
+          EvalFlags f;
+          bool keep = !s.mask_mod || evaluate(s.mask_mod, e, &f).b;
+          if (keep && s.score_mod) {
+            e.score = 0.5f;
+            evaluate(s.score_mod, e, &f);
+          }
+          interpreter_flagged = f.index_out_of_range || f.int_div_by_zero;
+        }
+    Output out;
+    out.o.assign(static_cast<size_t>(sz.B * sz.H * sz.Sq * sz.D), kNanF);
+    out.lse.assign(static_cast<size_t>(sz.B * sz.H * sz.Sq), kNanF);
+    AttentionArgs a;
+    a.q = Tensor::contiguous(p.q.data(), DType::F32, {sz.B, sz.H, sz.Sq, sz.D});
+    a.k = Tensor::contiguous(p.k.data(), DType::F32, {sz.B, sz.Hkv, sz.Skv, sz.D});
+    a.v = Tensor::contiguous(p.v.data(), DType::F32, {sz.B, sz.Hkv, sz.Skv, sz.D});
+    a.o = Tensor::contiguous(out.o.data(), DType::F32, {sz.B, sz.H, sz.Sq, sz.D});
+    a.lse = Tensor::contiguous(out.lse.data(), DType::F32, {sz.B, sz.H, sz.Sq});
+    a.buffers = {{"ti", Tensor::contiguous(ti.data(), DType::I32, {sz.Skv})}, {"tf", Tensor::contiguous(tf.data(), DType::F32, {64})},
+                 {"tb", Tensor::contiguous(tb.data(), DType::Bool, {sz.Sq})}, {"th", Tensor::contiguous(th.data(), DType::BF16, {sz.H, 16})},
+                 {"tu", Tensor::contiguous(tu.data(), DType::U8, {sz.Skv})}};
+    a.params = params;
+    a.device = Device::cpu();
+    std::string what = "seed " + std::to_string(seed) + " mask " + (s.mask_mod ? ir::print_inline(s.mask_mod) : "none") + " score " +
+                       (s.score_mod ? ir::print_inline(s.score_mod) : "none");
+    p.spec.dtype = DType::F32;
+    p.spec.head_dim = static_cast<int>(sz.D);
+    SpecIR run_ir = s;
+    run_ir.checked.spec.dtype = DType::F32;
+    run_ir.checked.spec.head_dim = static_cast<int>(sz.D);
+    try {
+      exec->forward(run_ir, a);
+    } catch (const Error& e) {
+      INFO(what << "\n" << e.what());
+      CHECK(interpreter_flagged);
+      ++reported;
+      continue;
+    }
+    Reference ref = reference(s, env, p, p.q, p.k, p.v);
+    bool finite = true;
+    for (double x : ref.o) finite &= std::isfinite(x);
+    for (double x : ref.lse) finite &= std::isfinite(x) || x == -kInfD;
+    if (!finite) continue;
+    ++compared;
+    check_close(p, ref, out, 2e-4, what);
+  }
+  INFO("compared " << compared << ", errors reported " << reported);
+  CHECK(compared >= 10);
 }

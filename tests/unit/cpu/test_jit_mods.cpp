@@ -288,3 +288,51 @@ TEST_CASE("JIT mods: the row loops are vectorised", "[cpu][jit]") {
   CHECK(ir.find("x float>") != std::string::npos);  // e.g. <16 x float>: the score loop
   CHECK(ir.find("x i8>") != std::string::npos);     // the keep bytes of the mask loop
 }
+
+TEST_CASE("JIT mods: vector math (libmvec) for tanh, log1p and pow stays within 4 ulp", "[cpu][jit]") {
+  const cpu::TargetInfo& target = cpu::JitEngine::instance().target();
+  if (target.vector_math_isas.empty()) {
+    SUCCEED("no libmvec on this machine: the scalar C library is used");
+    return;
+  }
+  auto ulps = [](float a, float b) {
+    if (a != a && b != b) return int64_t{0};
+    if (a == b) return int64_t{0};
+    int32_t x, y;
+    std::memcpy(&x, &a, 4);
+    std::memcpy(&y, &b, 4);
+    int64_t ox = x < 0 ? int64_t{INT32_MIN} - x : x, oy = y < 0 ? int64_t{INT32_MIN} - y : y;
+    return std::abs(ox - oy);
+  };
+  setenv("FLEXJIT_CPU_DUMP_IR", "1", 1);
+  // The functions alone: arithmetic around them could turn an ulp into a cancellation.
+  for (const char* e : {"tanh(score)", "log1p(abs(score))", "pow(abs(score), y)"}) {
+    SpecIR s = optimize(test::make_spec(e, std::nullopt, {}, {"y: float"}));
+    EvalEnv env;
+    env.symbols.assign(s.checked.symbols.size(), 64);
+    env.params = {Value::of_float(1.7f)};
+    test::JitHarness jh(s, env, 64, true, /*vector_math=*/true);
+    std::string ir = cpu::JitEngine::instance().last_ir();
+    INFO(e);
+    CHECK(ir.find("@_ZGV") != std::string::npos);  // a libmvec variant is called from the vector loop
+    std::mt19937_64 rng(3);
+    std::uniform_real_distribution<float> dist(-60, 60);
+    int64_t worst = 0;
+    for (int row = 0; row < 200; ++row) {
+      jh.start(0, 0, 0, row, 0);
+      std::vector<float> in(64), out;
+      for (float& x : in) x = dist(rng) * (row % 4 == 0 ? 0.01f : 1.0f);
+      out = in;
+      std::vector<uint8_t> keep(64, 1);
+      jh.score(out, keep);
+      for (size_t j = 0; j < in.size(); ++j) {
+        env.score = in[j];
+        float want = evaluate(s.score_mod, env).f;
+        worst = std::max(worst, ulps(out[j], want));
+      }
+    }
+    INFO("worst " << worst << " ulp");
+    CHECK(worst <= 4);
+  }
+  unsetenv("FLEXJIT_CPU_DUMP_IR");
+}

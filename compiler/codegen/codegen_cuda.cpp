@@ -13,8 +13,6 @@ namespace flexjit {
 
 using namespace ir;
 
-std::string buffer_field(const dsl::BufferDecl& b) { return "buf_" + b.name; }
-
 namespace {
 
 std::string cuda_float(float v) {
@@ -415,28 +413,6 @@ std::string comment_block(const char* label, const std::string& text) {
   return out;
 }
 
-ParamsLayout make_layout(const SpecIR& ir) {
-  ParamsLayout layout;
-  layout.slots.push_back({SlotKind::ErrorFlags, 0, 0, "error_flags"});
-  const auto& spec = ir.spec();
-  for (size_t i = 0; i < spec.buffers.size(); ++i) {
-    const dsl::BufferDecl& b = spec.buffers[i];
-    std::string f = buffer_field(b);
-    layout.slots.push_back({SlotKind::BufferData, int(i), 0, f});
-    for (size_t d = 0; d < b.shape.size(); ++d) layout.slots.push_back({SlotKind::BufferStride, int(i), int(d), fmt::format("{}_s{}", f, d)});
-    for (size_t d = 0; d < b.shape.size(); ++d) layout.slots.push_back({SlotKind::BufferExtent, int(i), int(d), fmt::format("{}_n{}", f, d)});
-  }
-  for (size_t i = 0; i < ir.checked.symbols.size(); ++i)
-    layout.slots.push_back({SlotKind::Symbol, int(i), 0, "sym_" + ir.checked.symbols[i]});
-  for (size_t i = 0; i < spec.params.size(); ++i) {
-    const dsl::ParamDecl& p = spec.params[i];
-    if (p.is_const) continue;
-    SlotKind k = p.type == dsl::ValueType::Float ? SlotKind::FloatParam : p.type == dsl::ValueType::Bool ? SlotKind::BoolParam : SlotKind::IntParam;
-    layout.slots.push_back({k, int(i), 0, "param_" + p.name});
-  }
-  return layout;
-}
-
 std::string params_struct(const ParamsLayout& layout) {
   std::string s = "  // Captured buffers, shape symbols and runtime parameters: one 8-byte slot per field,\n"
                   "  // filled by the host from the same ParamsLayout.\n  struct Params {\n";
@@ -479,7 +455,7 @@ GeneratedVariant generate_cuda_variant(const SpecIR& ir, const RangeInfo& ranges
   so.hoist = options.hoist;
   so.may_flag = [&](const ir::Expr& original) { return may_flag(ir, ranges, options, original); };
   StagedMods staged = stage_mods(ir.score_mod, ir.mask_mod, so);
-  out.layout = make_layout(ir);
+  out.layout = make_params_layout(ir);
   out.row_values = staged.count(Stage::Row);
   out.col_values = staged.count(Stage::Col);
   out.tile_values = staged.count(Stage::Tile);

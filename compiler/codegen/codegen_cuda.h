@@ -45,7 +45,4 @@ struct GeneratedVariant {
 GeneratedVariant generate_cuda_variant(const SpecIR& ir, const RangeInfo& ranges, const VariantOptions& options,
                                        const std::string& struct_name = "FlexVariant");
 
-// The name of a buffer's / param's / symbol's field in the Params struct.
-std::string buffer_field(const dsl::BufferDecl& b);
-
 }  // namespace flexjit

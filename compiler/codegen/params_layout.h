@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "compiler/spec_ir.h"
+
 namespace flexjit {
 
 enum class SlotKind {
@@ -28,5 +30,12 @@ struct ParamsLayout {
   std::vector<ParamSlot> slots;  // slot i lives at byte offset 8 * i
   size_t bytes() const { return slots.size() * 8; }
 };
+
+// The layout every back end uses for a spec: the error word, then per buffer its pointer,
+// strides and extents, then every shape symbol, then the runtime parameters.
+ParamsLayout make_params_layout(const SpecIR& ir);
+
+// The name of a buffer's field in the Params struct ("buf_" + name).
+std::string buffer_field(const dsl::BufferDecl& b);
 
 }  // namespace flexjit

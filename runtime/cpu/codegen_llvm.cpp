@@ -33,25 +33,7 @@ using ir::NodeKind;
 using ir::UnaryOp;
 using dsl::VarId;
 
-ParamsLayout cpu_params_layout(const SpecIR& ir) {
-  ParamsLayout layout;
-  layout.slots.push_back({SlotKind::ErrorFlags, 0, 0, "error_flags"});
-  const dsl::Spec& spec = ir.spec();
-  for (size_t i = 0; i < spec.buffers.size(); ++i) {
-    const dsl::BufferDecl& b = spec.buffers[i];
-    layout.slots.push_back({SlotKind::BufferData, int(i), 0, "buf_" + b.name});
-    for (size_t d = 0; d < b.shape.size(); ++d) layout.slots.push_back({SlotKind::BufferStride, int(i), int(d), fmt::format("buf_{}_s{}", b.name, d)});
-    for (size_t d = 0; d < b.shape.size(); ++d) layout.slots.push_back({SlotKind::BufferExtent, int(i), int(d), fmt::format("buf_{}_n{}", b.name, d)});
-  }
-  for (size_t i = 0; i < ir.checked.symbols.size(); ++i) layout.slots.push_back({SlotKind::Symbol, int(i), 0, "sym_" + ir.checked.symbols[i]});
-  for (size_t i = 0; i < spec.params.size(); ++i) {
-    const dsl::ParamDecl& p = spec.params[i];
-    if (p.is_const) continue;
-    SlotKind k = p.type == dsl::ValueType::Float ? SlotKind::FloatParam : p.type == dsl::ValueType::Bool ? SlotKind::BoolParam : SlotKind::IntParam;
-    layout.slots.push_back({k, int(i), 0, "param_" + p.name});
-  }
-  return layout;
-}
+ParamsLayout cpu_params_layout(const SpecIR& ir) { return make_params_layout(ir); }
 
 namespace {
 

@@ -32,28 +32,6 @@ struct BenchOptions {
   bool mask_per_launch = false;
 };
 
-NpyArray random_array(dsl::DType dtype, std::vector<int64_t> shape, std::mt19937& rng, int64_t int_hi) {
-  NpyArray a;
-  a.dtype = dtype;
-  a.shape = std::move(shape);
-  int64_t n = a.numel();
-  a.data.resize(static_cast<size_t>(n) * dsl::dtype_size(dtype));
-  std::normal_distribution<float> normal(0.f, 1.f);
-  std::uniform_int_distribution<int64_t> ints(0, std::max<int64_t>(0, int_hi - 1));
-  for (int64_t i = 0; i < n; ++i) {
-    switch (dtype) {
-      case dsl::DType::F32: a.as<float>()[i] = normal(rng); break;
-      case dsl::DType::BF16: a.as<uint16_t>()[i] = float_to_bf16(normal(rng)); break;
-      case dsl::DType::F16: a.as<uint16_t>()[i] = float_to_half(normal(rng)); break;
-      case dsl::DType::I32: a.as<int32_t>()[i] = static_cast<int32_t>(ints(rng)); break;
-      case dsl::DType::I64: a.as<int64_t>()[i] = ints(rng); break;
-      case dsl::DType::U8: a.as<uint8_t>()[i] = static_cast<uint8_t>(ints(rng) & 0xff); break;
-      case dsl::DType::Bool: a.as<uint8_t>()[i] = static_cast<uint8_t>(ints(rng) & 1); break;
-    }
-  }
-  return a;
-}
-
 // The fraction of (q, kv) pairs the mask keeps, from a strided sample evaluated with the
 // interpreter (exact for masks that are periodic in the stride; close otherwise).
 double mask_density(const SpecIR& ir, const BoundValues& values, const std::vector<NpyArray>& buffers, int64_t sq, int64_t skv) {
@@ -99,9 +77,9 @@ int run_bench(const BenchOptions& o) {
     placed.push_back(place(std::move(a), device));
     return placed.back().tensor();
   };
-  args.q = add(random_array(spec.dtype, {B, H, Sq, D}, rng, 0));
-  args.k = add(random_array(spec.dtype, {B, Hkv, Skv, D}, rng, 0));
-  args.v = add(random_array(spec.dtype, {B, Hkv, Skv, spec.value_head_dim()}, rng, 0));
+  args.q = add(random_array(spec.dtype, {B, H, Sq, D}, rng, 0, 1));
+  args.k = add(random_array(spec.dtype, {B, Hkv, Skv, D}, rng, 0, 1));
+  args.v = add(random_array(spec.dtype, {B, Hkv, Skv, spec.value_head_dim()}, rng, 0, 1));
   placed.push_back(place_empty(spec.dtype, {B, H, Sq, spec.value_head_dim()}, device));
   args.o = placed.back().tensor();
   placed.push_back(place_empty(dsl::DType::F32, {B, H, Sq}, device));
@@ -127,7 +105,7 @@ int run_bench(const BenchOptions& o) {
         else throw Error(fmt::format("buffer `{}` has symbol {} that the shape does not bind; give the buffer with --load", b.name, d.symbol));
       }
       // Integer buffers get values that index their smallest dimension's worth of entries.
-      a = random_array(b.dtype, shape, rng, 8);
+      a = random_array(b.dtype, shape, rng, 0, 8);
     }
     host_buffers.push_back(a);
     args.buffers.emplace_back(b.name, add(a));

@@ -23,13 +23,7 @@ struct RandomOptions {
 int run_random(const RandomOptions& o) {
   auto dt = dsl::parse_dtype(o.dtype);
   if (!dt) throw Error(fmt::format("--dtype {} is not an element type", o.dtype));
-  NpyArray a;
-  a.dtype = *dt;
-  a.shape = parse_shape(o.shape, "--shape");
-  int64_t n = a.numel();
-  a.data.resize(static_cast<size_t>(n) * dsl::dtype_size(*dt));
   std::mt19937 rng(o.seed);
-  std::normal_distribution<float> normal(0.f, 1.f);
   int64_t lo = 0, hi = 2;
   if (!o.ints.empty()) {
     char* end = nullptr;
@@ -39,18 +33,8 @@ int run_random(const RandomOptions& o) {
     hi = std::strtoll(second, &end, 10);
     if (*end != '\0' || end == second || hi <= lo) throw Error(fmt::format("--ints expects LO,HI with LO < HI (HI exclusive), got '{}'", o.ints));
   }
-  std::uniform_int_distribution<int64_t> ints(lo, std::max(lo, hi - 1));
-  for (int64_t i = 0; i < n; ++i) {
-    switch (*dt) {
-      case dsl::DType::F32: a.as<float>()[i] = normal(rng); break;
-      case dsl::DType::F16: a.as<uint16_t>()[i] = float_to_half(normal(rng)); break;
-      case dsl::DType::BF16: a.as<uint16_t>()[i] = float_to_bf16(normal(rng)); break;
-      case dsl::DType::I32: a.as<int32_t>()[i] = static_cast<int32_t>(ints(rng)); break;
-      case dsl::DType::I64: a.as<int64_t>()[i] = ints(rng); break;
-      case dsl::DType::U8: a.as<uint8_t>()[i] = static_cast<uint8_t>(ints(rng)); break;
-      case dsl::DType::Bool: a.as<uint8_t>()[i] = static_cast<uint8_t>(ints(rng) & 1); break;
-    }
-  }
+  NpyArray a = random_array(*dt, parse_shape(o.shape, "--shape"), rng, lo, hi);
+  const int64_t n = a.numel();
   if (o.sorted) {
     if (*dt == dsl::DType::I32) std::sort(a.as<int32_t>(), a.as<int32_t>() + n);
     else if (*dt == dsl::DType::I64) std::sort(a.as<int64_t>(), a.as<int64_t>() + n);

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "dsl/error.h"
 
 namespace flexjit::tools {
@@ -41,6 +43,28 @@ PlacedTensor place_empty(dsl::DType dtype, std::vector<int64_t> shape, const Dev
 
 void fetch(PlacedTensor& t) {
   if (t.device_copy) t.device_copy->download(t.host.data.data(), t.host.data.size());
+}
+
+NpyArray random_array(dsl::DType dtype, std::vector<int64_t> shape, std::mt19937& rng, int64_t int_lo, int64_t int_hi) {
+  NpyArray a;
+  a.dtype = dtype;
+  a.shape = std::move(shape);
+  const int64_t n = a.numel();
+  a.data.resize(static_cast<size_t>(n) * dsl::dtype_size(dtype));
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::uniform_int_distribution<int64_t> ints(int_lo, std::max(int_lo, int_hi - 1));
+  for (int64_t i = 0; i < n; ++i) {
+    switch (dtype) {
+      case dsl::DType::F32: a.as<float>()[i] = normal(rng); break;
+      case dsl::DType::F16: a.as<uint16_t>()[i] = float_to_half(normal(rng)); break;
+      case dsl::DType::BF16: a.as<uint16_t>()[i] = float_to_bf16(normal(rng)); break;
+      case dsl::DType::I32: a.as<int32_t>()[i] = static_cast<int32_t>(ints(rng)); break;
+      case dsl::DType::I64: a.as<int64_t>()[i] = ints(rng); break;
+      case dsl::DType::U8: a.as<uint8_t>()[i] = static_cast<uint8_t>(ints(rng)); break;
+      case dsl::DType::Bool: a.as<uint8_t>()[i] = static_cast<uint8_t>(ints(rng) & 1); break;
+    }
+  }
+  return a;
 }
 
 std::vector<int64_t> parse_shape(const std::string& text, const char* flag) {

@@ -1,6 +1,7 @@
 // Moving .npy tensors between files, host memory and devices for the run and bench commands.
 #pragma once
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,9 @@ PlacedTensor place(NpyArray a, const Device& device);
 PlacedTensor place_empty(dsl::DType dtype, std::vector<int64_t> shape, const Device& device);
 // Copies a placed tensor's contents back to its host array (after a launch).
 void fetch(PlacedTensor& t);
+
+// A random tensor: normal floats, integers uniform in [int_lo, int_hi) (bools: 0 or 1).
+NpyArray random_array(dsl::DType dtype, std::vector<int64_t> shape, std::mt19937& rng, int64_t int_lo, int64_t int_hi);
 
 // Parses "4,16,4096" into a shape.
 std::vector<int64_t> parse_shape(const std::string& text, const char* flag);

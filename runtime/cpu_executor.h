@@ -14,6 +14,10 @@ class CpuExecutor {
   virtual ~CpuExecutor() = default;
   // O and LSE on host memory, with the same argument checks and semantics as the GPU.
   virtual void forward(const SpecIR& ir, const AttentionArgs& args) = 0;
+  // The other launch kinds; a backend that lacks one throws flexjit::Error saying so.
+  virtual void backward(const SpecIR& ir, const BackwardArgs& args);
+  virtual void forward_varlen(const SpecIR& ir, const VarlenArgs& args);
+  virtual void decode(const SpecIR& ir, const DecodePlanOptions& plan, const DecodeArgs& args);
 };
 
 // Installs the CPU backend (called by flexjit::cpu::install()).

@@ -37,6 +37,7 @@ struct Tensor {
 
 class BlockMask;
 class Workspace;
+class DecodePlan;
 
 // Where a launch runs: a CUDA device, or the CPU backend.
 struct Device {
@@ -60,6 +61,96 @@ struct AttentionArgs {
   Workspace* workspace = nullptr;         // null: the kernel's own per-device workspace (one stream at a time)
   CUstream stream = nullptr;
   Device device;
+};
+
+// Gradients of attention (docs/BACKWARD.md). q, k, v, o, lse and the mods' buffers and
+// parameters are those of the forward launch; d_o is the gradient of the loss with respect
+// to o. lse may be the forward's or a merged global LSE (a sequence split into KV chunks:
+// forward per chunk, merge by LSE, backward per chunk with the merged LSE and the merged o
+// gives the gradients of the unsplit attention).
+struct BackwardArgs {
+  Tensor q, k, v;  // as in AttentionArgs
+  Tensor o;        // [B, H, Sq, Dv], the forward's output (or the merged output)
+  Tensor d_o;      // [B, H, Sq, Dv], same dtype as o
+  Tensor lse;      // [B, H, Sq] f32, required
+  Tensor dq;       // [B, H, Sq, D], written, dtype of q
+  Tensor dk;       // [B, Hkv, Skv, D], written (summed over the query heads of a KV head)
+  Tensor dv;       // [B, Hkv, Skv, Dv], written
+  float scale = 0;
+  std::vector<std::pair<std::string, Tensor>> buffers;
+  std::vector<std::pair<std::string, double>> params;
+  // Gradients of captured buffers: an f32 tensor of the buffer's shape per buffer the spec
+  // marks `grad`, overwritten. A marked buffer without an entry gets no gradient.
+  std::vector<std::pair<std::string, Tensor>> grads;
+  bool deterministic = false;             // fixed summation order, no float atomics (bitwise reproducible)
+  const BlockMask* block_mask = nullptr;  // the forward's mask for these sizes; null: built per launch
+  Workspace* workspace = nullptr;         // null: the kernel's own per-device workspace
+  CUstream stream = nullptr;
+  Device device;
+};
+
+// Ragged prefill: a batch of sequences of different lengths packed without padding.
+// Sequence b owns query rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) and KV rows
+// [cu_seqlens_kv[b], cu_seqlens_kv[b+1]); the mods see `b` = the sequence index and `q`, `kv`
+// = positions within the sequence (0-based).
+struct VarlenArgs {
+  Tensor q;   // [total_q, H, D] (any strides, D innermost)
+  Tensor k;   // [total_kv, Hkv, D]
+  Tensor v;   // [total_kv, Hkv, Dv]
+  Tensor o;   // [total_q, H, Dv], written
+  Tensor lse; // optional [H, total_q] f32, written
+  Tensor cu_seqlens_q;   // I32 [B + 1], on the launch's device, non-decreasing, starting at 0
+  Tensor cu_seqlens_kv;  // I32 [B + 1]
+  int max_seqlen_q = 0;   // bounds of the per-sequence lengths (host values, for grid sizes and
+  int max_seqlen_kv = 0;  // the launch-time range checks, which use them as Sq and Skv)
+  float scale = 0;
+  std::vector<std::pair<std::string, Tensor>> buffers;
+  std::vector<std::pair<std::string, double>> params;
+  Workspace* workspace = nullptr;
+  CUstream stream = nullptr;
+  Device device;
+};
+
+// What a decode plan is made for: the largest batch a run may use, the head counts, the
+// most query rows (1..16) and KV positions per sequence, and the KV cache layout.
+struct DecodePlanOptions {
+  Device device;
+  int batch = 0;
+  int heads = 0;
+  int kv_heads = 0;
+  int max_seqlen_q = 1;   // query rows per sequence, 1..16 (speculative decoding: > 1)
+  int max_seqlen_kv = 0;  // bound of every run's KV lengths; also the value of Skv for the mods
+  int page_size = 0;      // 0: contiguous KV cache; 1..256: paged
+  bool head_major_pages = false;  // pages are [num_pages, Hkv, page_size, D] instead of [num_pages, page_size, Hkv, D]
+  int num_splits = 0;     // 0: chosen from the device's SM count, the batch and max_seqlen_kv
+};
+
+// Decoding with a KV cache. The KV lengths and page tables live on the device, so a CUDA
+// graph captured once replays while the sequences grow. Query row i of sequence b sits at
+// position kv_lens[b] - q_len(b) + i: that is the `q` the mods see, and `kv` is the position
+// in the sequence.
+struct DecodeArgs {
+  Tensor q;           // [B, H, Sq, D] (any strides, D innermost), Sq <= the plan's max_seqlen_q
+  Tensor k, v;        // contiguous [B, Hkv, Skv_cap, D]; paged [num_pages, page_size, Hkv, D]
+                      // (head-major: [num_pages, Hkv, page_size, D])
+  Tensor page_table;  // I32 [B, max_pages_per_seq] when the plan is paged
+  Tensor kv_lens;     // I32 [B]: KV positions of each sequence, the new tokens included
+  Tensor q_lens;      // optional I32 [B]: query rows of each sequence, 1..Sq (absent: Sq)
+  Tensor o;           // [B, H, Sq, Dv], written (rows past q_len(b) are left alone)
+  Tensor lse;         // optional [B, H, Sq] f32
+  float scale = 0;
+  std::vector<std::pair<std::string, Tensor>> buffers;
+  std::vector<std::pair<std::string, double>> params;
+  CUstream stream = nullptr;
+};
+
+// A decode plan: split count and workspace fixed for one batch shape, reused by every run
+// (runs never allocate or synchronise, so they can be captured in CUDA graphs).
+class DecodePlan {
+ public:
+  virtual ~DecodePlan() = default;
+  virtual const DecodePlanOptions& options() const = 0;
+  virtual int num_splits() const = 0;  // 1 on the CPU
 };
 
 // Per-(b, h, query tile) lists of partial and full KV tiles, on one device. Immutable once
@@ -105,6 +196,10 @@ class Workspace {
   uint64_t memory_ = 0;
   size_t bytes_ = 0;
   std::unique_ptr<BlockMask> mask_;
+  // The backward's scratch (dQ accumulator, rowsum(dO*O), transposed block mask), laid out
+  // by the backward launcher; 0 until a backward needs it.
+  uint64_t backward_memory_ = 0;
+  size_t backward_bytes_ = 0;
 };
 
 // A checked spec, compiled per architecture on first use and loaded per device.
@@ -117,12 +212,25 @@ class Kernel {
   // every pointer lives on the launch's device; enqueues on args.stream. Throws flexjit::Error.
   virtual void forward(const AttentionArgs& args) = 0;
 
+  // dq, dk, dv (and the gradients of marked buffers) of a forward launch. Throws flexjit::Error.
+  virtual void backward(const BackwardArgs& args) = 0;
+
+  // Ragged prefill over packed sequences (VarlenArgs).
+  virtual void forward_varlen(const VarlenArgs& args) = 0;
+
+  // Plans decode runs for a batch shape (allocates the plan's workspace once).
+  virtual std::unique_ptr<DecodePlan> plan_decode(const DecodePlanOptions& options) = 0;
+  // One decode step within `plan`: never allocates or synchronises.
+  virtual void decode(const DecodePlan& plan, const DecodeArgs& args) = 0;
+
   // Builds the block mask of the spec's mask_mod for these sizes (and the given buffers and
   // parameters) on the device, on `stream`. Requires a mask_mod.
   virtual std::unique_ptr<BlockMask> build_block_mask(const AttentionArgs& shape_and_buffers) = 0;
 
   // A workspace for launches up to these sizes on `device` (for CUDA graphs or concurrent streams).
   virtual std::unique_ptr<Workspace> make_workspace(int device, int batch, int heads, int seqlen_q, int seqlen_kv) = 0;
+  // The same with room for backward launches too.
+  virtual std::unique_ptr<Workspace> make_backward_workspace(int device, int batch, int heads, int seqlen_q, int seqlen_kv) = 0;
 
   // Binds a captured buffer on the device its memory lives on: launches on that device may
   // omit it (one spec serving every GPU of a pipeline).

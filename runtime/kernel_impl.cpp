@@ -21,6 +21,7 @@
 #include "runtime/device.h"
 #include "runtime/forward_launch.h"
 #include "runtime/kernel_compiler.h"
+#include "runtime/kernel_impl.h"
 #include "runtime/log.h"
 
 namespace flexjit {
@@ -30,11 +31,7 @@ using runtime::cuda_driver;
 
 namespace {
 
-const runtime::CudaDriver& drv() {
-  const runtime::CudaDriver* d = cuda_driver();
-  if (!d) throw Error("no CUDA driver: " + runtime::cuda_driver_unavailable_reason());
-  return *d;
-}
+const runtime::CudaDriver& drv() { return require_driver(); }
 
 std::mutex& cpu_mutex() {
   static std::mutex m;
@@ -45,11 +42,13 @@ std::shared_ptr<CpuExecutor>& cpu_slot() {
   return e;
 }
 
-constexpr size_t kErrorWordBytes = 256;  // keeps what follows aligned
-
-size_t block_mask_bytes(int64_t bm, int64_t hm, int64_t nq, int64_t max_kv) { return static_cast<size_t>(bm * hm * nq * (2 + 2 * max_kv) * 4); }
-
 }  // namespace
+
+const runtime::CudaDriver& require_driver() {
+  const runtime::CudaDriver* d = cuda_driver();
+  if (!d) throw Error("no CUDA driver: " + runtime::cuda_driver_unavailable_reason());
+  return *d;
+}
 
 void register_cpu_executor(std::shared_ptr<CpuExecutor> executor) {
   std::lock_guard<std::mutex> lock(cpu_mutex());
@@ -102,433 +101,368 @@ Workspace::~Workspace() {
     }
 }
 
-// Per-phase host time of launches, collected when FLEXJIT_PROFILE_LAUNCH is set (for
-// finding launch overhead; printed when the kernel is destroyed).
-struct LaunchProfile {
-  bool enabled = std::getenv("FLEXJIT_PROFILE_LAUNCH") != nullptr;
-  double us[5] = {};
-  long launches = 0;
-  ~LaunchProfile() {
-    if (enabled && launches)
-      std::fprintf(stderr, "flexjit launch profile over %ld launches (us): validate+collect %.2f, pointer checks %.2f, bind+variant %.2f, "
-                   "workspace+params+mask %.2f, cuLaunchKernel %.2f\n",
-                   launches, us[0] / launches, us[1] / launches, us[2] / launches, us[3] / launches, us[4] / launches);
+KernelImpl::KernelImpl(SpecIR ir, RuntimeOptions options) : ir_(std::move(ir)), options_(options) {
+  std::vector<ir::Expr> roots;
+  if (ir_.score_mod) roots.push_back(ir_.score_mod);
+  if (ir_.mask_mod) roots.push_back(ir_.mask_mod);
+  ranges_ = analyze_ranges(roots, ir_.checked, VarDomains::forward(ir_.checked));
+  canonical_ = canonical_ir_text(ir_);
+  if (ir_.mask_mod) {
+    DependenceInfo deps({ir_.mask_mod});
+    const Dependence& d = deps.of(ir_.mask_mod);
+    mask_uses_b_ = d.uses(dsl::VarId::B);
+    mask_uses_h_ = d.uses(dsl::VarId::H) || d.uses(dsl::VarId::KvHead);
   }
-};
+}
 
-class LaunchTimer {
- public:
-  explicit LaunchTimer(LaunchProfile& p) : p_(p) {
-    if (p_.enabled) {
-      last_ = std::chrono::steady_clock::now();
-      ++p_.launches;
+void KernelImpl::forward(const AttentionArgs& a) {
+  LaunchTimer timer(profile_);
+  if (a.device.kind == Device::Kind::Cpu) {
+    // The same argument checks as on the GPU, so errors do not depend on the backend.
+    runtime::validate_operands(spec(), a, /*gpu=*/false);
+    runtime::collect_buffers(spec(), a, {});
+    auto cpu = cpu_executor();
+    if (!cpu) throw Error("this build of flexjit has no CPU backend (configure with FLEXJIT_CPU_BACKEND=ON)");
+    cpu->forward(ir_, a);
+    return;
+  }
+  const runtime::CudaDriver& d = drv();
+  runtime::LaunchShape shape = runtime::validate_operands(spec(), a, /*gpu=*/true);
+  int device = launch_device(a);
+  std::vector<Tensor> buffers = runtime::collect_buffers(spec(), a, bound_for(device));
+  timer.lap(0);
+  check_pointers(a, buffers, device);
+  timer.lap(1);
+  BoundValues values = runtime::bind_launch(ir_.checked, shape, buffers, a);
+  runtime::VariantChoice choice = runtime::choose_variant(ranges_, ir_.checked, values);
+  VariantState& var = variant(choice, device);
+  const ForwardConfig& cfg = var.source.config;
+  timer.lap(2);
+
+  runtime::ScopedDevice scope(device);
+  Workspace& ws = workspace_for(a, device, shape, cfg);
+  unsigned int* error_word = reinterpret_cast<unsigned int*>(ws.memory_);
+  std::vector<uint64_t> vparams = runtime::fill_variant_params(var.source.variant.layout, buffers, values, options_.checked ? error_word : nullptr);
+
+  FlexForwardParams p{};
+  fill_forward_params(p, a, shape);
+  if (ir_.mask_mod) {
+    const BlockMask* mask = a.block_mask;
+    if (mask) {
+      check_mask(*mask, shape, cfg, device);
+    } else {
+      build_mask_into(*ws.mask_, var, vparams, shape, cfg, device, a.stream);
+      mask = ws.mask_.get();
     }
+    set_mask(p.block_mask, *mask);
   }
-  void lap(int phase) {
-    if (!p_.enabled) return;
-    auto now = std::chrono::steady_clock::now();
-    p_.us[phase] += std::chrono::duration<double, std::micro>(now - last_).count();
-    last_ = now;
+  timer.lap(3);
+  void* args[] = {&p, vparams.data()};
+  unsigned grid_x = static_cast<unsigned>((shape.seqlen_q + cfg.block_m - 1) / cfg.block_m);
+  check_cu(d.cuLaunchKernel(var.forward_fn.at(device), grid_x, static_cast<unsigned>(shape.heads), static_cast<unsigned>(shape.batch),
+                            static_cast<unsigned>(cfg.threads()), 1, 1, static_cast<unsigned>(cfg.shared_bytes()), a.stream, args, nullptr),
+           "launching the forward kernel");
+  timer.lap(4);
+}
+
+std::unique_ptr<BlockMask> KernelImpl::build_block_mask(const AttentionArgs& a) {
+  if (!ir_.mask_mod) throw Error(fmt::format("spec `{}` has no mask_mod, so it has no block mask", spec().name));
+  runtime::LaunchShape shape = runtime::validate_operands(spec(), a, /*gpu=*/true);
+  int device = launch_device(a);
+  std::vector<Tensor> buffers = runtime::collect_buffers(spec(), a, bound_for(device));
+  check_pointers(a, buffers, device);
+  BoundValues values = runtime::bind_launch(ir_.checked, shape, buffers, a);
+  VariantState& var = variant(runtime::choose_variant(ranges_, ir_.checked, values), device);
+  const ForwardConfig& cfg = var.source.config;
+  runtime::ScopedDevice scope(device);
+  std::unique_ptr<BlockMask> mask(new BlockMask());
+  allocate_mask(*mask, shape, cfg, device);
+  std::vector<uint64_t> vparams = runtime::fill_variant_params(var.source.variant.layout, buffers, values, nullptr);
+  build_mask_into(*mask, var, vparams, shape, cfg, device, a.stream);
+  return mask;
+}
+
+std::unique_ptr<Workspace> KernelImpl::make_workspace(int device, int batch, int heads, int seqlen_q, int seqlen_kv) {
+  runtime::ScopedDevice scope(device);
+  ForwardConfig cfg = forward_config(spec().head_dim);
+  runtime::LaunchShape s{batch, heads, heads, seqlen_q, seqlen_kv, spec().head_dim, spec().value_head_dim()};
+  return allocate_workspace(device, s, cfg);
+}
+
+void KernelImpl::bind_buffer(const std::string& name, const Tensor& t) {
+  int idx = -1;
+  for (size_t i = 0; i < spec().buffers.size(); ++i)
+    if (spec().buffers[i].name == name) idx = static_cast<int>(i);
+  if (idx < 0) throw Error(fmt::format("bind_buffer: spec `{}` declares no buffer `{}`", spec().name, name));
+  int dev = runtime::pointer_device(t.data);
+  if (dev < 0) throw Error(fmt::format("bind_buffer: buffer `{}` is not device memory", name));
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto& v = bound_[dev];
+  v.resize(spec().buffers.size());
+  v[idx] = t;
+}
+
+void KernelImpl::warm_up(int device, DType dtype) {
+  if (dtype != spec().dtype) throw Error("warm_up: the spec's dtype differs");
+  runtime::VariantChoice c;
+  variant(c, device);
+}
+
+void KernelImpl::check_errors(int device, CUstream stream, Workspace* workspace) {
+  const runtime::CudaDriver& d = drv();
+  runtime::ScopedDevice scope(device);
+  check_cu(d.cuStreamSynchronize(stream), "synchronising the launch's stream");
+  Workspace* ws = workspace;
+  if (!ws) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = workspaces_.find(device);
+    if (it == workspaces_.end()) return;
+    ws = it->second.get();
   }
-
- private:
-  LaunchProfile& p_;
-  std::chrono::steady_clock::time_point last_;
-};
-
-class KernelImpl : public Kernel {
- public:
-  KernelImpl(SpecIR ir, RuntimeOptions options) : ir_(std::move(ir)), options_(options) {
-    std::vector<ir::Expr> roots;
-    if (ir_.score_mod) roots.push_back(ir_.score_mod);
-    if (ir_.mask_mod) roots.push_back(ir_.mask_mod);
-    ranges_ = analyze_ranges(roots, ir_.checked, VarDomains::forward(ir_.checked));
-    canonical_ = canonical_ir_text(ir_);
-    if (ir_.mask_mod) {
-      DependenceInfo deps({ir_.mask_mod});
-      const Dependence& d = deps.of(ir_.mask_mod);
-      mask_uses_b_ = d.uses(dsl::VarId::B);
-      mask_uses_h_ = d.uses(dsl::VarId::H) || d.uses(dsl::VarId::KvHead);
-    }
+  unsigned int word = 0;
+  check_cu(d.cuMemcpyDtoH_v2(&word, static_cast<CUdeviceptr>(ws->memory_), 4), "reading the error word");
+  if (!word) return;
+  check_cu(d.cuMemsetD32_v2(static_cast<CUdeviceptr>(ws->memory_), 0, 1), "clearing the error word");
+  std::vector<std::string> problems;
+  if (word & kZeroDivisorFlag) problems.push_back("an integer division or modulo met a zero divisor (the result was 0)");
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& [key, var] : variants_) {
+    for (const LoadSite& s : var->source.variant.loads)
+      if (s.flag_bit && (word & s.flag_bit))
+        problems.push_back(fmt::format("buffer `{}`: an index of `{}` was out of range and was clamped", s.buffer, s.expression));
+    break;
   }
+  if (problems.empty()) problems.push_back(fmt::format("error word {:#x}", word));
+  throw Error(fmt::format("spec `{}`: {}; check the buffer's declared shape against the indices the expression produces", spec().name,
+                          fmt::join(problems, "; ")));
+}
 
-  const dsl::Spec& spec() const override { return ir_.spec(); }
+int KernelImpl::launch_device(const AttentionArgs& a) const {
+  if (a.device.index >= 0) return a.device.index;
+  int dev = runtime::pointer_device(a.q.data);
+  if (dev < 0) throw Error("q is not device memory: pass device pointers, or Device::cpu() for host memory");
+  return dev;
+}
 
-  void forward(const AttentionArgs& a) override {
-    LaunchTimer timer(profile_);
-    if (a.device.kind == Device::Kind::Cpu) {
-      // The same argument checks as on the GPU, so errors do not depend on the backend.
-      runtime::validate_operands(spec(), a, /*gpu=*/false);
-      runtime::collect_buffers(spec(), a, {});
-      auto cpu = cpu_executor();
-      if (!cpu) throw Error("this build of flexjit has no CPU backend (configure with FLEXJIT_CPU_BACKEND=ON)");
-      cpu->forward(ir_, a);
+std::vector<Tensor> KernelImpl::bound_for(int device) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = bound_.find(device);
+  return it == bound_.end() ? std::vector<Tensor>{} : it->second;
+}
+
+void KernelImpl::check_pointers(const AttentionArgs& a, const std::vector<Tensor>& buffers, int device) const {
+  auto check = [&](const void* p, const std::string& what) {
+    int dev = runtime::pointer_device(p);
+    if (dev == device) return;
+    if (dev < 0)
+      throw Error(fmt::format("{} is not CUDA device memory, but this launch runs on cuda:{}", what, device));
+    throw Error(fmt::format("{} lives on cuda:{}, but this launch runs on cuda:{}; copy it to cuda:{} or bind a replica with "
+                            "Kernel::bind_buffer",
+                            what, dev, device, device));
+  };
+  check(a.q.data, "q");
+  check(a.k.data, "k");
+  check(a.v.data, "v");
+  check(a.o.data, "o");
+  if (a.lse.data) check(a.lse.data, "lse");
+  for (size_t i = 0; i < buffers.size(); ++i) check(buffers[i].data, fmt::format("buffer `{}`", spec().buffers[i].name));
+  if (a.block_mask && a.block_mask->device() != device)
+    throw Error(fmt::format("the block mask was built on cuda:{}, but this launch runs on cuda:{}", a.block_mask->device(), device));
+  if (a.workspace && a.workspace->device() != device)
+    throw Error(fmt::format("the workspace lives on cuda:{}, but this launch runs on cuda:{}", a.workspace->device(), device));
+}
+
+KernelImpl::VariantState& KernelImpl::variant(const runtime::VariantChoice& choice, int device) {
+  const runtime::DeviceInfo& info = runtime::device_info(device);
+  std::string key = fmt::format("{}_{}", choice.key(), info.arch);
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto& slot = variants_[key];
+  if (!slot) {
+    auto v = std::make_unique<VariantState>();
+    ForwardKernelOptions fo;
+    fo.dtype = spec().dtype;
+    fo.head_dim = spec().head_dim;
+    fo.variant.int32 = choice.int32;
+    fo.variant.checked_loads = choice.checked_loads;
+    fo.variant.error_flags = options_.checked;
+    v->source = forward_kernel_source(ir_, ranges_, fo);
+    load_library(*v, info.arch);
+    slot = std::move(v);
+  }
+  VariantState& v = *slot;
+  if (!v.forward_fn.count(device)) {
+    const runtime::CudaDriver& d = drv();
+    runtime::ScopedDevice scope(device);
+    int smem = v.source.config.shared_bytes();
+    if (smem > info.max_shared_optin)
+      throw Error(fmt::format("head dim {} needs {} bytes of shared memory per block, but {} allows {}", spec().head_dim, smem, info.name,
+                              info.max_shared_optin));
+    auto get = [&](const char* name) {
+      CUkernel k = nullptr;
+      check_cu(d.cuLibraryGetKernel(&k, v.library, name), "cuLibraryGetKernel");
+      CUfunction f = nullptr;
+      check_cu(d.cuKernelGetFunction(&f, k), "cuKernelGetFunction");
+      return f;
+    };
+    CUfunction f = get(kForwardEntry);
+    check_cu(d.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem), "setting the forward kernel's shared memory");
+    v.forward_fn[device] = f;
+    if (ir_.mask_mod) v.mask_fn[device] = get(kBlockMaskEntry);
+  }
+  return v;
+}
+
+void KernelImpl::load_library(VariantState& v, const std::string& arch) {
+  const runtime::CudaDriver& d = drv();
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    runtime::CacheLookup r = runtime::compile_kernel(v.source, canonical_, arch);
+    runtime::log_info("flexjit: kernel {} for {}: {} in {:.3f} s", v.source.name, arch, runtime::cache_source_name(r.source), r.seconds);
+    CUresult res = d.cuLibraryLoadData(&v.library, r.artefact->binary.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
+    if (res == CUDA_SUCCESS) {
+      v.artefact = r.artefact;
       return;
     }
-    const runtime::CudaDriver& d = drv();
-    runtime::LaunchShape shape = runtime::validate_operands(spec(), a, /*gpu=*/true);
-    int device = launch_device(a);
-    std::vector<Tensor> buffers = runtime::collect_buffers(spec(), a, bound_for(device));
-    timer.lap(0);
-    check_pointers(a, buffers, device);
-    timer.lap(1);
-    BoundValues values = runtime::bind_launch(ir_.checked, shape, buffers, a);
-    runtime::VariantChoice choice = runtime::choose_variant(ranges_, ir_.checked, values);
-    VariantState& var = variant(choice, device);
-    const ForwardConfig& cfg = var.source.config;
-    timer.lap(2);
-
-    runtime::ScopedDevice scope(device);
-    Workspace& ws = workspace_for(a, device, shape, cfg);
-    unsigned int* error_word = reinterpret_cast<unsigned int*>(ws.memory_);
-    std::vector<uint64_t> vparams = runtime::fill_variant_params(var.source.variant.layout, buffers, values, options_.checked ? error_word : nullptr);
-
-    FlexForwardParams p{};
-    fill_forward_params(p, a, shape);
-    if (ir_.mask_mod) {
-      const BlockMask* mask = a.block_mask;
-      if (mask) {
-        check_mask(*mask, shape, cfg, device);
-      } else {
-        build_mask_into(*ws.mask_, var, vparams, shape, cfg, device, a.stream);
-        mask = ws.mask_.get();
-      }
-      set_mask(p.block_mask, *mask);
-    }
-    timer.lap(3);
-    void* args[] = {&p, vparams.data()};
-    unsigned grid_x = static_cast<unsigned>((shape.seqlen_q + cfg.block_m - 1) / cfg.block_m);
-    check_cu(d.cuLaunchKernel(var.forward_fn.at(device), grid_x, static_cast<unsigned>(shape.heads), static_cast<unsigned>(shape.batch),
-                              static_cast<unsigned>(cfg.threads()), 1, 1, static_cast<unsigned>(cfg.shared_bytes()), a.stream, args, nullptr),
-             "launching the forward kernel");
-    timer.lap(4);
+    // An entry the driver refuses is removed and compiled once more.
+    runtime::process_kernel_cache().invalidate(runtime::kernel_cache_key(v.source, canonical_, arch));
+    if (attempt == 1) check_cu(res, "loading the compiled kernel");
   }
+}
 
-  std::unique_ptr<BlockMask> build_block_mask(const AttentionArgs& a) override {
-    if (!ir_.mask_mod) throw Error(fmt::format("spec `{}` has no mask_mod, so it has no block mask", spec().name));
-    runtime::LaunchShape shape = runtime::validate_operands(spec(), a, /*gpu=*/true);
-    int device = launch_device(a);
-    std::vector<Tensor> buffers = runtime::collect_buffers(spec(), a, bound_for(device));
-    check_pointers(a, buffers, device);
-    BoundValues values = runtime::bind_launch(ir_.checked, shape, buffers, a);
-    VariantState& var = variant(runtime::choose_variant(ranges_, ir_.checked, values), device);
-    const ForwardConfig& cfg = var.source.config;
-    runtime::ScopedDevice scope(device);
-    std::unique_ptr<BlockMask> mask(new BlockMask());
-    allocate_mask(*mask, shape, cfg, device);
-    std::vector<uint64_t> vparams = runtime::fill_variant_params(var.source.variant.layout, buffers, values, nullptr);
-    build_mask_into(*mask, var, vparams, shape, cfg, device, a.stream);
-    return mask;
+void KernelImpl::fill_forward_params(FlexForwardParams& p, const AttentionArgs& a, const runtime::LaunchShape& s) const {
+  auto qs = a.q.effective_strides(), ks = a.k.effective_strides(), vs = a.v.effective_strides(), os = a.o.effective_strides();
+  p.q = a.q.data;
+  p.k = a.k.data;
+  p.v = a.v.data;
+  p.o = a.o.data;
+  p.lse = static_cast<float*>(a.lse.data);
+  p.q_stride_b = qs[0], p.q_stride_h = qs[1], p.q_stride_s = qs[2];
+  p.k_stride_b = ks[0], p.k_stride_h = ks[1], p.k_stride_s = ks[2];
+  p.v_stride_b = vs[0], p.v_stride_h = vs[1], p.v_stride_s = vs[2];
+  p.o_stride_b = os[0], p.o_stride_h = os[1], p.o_stride_s = os[2];
+  if (a.lse.data) {
+    auto ls = a.lse.effective_strides();
+    p.lse_stride_b = ls[0], p.lse_stride_h = ls[1];
   }
+  p.batch = static_cast<int>(s.batch);
+  p.heads = static_cast<int>(s.heads);
+  p.kv_heads = static_cast<int>(s.kv_heads);
+  p.seqlen_q = static_cast<int>(s.seqlen_q);
+  p.seqlen_kv = static_cast<int>(s.seqlen_kv);
+  p.scale = a.scale > 0 ? a.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.head_dim)));
+}
 
-  std::unique_ptr<Workspace> make_workspace(int device, int batch, int heads, int seqlen_q, int seqlen_kv) override {
-    runtime::ScopedDevice scope(device);
-    ForwardConfig cfg = forward_config(spec().head_dim);
-    runtime::LaunchShape s{batch, heads, heads, seqlen_q, seqlen_kv, spec().head_dim, spec().value_head_dim()};
-    return allocate_workspace(device, s, cfg);
-  }
+void KernelImpl::allocate_mask(BlockMask& m, const runtime::LaunchShape& s, const ForwardConfig& cfg, int device) {
+  geometry(m, s, cfg, device);
+  CUdeviceptr mem = 0;
+  check_cu(drv().cuMemAlloc_v2(&mem, block_mask_bytes(m.bm_, m.hm_, m.num_q_tiles_, m.max_kv_tiles_)), "allocating a block mask");
+  m.memory_ = mem;
+}
 
-  void bind_buffer(const std::string& name, const Tensor& t) override {
-    int idx = -1;
-    for (size_t i = 0; i < spec().buffers.size(); ++i)
-      if (spec().buffers[i].name == name) idx = static_cast<int>(i);
-    if (idx < 0) throw Error(fmt::format("bind_buffer: spec `{}` declares no buffer `{}`", spec().name, name));
-    int dev = runtime::pointer_device(t.data);
-    if (dev < 0) throw Error(fmt::format("bind_buffer: buffer `{}` is not device memory", name));
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto& v = bound_[dev];
-    v.resize(spec().buffers.size());
-    v[idx] = t;
-  }
+void KernelImpl::geometry(BlockMask& m, const runtime::LaunchShape& s, const ForwardConfig& cfg, int device) const {
+  m.device_ = device;
+  m.bm_ = mask_batch(s);
+  m.hm_ = mask_heads(s);
+  m.q_tile_ = cfg.block_m;
+  m.kv_tile_ = cfg.block_n;
+  m.sq_ = static_cast<int>(s.seqlen_q);
+  m.skv_ = static_cast<int>(s.seqlen_kv);
+  m.num_q_tiles_ = static_cast<int>((s.seqlen_q + cfg.block_m - 1) / cfg.block_m);
+  m.max_kv_tiles_ = static_cast<int>((s.seqlen_kv + cfg.block_n - 1) / cfg.block_n);
+}
 
-  void warm_up(int device, DType dtype) override {
-    if (dtype != spec().dtype) throw Error("warm_up: the spec's dtype differs");
-    runtime::VariantChoice c;
-    variant(c, device);
-  }
+std::unique_ptr<Workspace> KernelImpl::allocate_workspace(int device, const runtime::LaunchShape& s, const ForwardConfig& cfg) {
+  std::unique_ptr<Workspace> ws(new Workspace());
+  ws->device_ = device;
+  ws->mask_.reset(new BlockMask());
+  geometry(*ws->mask_, s, cfg, device);
+  int64_t bm = s.batch, hm = s.heads;  // room for a mask that depends on b and h
+  ws->bytes_ = kErrorWordBytes + block_mask_bytes(bm, hm, ws->mask_->num_q_tiles_, ws->mask_->max_kv_tiles_);
+  CUdeviceptr mem = 0;
+  check_cu(drv().cuMemAlloc_v2(&mem, ws->bytes_), "allocating a workspace");
+  check_cu(drv().cuMemsetD8_v2(mem, 0, ws->bytes_), "clearing a workspace");
+  ws->memory_ = mem;
+  ws->mask_->memory_ = mem + kErrorWordBytes;
+  ws->mask_->owns_ = false;
+  return ws;
+}
 
-  void check_errors(int device, CUstream stream, Workspace* workspace) override {
-    const runtime::CudaDriver& d = drv();
-    runtime::ScopedDevice scope(device);
-    check_cu(d.cuStreamSynchronize(stream), "synchronising the launch's stream");
-    Workspace* ws = workspace;
-    if (!ws) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto it = workspaces_.find(device);
-      if (it == workspaces_.end()) return;
-      ws = it->second.get();
-    }
-    unsigned int word = 0;
-    check_cu(d.cuMemcpyDtoH_v2(&word, static_cast<CUdeviceptr>(ws->memory_), 4), "reading the error word");
-    if (!word) return;
-    check_cu(d.cuMemsetD32_v2(static_cast<CUdeviceptr>(ws->memory_), 0, 1), "clearing the error word");
-    std::vector<std::string> problems;
-    if (word & kZeroDivisorFlag) problems.push_back("an integer division or modulo met a zero divisor (the result was 0)");
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (const auto& [key, var] : variants_) {
-      for (const LoadSite& s : var->source.variant.loads)
-        if (s.flag_bit && (word & s.flag_bit))
-          problems.push_back(fmt::format("buffer `{}`: an index of `{}` was out of range and was clamped", s.buffer, s.expression));
-      break;
-    }
-    if (problems.empty()) problems.push_back(fmt::format("error word {:#x}", word));
-    throw Error(fmt::format("spec `{}`: {}; check the buffer's declared shape against the indices the expression produces", spec().name,
-                            fmt::join(problems, "; ")));
-  }
-
- private:
-  struct VariantState {
-    KernelSource source;
-    std::shared_ptr<const runtime::CompiledArtefact> artefact;
-    CUlibrary library = nullptr;
-    std::map<int, CUfunction> forward_fn, mask_fn;
+Workspace& KernelImpl::workspace_for(const AttentionArgs& a, int device, const runtime::LaunchShape& s, const ForwardConfig& cfg) {
+  auto fits = [&](const Workspace& w) {
+    return w.bytes_ >= kErrorWordBytes + block_mask_bytes(mask_batch(s), mask_heads(s), (s.seqlen_q + cfg.block_m - 1) / cfg.block_m,
+                                                          (s.seqlen_kv + cfg.block_n - 1) / cfg.block_n);
   };
-
-  int launch_device(const AttentionArgs& a) const {
-    if (a.device.index >= 0) return a.device.index;
-    int dev = runtime::pointer_device(a.q.data);
-    if (dev < 0) throw Error("q is not device memory: pass device pointers, or Device::cpu() for host memory");
-    return dev;
+  if (a.workspace) {
+    if (!fits(*a.workspace)) throw Error("the workspace is too small for this launch; make it with the launch's sizes or larger");
+    geometry(*a.workspace->mask_, s, cfg, device);
+    return *a.workspace;
   }
-
-  std::vector<Tensor> bound_for(int device) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = bound_.find(device);
-    return it == bound_.end() ? std::vector<Tensor>{} : it->second;
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto& ws = workspaces_[device];
+  if (!ws || !fits(*ws)) {
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    drv().cuStreamIsCapturing(a.stream, &status);
+    if (status != CU_STREAM_CAPTURE_STATUS_NONE)
+      throw Error("this launch needs a larger workspace, which cannot be allocated during CUDA graph capture; launch once before "
+                  "capturing, or pass a workspace from Kernel::make_workspace");
+    if (ws) check_cu(drv().cuCtxSynchronize(), "synchronising before growing the workspace");
+    ws = allocate_workspace(device, s, cfg);
   }
+  geometry(*ws->mask_, s, cfg, device);
+  return *ws;
+}
 
-  // Every pointer must live on the launch's device: a pointer from another GPU would be read
-  // through peer mappings at best and crash at worst (seed 000).
-  void check_pointers(const AttentionArgs& a, const std::vector<Tensor>& buffers, int device) const {
-    auto check = [&](const void* p, const std::string& what) {
-      int dev = runtime::pointer_device(p);
-      if (dev == device) return;
-      if (dev < 0)
-        throw Error(fmt::format("{} is not CUDA device memory, but this launch runs on cuda:{}", what, device));
-      throw Error(fmt::format("{} lives on cuda:{}, but this launch runs on cuda:{}; copy it to cuda:{} or bind a replica with "
-                              "Kernel::bind_buffer",
-                              what, dev, device, device));
-    };
-    check(a.q.data, "q");
-    check(a.k.data, "k");
-    check(a.v.data, "v");
-    check(a.o.data, "o");
-    if (a.lse.data) check(a.lse.data, "lse");
-    for (size_t i = 0; i < buffers.size(); ++i) check(buffers[i].data, fmt::format("buffer `{}`", spec().buffers[i].name));
-    if (a.block_mask && a.block_mask->device() != device)
-      throw Error(fmt::format("the block mask was built on cuda:{}, but this launch runs on cuda:{}", a.block_mask->device(), device));
-    if (a.workspace && a.workspace->device() != device)
-      throw Error(fmt::format("the workspace lives on cuda:{}, but this launch runs on cuda:{}", a.workspace->device(), device));
-  }
+void KernelImpl::check_mask(const BlockMask& m, const runtime::LaunchShape& s, const ForwardConfig& cfg, int device) const {
+  if (m.q_tile_ != cfg.block_m || m.kv_tile_ != cfg.block_n)
+    throw Error(fmt::format("the block mask was built for {}x{} tiles but this kernel uses {}x{}", m.q_tile_, m.kv_tile_, cfg.block_m,
+                            cfg.block_n));
+  if (m.sq_ != s.seqlen_q || m.skv_ != s.seqlen_kv)
+    throw Error(fmt::format("the block mask was built for Sq={} Skv={} but this launch has Sq={} Skv={}", m.sq_, m.skv_, s.seqlen_q, s.seqlen_kv));
+  if ((m.bm_ != 1 && m.bm_ != s.batch) || (m.hm_ != 1 && m.hm_ != s.heads))
+    throw Error(fmt::format("the block mask covers B={} H={} but this launch has B={} H={}", m.bm_, m.hm_, s.batch, s.heads));
+  (void)device;
+}
 
-  VariantState& variant(const runtime::VariantChoice& choice, int device) {
-    const runtime::DeviceInfo& info = runtime::device_info(device);
-    std::string key = fmt::format("{}_{}", choice.key(), info.arch);
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto& slot = variants_[key];
-    if (!slot) {
-      auto v = std::make_unique<VariantState>();
-      ForwardKernelOptions fo;
-      fo.dtype = spec().dtype;
-      fo.head_dim = spec().head_dim;
-      fo.variant.int32 = choice.int32;
-      fo.variant.checked_loads = choice.checked_loads;
-      fo.variant.error_flags = options_.checked;
-      v->source = forward_kernel_source(ir_, ranges_, fo);
-      load_library(*v, info.arch);
-      slot = std::move(v);
-    }
-    VariantState& v = *slot;
-    if (!v.forward_fn.count(device)) {
-      const runtime::CudaDriver& d = drv();
-      runtime::ScopedDevice scope(device);
-      int smem = v.source.config.shared_bytes();
-      if (smem > info.max_shared_optin)
-        throw Error(fmt::format("head dim {} needs {} bytes of shared memory per block, but {} allows {}", spec().head_dim, smem, info.name,
-                                info.max_shared_optin));
-      auto get = [&](const char* name) {
-        CUkernel k = nullptr;
-        check_cu(d.cuLibraryGetKernel(&k, v.library, name), "cuLibraryGetKernel");
-        CUfunction f = nullptr;
-        check_cu(d.cuKernelGetFunction(&f, k), "cuKernelGetFunction");
-        return f;
-      };
-      CUfunction f = get(kForwardEntry);
-      check_cu(d.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem), "setting the forward kernel's shared memory");
-      v.forward_fn[device] = f;
-      if (ir_.mask_mod) v.mask_fn[device] = get(kBlockMaskEntry);
-    }
-    return v;
-  }
+void KernelImpl::set_mask(FlexBlockMask& fm, const BlockMask& m) {
+  const int64_t counts = static_cast<int64_t>(m.bm_) * m.hm_ * m.num_q_tiles_;
+  const char* base = reinterpret_cast<const char*>(m.memory_);
+  fm.kv_num_partial = reinterpret_cast<const int*>(base);
+  fm.kv_num_full = reinterpret_cast<const int*>(base + counts * 4);
+  fm.kv_partial_idx = reinterpret_cast<const int*>(base + counts * 8);
+  fm.kv_full_idx = reinterpret_cast<const int*>(base + counts * 8 + counts * m.max_kv_tiles_ * 4);
+  fm.stride_b = m.bm_ == 1 ? 0 : static_cast<int64_t>(m.hm_) * m.num_q_tiles_;
+  fm.stride_h = m.hm_ == 1 ? 0 : m.num_q_tiles_;
+  fm.num_q_tiles = m.num_q_tiles_;
+  fm.max_kv_tiles = m.max_kv_tiles_;
+  fm.q_tile = m.q_tile_;
+  fm.kv_tile = m.kv_tile_;
+}
 
-  void load_library(VariantState& v, const std::string& arch) {
-    const runtime::CudaDriver& d = drv();
-    for (int attempt = 0; attempt < 2; ++attempt) {
-      runtime::CacheLookup r = runtime::compile_kernel(v.source, canonical_, arch);
-      runtime::log_info("flexjit: kernel {} for {}: {} in {:.3f} s", v.source.name, arch, runtime::cache_source_name(r.source), r.seconds);
-      CUresult res = d.cuLibraryLoadData(&v.library, r.artefact->binary.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
-      if (res == CUDA_SUCCESS) {
-        v.artefact = r.artefact;
-        return;
-      }
-      // An entry the driver refuses is removed and compiled once more.
-      runtime::process_kernel_cache().invalidate(runtime::kernel_cache_key(v.source, canonical_, arch));
-      if (attempt == 1) check_cu(res, "loading the compiled kernel");
-    }
-  }
-
-  void fill_forward_params(FlexForwardParams& p, const AttentionArgs& a, const runtime::LaunchShape& s) const {
-    auto qs = a.q.effective_strides(), ks = a.k.effective_strides(), vs = a.v.effective_strides(), os = a.o.effective_strides();
-    p.q = a.q.data;
-    p.k = a.k.data;
-    p.v = a.v.data;
-    p.o = a.o.data;
-    p.lse = static_cast<float*>(a.lse.data);
-    p.q_stride_b = qs[0], p.q_stride_h = qs[1], p.q_stride_s = qs[2];
-    p.k_stride_b = ks[0], p.k_stride_h = ks[1], p.k_stride_s = ks[2];
-    p.v_stride_b = vs[0], p.v_stride_h = vs[1], p.v_stride_s = vs[2];
-    p.o_stride_b = os[0], p.o_stride_h = os[1], p.o_stride_s = os[2];
-    if (a.lse.data) {
-      auto ls = a.lse.effective_strides();
-      p.lse_stride_b = ls[0], p.lse_stride_h = ls[1];
-    }
-    p.batch = static_cast<int>(s.batch);
-    p.heads = static_cast<int>(s.heads);
-    p.kv_heads = static_cast<int>(s.kv_heads);
-    p.seqlen_q = static_cast<int>(s.seqlen_q);
-    p.seqlen_kv = static_cast<int>(s.seqlen_kv);
-    p.scale = a.scale > 0 ? a.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.head_dim)));
-  }
-
-  int mask_batch(const runtime::LaunchShape& s) const { return mask_uses_b_ ? static_cast<int>(s.batch) : 1; }
-  int mask_heads(const runtime::LaunchShape& s) const { return mask_uses_h_ ? static_cast<int>(s.heads) : 1; }
-
-  void allocate_mask(BlockMask& m, const runtime::LaunchShape& s, const ForwardConfig& cfg, int device) {
-    geometry(m, s, cfg, device);
-    CUdeviceptr mem = 0;
-    check_cu(drv().cuMemAlloc_v2(&mem, block_mask_bytes(m.bm_, m.hm_, m.num_q_tiles_, m.max_kv_tiles_)), "allocating a block mask");
-    m.memory_ = mem;
-  }
-
-  void geometry(BlockMask& m, const runtime::LaunchShape& s, const ForwardConfig& cfg, int device) const {
-    m.device_ = device;
-    m.bm_ = mask_batch(s);
-    m.hm_ = mask_heads(s);
-    m.q_tile_ = cfg.block_m;
-    m.kv_tile_ = cfg.block_n;
-    m.sq_ = static_cast<int>(s.seqlen_q);
-    m.skv_ = static_cast<int>(s.seqlen_kv);
-    m.num_q_tiles_ = static_cast<int>((s.seqlen_q + cfg.block_m - 1) / cfg.block_m);
-    m.max_kv_tiles_ = static_cast<int>((s.seqlen_kv + cfg.block_n - 1) / cfg.block_n);
-  }
-
-  std::unique_ptr<Workspace> allocate_workspace(int device, const runtime::LaunchShape& s, const ForwardConfig& cfg) {
-    std::unique_ptr<Workspace> ws(new Workspace());
-    ws->device_ = device;
-    ws->mask_.reset(new BlockMask());
-    geometry(*ws->mask_, s, cfg, device);
-    int64_t bm = s.batch, hm = s.heads;  // room for a mask that depends on b and h
-    ws->bytes_ = kErrorWordBytes + block_mask_bytes(bm, hm, ws->mask_->num_q_tiles_, ws->mask_->max_kv_tiles_);
-    CUdeviceptr mem = 0;
-    check_cu(drv().cuMemAlloc_v2(&mem, ws->bytes_), "allocating a workspace");
-    check_cu(drv().cuMemsetD8_v2(mem, 0, ws->bytes_), "clearing a workspace");
-    ws->memory_ = mem;
-    ws->mask_->memory_ = mem + kErrorWordBytes;
-    ws->mask_->owns_ = false;
-    return ws;
-  }
-
-  // The launch's workspace: the caller's, or this kernel's for the device, grown (outside
-  // graph capture) when a launch is larger than any before.
-  Workspace& workspace_for(const AttentionArgs& a, int device, const runtime::LaunchShape& s, const ForwardConfig& cfg) {
-    auto fits = [&](const Workspace& w) {
-      return w.bytes_ >= kErrorWordBytes + block_mask_bytes(mask_batch(s), mask_heads(s), (s.seqlen_q + cfg.block_m - 1) / cfg.block_m,
-                                                            (s.seqlen_kv + cfg.block_n - 1) / cfg.block_n);
-    };
-    if (a.workspace) {
-      if (!fits(*a.workspace)) throw Error("the workspace is too small for this launch; make it with the launch's sizes or larger");
-      geometry(*a.workspace->mask_, s, cfg, device);
-      return *a.workspace;
-    }
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto& ws = workspaces_[device];
-    if (!ws || !fits(*ws)) {
-      CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-      drv().cuStreamIsCapturing(a.stream, &status);
-      if (status != CU_STREAM_CAPTURE_STATUS_NONE)
-        throw Error("this launch needs a larger workspace, which cannot be allocated during CUDA graph capture; launch once before "
-                    "capturing, or pass a workspace from Kernel::make_workspace");
-      if (ws) check_cu(drv().cuCtxSynchronize(), "synchronising before growing the workspace");
-      ws = allocate_workspace(device, s, cfg);
-    }
-    geometry(*ws->mask_, s, cfg, device);
-    return *ws;
-  }
-
-  void check_mask(const BlockMask& m, const runtime::LaunchShape& s, const ForwardConfig& cfg, int device) const {
-    if (m.q_tile_ != cfg.block_m || m.kv_tile_ != cfg.block_n)
-      throw Error(fmt::format("the block mask was built for {}x{} tiles but this kernel uses {}x{}", m.q_tile_, m.kv_tile_, cfg.block_m,
-                              cfg.block_n));
-    if (m.sq_ != s.seqlen_q || m.skv_ != s.seqlen_kv)
-      throw Error(fmt::format("the block mask was built for Sq={} Skv={} but this launch has Sq={} Skv={}", m.sq_, m.skv_, s.seqlen_q, s.seqlen_kv));
-    if ((m.bm_ != 1 && m.bm_ != s.batch) || (m.hm_ != 1 && m.hm_ != s.heads))
-      throw Error(fmt::format("the block mask covers B={} H={} but this launch has B={} H={}", m.bm_, m.hm_, s.batch, s.heads));
-    (void)device;
-  }
-
-  static void set_mask(FlexBlockMask& fm, const BlockMask& m) {
-    const int64_t counts = static_cast<int64_t>(m.bm_) * m.hm_ * m.num_q_tiles_;
-    const char* base = reinterpret_cast<const char*>(m.memory_);
-    fm.kv_num_partial = reinterpret_cast<const int*>(base);
-    fm.kv_num_full = reinterpret_cast<const int*>(base + counts * 4);
-    fm.kv_partial_idx = reinterpret_cast<const int*>(base + counts * 8);
-    fm.kv_full_idx = reinterpret_cast<const int*>(base + counts * 8 + counts * m.max_kv_tiles_ * 4);
-    fm.stride_b = m.bm_ == 1 ? 0 : static_cast<int64_t>(m.hm_) * m.num_q_tiles_;
-    fm.stride_h = m.hm_ == 1 ? 0 : m.num_q_tiles_;
-    fm.num_q_tiles = m.num_q_tiles_;
-    fm.max_kv_tiles = m.max_kv_tiles_;
-    fm.q_tile = m.q_tile_;
-    fm.kv_tile = m.kv_tile_;
-  }
-
-  void build_mask_into(BlockMask& m, VariantState& var, std::vector<uint64_t>& vparams, const runtime::LaunchShape& s,
-                       const ForwardConfig& cfg, int device, CUstream stream) {
-    FlexBlockMask fm{};
-    set_mask(fm, m);
-    FlexBlockMaskBuildParams bp{};
-    bp.kv_num_partial = const_cast<int*>(fm.kv_num_partial);
-    bp.kv_num_full = const_cast<int*>(fm.kv_num_full);
-    bp.kv_partial_idx = const_cast<int*>(fm.kv_partial_idx);
-    bp.kv_full_idx = const_cast<int*>(fm.kv_full_idx);
-    bp.stride_b = fm.stride_b;
-    bp.stride_h = fm.stride_h;
-    bp.num_q_tiles = m.num_q_tiles_;
-    bp.max_kv_tiles = m.max_kv_tiles_;
-    bp.q_tile = cfg.block_m;
-    bp.kv_tile = cfg.block_n;
-    bp.batch = static_cast<int>(s.batch);
-    bp.heads = static_cast<int>(s.heads);
-    bp.kv_heads = static_cast<int>(s.kv_heads);
-    bp.seqlen_q = static_cast<int>(s.seqlen_q);
-    bp.seqlen_kv = static_cast<int>(s.seqlen_kv);
-    bp.query_offset = 0;
-    void* args[] = {&bp, vparams.data()};
-    check_cu(drv().cuLaunchKernel(var.mask_fn.at(device), static_cast<unsigned>(m.num_q_tiles_), static_cast<unsigned>(m.hm_),
-                                  static_cast<unsigned>(m.bm_), 128, 1, 1, static_cast<unsigned>(m.max_kv_tiles_), stream, args, nullptr),
-             "launching the block-mask builder");
-  }
-
-  SpecIR ir_;
-  RuntimeOptions options_;
-  LaunchProfile profile_;
-  RangeInfo ranges_;
-  std::string canonical_;
-  bool mask_uses_b_ = false, mask_uses_h_ = false;
-  std::mutex mutex_;
-  std::map<std::string, std::unique_ptr<VariantState>> variants_;
-  std::map<int, std::unique_ptr<Workspace>> workspaces_;
-  std::map<int, std::vector<Tensor>> bound_;
-};
+void KernelImpl::build_mask_into(BlockMask& m, VariantState& var, std::vector<uint64_t>& vparams, const runtime::LaunchShape& s,
+                     const ForwardConfig& cfg, int device, CUstream stream) {
+  FlexBlockMask fm{};
+  set_mask(fm, m);
+  FlexBlockMaskBuildParams bp{};
+  bp.kv_num_partial = const_cast<int*>(fm.kv_num_partial);
+  bp.kv_num_full = const_cast<int*>(fm.kv_num_full);
+  bp.kv_partial_idx = const_cast<int*>(fm.kv_partial_idx);
+  bp.kv_full_idx = const_cast<int*>(fm.kv_full_idx);
+  bp.stride_b = fm.stride_b;
+  bp.stride_h = fm.stride_h;
+  bp.num_q_tiles = m.num_q_tiles_;
+  bp.max_kv_tiles = m.max_kv_tiles_;
+  bp.q_tile = cfg.block_m;
+  bp.kv_tile = cfg.block_n;
+  bp.batch = static_cast<int>(s.batch);
+  bp.heads = static_cast<int>(s.heads);
+  bp.kv_heads = static_cast<int>(s.kv_heads);
+  bp.seqlen_q = static_cast<int>(s.seqlen_q);
+  bp.seqlen_kv = static_cast<int>(s.seqlen_kv);
+  bp.query_offset = 0;
+  void* args[] = {&bp, vparams.data()};
+  check_cu(drv().cuLaunchKernel(var.mask_fn.at(device), static_cast<unsigned>(m.num_q_tiles_), static_cast<unsigned>(m.hm_),
+                                static_cast<unsigned>(m.bm_), 128, 1, 1, static_cast<unsigned>(m.max_kv_tiles_), stream, args, nullptr),
+           "launching the block-mask builder");
+}
 
 Runtime::Runtime(RuntimeOptions options) : options_(options) {}
 

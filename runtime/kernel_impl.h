@@ -1,0 +1,159 @@
+// The GPU implementation of flexjit::Kernel, shared by the files that implement its launches:
+// kernel_impl.cpp (forward, block masks, workspaces), backward_impl.cpp, varlen_impl.cpp and
+// decode_impl.cpp.
+#pragma once
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "compiler/codegen/kernel_source.h"
+#include "compiler/passes/range_analysis.h"
+#include "kernels_templates/flex_params.cuh"
+#include "runtime/cuda_driver.h"
+#include "runtime/flexjit.hpp"
+#include "runtime/forward_launch.h"
+#include "runtime/kernel_compiler.h"
+
+namespace flexjit {
+
+// The loaded CUDA driver; throws flexjit::Error saying why when there is none.
+const runtime::CudaDriver& require_driver();
+
+// Bytes at the start of every workspace for the error word (keeps what follows aligned).
+constexpr size_t kErrorWordBytes = 256;
+
+// Bytes of a block mask's counts and index lists.
+inline size_t block_mask_bytes(int64_t bm, int64_t hm, int64_t nq, int64_t max_kv) {
+  return static_cast<size_t>(bm * hm * nq * (2 + 2 * max_kv) * 4);
+}
+
+// Per-phase host time of launches, collected when FLEXJIT_PROFILE_LAUNCH is set (for
+// finding launch overhead; printed when the kernel is destroyed).
+struct LaunchProfile {
+  bool enabled = std::getenv("FLEXJIT_PROFILE_LAUNCH") != nullptr;
+  double us[5] = {};
+  long launches = 0;
+  ~LaunchProfile() {
+    if (enabled && launches)
+      std::fprintf(stderr, "flexjit launch profile over %ld launches (us): validate+collect %.2f, pointer checks %.2f, bind+variant %.2f, "
+                   "workspace+params+mask %.2f, cuLaunchKernel %.2f\n",
+                   launches, us[0] / launches, us[1] / launches, us[2] / launches, us[3] / launches, us[4] / launches);
+  }
+};
+
+class LaunchTimer {
+ public:
+  explicit LaunchTimer(LaunchProfile& p) : p_(p) {
+    if (p_.enabled) {
+      last_ = std::chrono::steady_clock::now();
+      ++p_.launches;
+    }
+  }
+  void lap(int phase) {
+    if (!p_.enabled) return;
+    auto now = std::chrono::steady_clock::now();
+    p_.us[phase] += std::chrono::duration<double, std::micro>(now - last_).count();
+    last_ = now;
+  }
+
+ private:
+  LaunchProfile& p_;
+  std::chrono::steady_clock::time_point last_;
+};
+
+class KernelImpl : public Kernel {
+ public:
+  KernelImpl(SpecIR ir, RuntimeOptions options);
+
+  const dsl::Spec& spec() const override { return ir_.spec(); }
+
+  void forward(const AttentionArgs& a) override;
+
+  std::unique_ptr<BlockMask> build_block_mask(const AttentionArgs& a) override;
+
+  std::unique_ptr<Workspace> make_workspace(int device, int batch, int heads, int seqlen_q, int seqlen_kv) override;
+
+  void bind_buffer(const std::string& name, const Tensor& t) override;
+
+  void warm_up(int device, DType dtype) override;
+
+  void check_errors(int device, CUstream stream, Workspace* workspace) override;
+
+  // backward_impl.cpp
+  void backward(const BackwardArgs& args) override;
+  std::unique_ptr<Workspace> make_backward_workspace(int device, int batch, int heads, int seqlen_q, int seqlen_kv) override;
+
+  // varlen_impl.cpp
+  void forward_varlen(const VarlenArgs& args) override;
+
+  // decode_impl.cpp
+  std::unique_ptr<DecodePlan> plan_decode(const DecodePlanOptions& options) override;
+  void decode(const DecodePlan& plan, const DecodeArgs& args) override;
+
+ private:
+  struct VariantState {
+    KernelSource source;
+    std::shared_ptr<const runtime::CompiledArtefact> artefact;
+    CUlibrary library = nullptr;
+    std::map<int, CUfunction> forward_fn, mask_fn;
+  };
+
+  int launch_device(const AttentionArgs& a) const;
+
+  std::vector<Tensor> bound_for(int device);
+
+  // Every pointer must live on the launch's device: a pointer from another GPU would be read
+  // through peer mappings at best and crash at worst (seed 000).
+  void check_pointers(const AttentionArgs& a, const std::vector<Tensor>& buffers, int device) const;
+
+  VariantState& variant(const runtime::VariantChoice& choice, int device);
+
+  void load_library(VariantState& v, const std::string& arch);
+
+  void fill_forward_params(FlexForwardParams& p, const AttentionArgs& a, const runtime::LaunchShape& s) const;
+
+  int mask_batch(const runtime::LaunchShape& s) const { return mask_uses_b_ ? static_cast<int>(s.batch) : 1; }
+  int mask_heads(const runtime::LaunchShape& s) const { return mask_uses_h_ ? static_cast<int>(s.heads) : 1; }
+
+  void allocate_mask(BlockMask& m, const runtime::LaunchShape& s, const ForwardConfig& cfg, int device);
+
+  void geometry(BlockMask& m, const runtime::LaunchShape& s, const ForwardConfig& cfg, int device) const;
+
+  std::unique_ptr<Workspace> allocate_workspace(int device, const runtime::LaunchShape& s, const ForwardConfig& cfg);
+
+  // The launch's workspace: the caller's, or this kernel's for the device, grown (outside
+  // graph capture) when a launch is larger than any before.
+  Workspace& workspace_for(const AttentionArgs& a, int device, const runtime::LaunchShape& s, const ForwardConfig& cfg);
+
+  void check_mask(const BlockMask& m, const runtime::LaunchShape& s, const ForwardConfig& cfg, int device) const;
+
+  static void set_mask(FlexBlockMask& fm, const BlockMask& m);
+
+  void build_mask_into(BlockMask& m, VariantState& var, std::vector<uint64_t>& vparams, const runtime::LaunchShape& s,
+                       const ForwardConfig& cfg, int device, CUstream stream);
+
+
+  SpecIR ir_;
+  RuntimeOptions options_;
+  LaunchProfile profile_;
+  RangeInfo ranges_;
+  std::string canonical_;
+  bool mask_uses_b_ = false, mask_uses_h_ = false;
+  std::mutex mutex_;
+  std::map<std::string, std::unique_ptr<VariantState>> variants_;
+  std::map<int, std::unique_ptr<Workspace>> workspaces_;
+  std::map<int, std::vector<Tensor>> bound_;
+
+  // State of the other launch kinds, defined (and created on first use) by their files.
+  struct BackwardState;
+  std::shared_ptr<BackwardState> backward_state_;
+  struct DecodeState;
+  std::shared_ptr<DecodeState> decode_state_;
+};
+
+}  // namespace flexjit

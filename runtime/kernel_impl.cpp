@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 
@@ -133,9 +134,8 @@ void KernelImpl::forward(const AttentionArgs& a) {
   timer.lap(0);
   check_pointers(a, buffers, device);
   timer.lap(1);
-  BoundValues values = runtime::bind_launch(ir_.checked, shape, buffers, a);
-  runtime::VariantChoice choice = runtime::choose_variant(ranges_, ir_.checked, values);
-  VariantState& var = variant(choice, device);
+  BoundValues values;
+  VariantState& var = variant_for_launch(shape, buffers, a, device, values);
   const ForwardConfig& cfg = var.source.config;
   timer.lap(2);
 
@@ -270,6 +270,37 @@ void KernelImpl::check_pointers(const AttentionArgs& a, const std::vector<Tensor
     throw Error(fmt::format("the block mask was built on cuda:{}, but this launch runs on cuda:{}", a.block_mask->device(), device));
   if (a.workspace && a.workspace->device() != device)
     throw Error(fmt::format("the workspace lives on cuda:{}, but this launch runs on cuda:{}", a.workspace->device(), device));
+}
+
+KernelImpl::VariantState& KernelImpl::variant_for_launch(const runtime::LaunchShape& shape, const std::vector<Tensor>& buffers,
+                                                        const AttentionArgs& a, int device, BoundValues& values) {
+  thread_local std::vector<int64_t> key;
+  key.assign({device, shape.batch, shape.heads, shape.kv_heads, shape.seqlen_q, shape.seqlen_kv, shape.head_dim, shape.head_dim_v});
+  for (const Tensor& t : buffers) {
+    key.push_back(static_cast<int64_t>(t.shape.size()));
+    key.insert(key.end(), t.shape.begin(), t.shape.end());
+  }
+  for (const auto& [name, v] : a.params) {
+    const dsl::ParamDecl* p = spec().find_param(name);
+    int64_t bits = 0;
+    std::memcpy(&bits, &v, sizeof bits);
+    key.push_back(p ? p - spec().params.data() : -1);
+    key.push_back(bits);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (memo_.variant && memo_.key == key) {
+      values = memo_.values;
+      return *memo_.variant;
+    }
+  }
+  values = runtime::bind_launch(ir_.checked, shape, buffers, a);
+  VariantState& var = variant(runtime::choose_variant(ranges_, ir_.checked, values), device);
+  std::lock_guard<std::mutex> lock(mutex_);
+  memo_.key = key;
+  memo_.values = values;
+  memo_.variant = &var;
+  return var;
 }
 
 KernelImpl::VariantState& KernelImpl::variant(const runtime::VariantChoice& choice, int device) {

@@ -113,6 +113,18 @@ class KernelImpl : public Kernel {
 
   VariantState& variant(const runtime::VariantChoice& choice, int device);
 
+  // The launch's bound values and variant. Binding and the range obligations cost a few
+  // microseconds per launch, so the last launch's results are reused when its sizes,
+  // buffer shapes, parameters and device are the same (the steady state of a server).
+  VariantState& variant_for_launch(const runtime::LaunchShape& shape, const std::vector<Tensor>& buffers, const AttentionArgs& a,
+                                   int device, BoundValues& values);
+  struct LaunchMemo {
+    std::vector<int64_t> key;
+    BoundValues values;
+    VariantState* variant = nullptr;
+  };
+  LaunchMemo memo_;
+
   void load_library(VariantState& v, const std::string& arch);
 
   void fill_forward_params(FlexForwardParams& p, const AttentionArgs& a, const runtime::LaunchShape& s) const;

@@ -1,5 +1,7 @@
-// `flexjit run SPEC --q q.npy --k k.npy --v v.npy --out o.npy [--lse lse.npy] --device cuda:0|cpu`:
-// one attention launch on files, for users checking a spec against their framework.
+// `flexjit run SPEC --q q.npy --k k.npy --v v.npy --out o.npy [--lse lse.npy] --device cuda:0|cpu
+//  [--backward --do do.npy --dq dq.npy --dk dk.npy --dv dv.npy [--grad NAME=dNAME.npy]]`:
+// one attention launch (and its backward) on files, for users checking a spec against
+// their framework.
 #include <fmt/format.h>
 
 #include <map>
@@ -20,6 +22,9 @@ struct RunOptions {
   std::string q, k, v, out, lse, device = "cuda:0";
   std::vector<std::string> loads, sets;
   float scale = 0;
+  bool backward = false, deterministic = false;
+  std::string d_o, dq, dk, dv;
+  std::vector<std::string> grads;  // NAME=FILE: marks the buffer `grad` and names the output
 };
 
 std::pair<std::string, std::string> split_eq(const std::string& s, const char* flag) {
@@ -28,8 +33,28 @@ std::pair<std::string, std::string> split_eq(const std::string& s, const char* f
   return {s.substr(0, eq), s.substr(eq + 1)};
 }
 
+void check_backward_options(const RunOptions& o) {
+  if (!o.backward) {
+    if (!o.d_o.empty() || !o.dq.empty() || !o.dk.empty() || !o.dv.empty() || !o.grads.empty() || o.deterministic)
+      throw Error("--do, --dq, --dk, --dv, --grad and --deterministic need --backward");
+    return;
+  }
+  if (o.d_o.empty() || o.dq.empty() || o.dk.empty() || o.dv.empty())
+    throw Error("--backward needs --do (the gradient of O) and the output files --dq, --dk and --dv");
+}
+
 int run_run(const RunOptions& o) {
+  check_backward_options(o);
   dsl::Spec spec = o.spec.load();
+  std::vector<std::pair<std::string, std::string>> grad_files;
+  for (const std::string& g : o.grads) {
+    auto [name, path] = split_eq(g, "--grad");
+    bool found = false;
+    for (dsl::BufferDecl& b : spec.buffers)
+      if (b.name == name) b.requires_grad = found = true;
+    if (!found) throw Error(fmt::format("--grad names `{}`, which is not a buffer of the spec", name));
+    grad_files.emplace_back(name, path);
+  }
   Device device = parse_device(o.device);
   NpyArray q = read_npy(o.q), k = read_npy(o.k), v = read_npy(o.v);
   if (q.shape.size() == 4) {
@@ -40,7 +65,7 @@ int run_run(const RunOptions& o) {
   Runtime rt;
   auto kernel = rt.compile(spec);
   std::vector<PlacedTensor> placed;
-  placed.reserve(8 + o.loads.size());
+  placed.reserve(16 + o.loads.size() + o.grads.size());
   auto add = [&](NpyArray a) -> Tensor {
     placed.push_back(place(std::move(a), device));
     return placed.back().tensor();
@@ -58,7 +83,7 @@ int run_run(const RunOptions& o) {
   size_t o_index = placed.size() - 1;
   args.o = placed.back().tensor();
   size_t lse_index = 0;
-  if (!o.lse.empty()) {
+  if (!o.lse.empty() || o.backward) {
     placed.push_back(place_empty(dsl::DType::F32, lse_shape, device));
     lse_index = placed.size() - 1;
     args.lse = placed.back().tensor();
@@ -82,6 +107,35 @@ int run_run(const RunOptions& o) {
     fetch(placed[lse_index]);
     write_npy(o.lse, placed[lse_index].host);
   }
+  if (!o.backward) return 0;
+
+  BackwardArgs b;
+  b.q = args.q, b.k = args.k, b.v = args.v, b.o = args.o, b.lse = args.lse;
+  b.scale = args.scale, b.buffers = args.buffers, b.params = args.params, b.device = device;
+  b.deterministic = o.deterministic;
+  b.d_o = add(read_npy(o.d_o));
+  std::vector<std::pair<std::string, size_t>> outputs;  // file, index into placed
+  auto output = [&](const std::string& file, dsl::DType dtype, const std::vector<int64_t>& shape) {
+    placed.push_back(place_empty(dtype, shape, device));
+    outputs.emplace_back(file, placed.size() - 1);
+    return placed.back().tensor();
+  };
+  b.dq = output(o.dq, spec.dtype, b.q.shape);
+  b.dk = output(o.dk, spec.dtype, b.k.shape);
+  b.dv = output(o.dv, spec.dtype, b.v.shape);
+  for (const auto& [name, path] : grad_files) {
+    const Tensor* buffer = nullptr;
+    for (const auto& [bn, t] : args.buffers)
+      if (bn == name) buffer = &t;
+    if (!buffer) throw Error(fmt::format("--grad {}: load the buffer with --load {}=FILE.npy too", name, name));
+    b.grads.emplace_back(name, output(path, dsl::DType::F32, buffer->shape));
+  }
+  kernel->backward(b);
+  if (device.kind == Device::Kind::Cuda) kernel->check_errors(device.index, b.stream);
+  for (const auto& [file, index] : outputs) {
+    fetch(placed[index]);
+    write_npy(file, placed[index].host);
+  }
   return 0;
 }
 
@@ -100,6 +154,13 @@ void add_run_command(CLI::App& app, Action& action) {
   cmd->add_option("--set", o->sets, "A runtime parameter: NAME=VALUE (repeatable)");
   cmd->add_option("--scale", o->scale, "Softmax scale (default 1/sqrt(D))");
   cmd->add_option("--device", o->device, "cuda:N or cpu")->capture_default_str();
+  cmd->add_flag("--backward", o->backward, "Also run the backward pass (needs --do, --dq, --dk, --dv)");
+  cmd->add_option("--do", o->d_o, "Gradient of the loss with respect to O [B, H, Sq, Dv] (.npy)");
+  cmd->add_option("--dq", o->dq, "Output dQ [B, H, Sq, D] (.npy)");
+  cmd->add_option("--dk", o->dk, "Output dK [B, Hkv, Skv, D] (.npy)");
+  cmd->add_option("--dv", o->dv, "Output dV [B, Hkv, Skv, Dv] (.npy)");
+  cmd->add_option("--grad", o->grads, "NAME=FILE.npy: the buffer requires a gradient; write it (f32) there (repeatable)");
+  cmd->add_flag("--deterministic", o->deterministic, "Backward in a fixed summation order without float atomics");
   cmd->callback([o, &action] { action = [o] { return run_run(*o); }; });
 }
 

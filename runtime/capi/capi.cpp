@@ -2,7 +2,10 @@
 // a status code plus this thread's error text (as fmt's C API does).
 #include "runtime/capi/flexjit.h"
 
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "dsl/compile_error.h"
 #include "dsl/spec.h"
@@ -16,7 +19,21 @@ struct flexjit_kernel {
   std::shared_ptr<flexjit::Kernel> kernel;
 };
 struct flexjit_args {
-  flexjit::AttentionArgs args;
+  flexjit::AttentionArgs args;  // also holds what backward, varlen and decode launches share
+  float* lse = nullptr;         // its shape depends on the launch kind
+  // Backward.
+  const void* d_o = nullptr;
+  void *dq = nullptr, *dk = nullptr, *dv = nullptr;
+  std::vector<std::pair<std::string, float*>> grads;
+  bool deterministic = false;
+  // Ragged prefill.
+  flexjit::Tensor cu_seqlens_q, cu_seqlens_kv;
+  int max_seqlen_q = 0, max_seqlen_kv = 0;
+  // Decode.
+  flexjit::Tensor page_table, kv_lens, q_lens;
+};
+struct flexjit_decode_plan {
+  std::unique_ptr<flexjit::DecodePlan> plan;
 };
 
 namespace {
@@ -62,6 +79,51 @@ bool to_dtype(flexjit_dtype d, flexjit::DType* out) {
     case FLEXJIT_BOOL: *out = flexjit::DType::Bool; return true;
   }
   return false;
+}
+
+// The LSE tensor of a [B, H, Sq, D] launch (none when no pointer was set).
+flexjit::Tensor lse_of_bhsd(const flexjit_args& a) {
+  const auto& s = a.args.q.shape;
+  if (!a.lse) return {};
+  if (s.size() != 4) throw flexjit::Error("the LSE needs q's shape: call flexjit_args_set_qkvo or flexjit_args_set_decode first");
+  return flexjit::Tensor{a.lse, flexjit::DType::F32, {s[0], s[1], s[2]}, {}};
+}
+
+flexjit::AttentionArgs forward_args(const flexjit_args& a) {
+  flexjit::AttentionArgs f = a.args;
+  f.lse = lse_of_bhsd(a);
+  return f;
+}
+
+flexjit::Tensor like(const flexjit::Tensor& t, const void* data) { return flexjit::Tensor{const_cast<void*>(data), t.dtype, t.shape, t.strides}; }
+
+flexjit::BackwardArgs backward_args(const flexjit_args& a) {
+  const flexjit::AttentionArgs& f = a.args;
+  if (!a.d_o) throw flexjit::Error("flexjit_backward: call flexjit_args_set_backward first (dO, dq, dk, dv)");
+  if (!a.lse) throw flexjit::Error("flexjit_backward: the backward needs the forward's LSE; call flexjit_args_set_lse");
+  flexjit::BackwardArgs b;
+  b.q = f.q, b.k = f.k, b.v = f.v, b.o = f.o;
+  b.d_o = like(f.o, a.d_o);
+  b.lse = lse_of_bhsd(a);
+  b.dq = like(f.q, a.dq), b.dk = like(f.k, a.dk), b.dv = like(f.v, a.dv);
+  b.scale = f.scale;
+  b.buffers = f.buffers;
+  b.params = f.params;
+  for (const auto& [name, grad] : a.grads) {
+    const flexjit::Tensor* buffer = nullptr;
+    for (const auto& [bn, t] : f.buffers)
+      if (bn == name) buffer = &t;
+    if (!buffer) throw flexjit::Error("flexjit_args_set_grad: set buffer `" + name + "` with flexjit_args_set_buffer too (its shape is the gradient's)");
+    b.grads.emplace_back(name, flexjit::Tensor{grad, flexjit::DType::F32, buffer->shape, {}});
+  }
+  b.deterministic = a.deterministic;
+  b.stream = f.stream;
+  b.device = f.device;
+  return b;
+}
+
+flexjit::Tensor i32_vector(const int32_t* data, int64_t n) {
+  return data ? flexjit::Tensor{const_cast<int32_t*>(data), flexjit::DType::I32, {n}, {}} : flexjit::Tensor{};
 }
 
 }  // namespace
@@ -129,11 +191,8 @@ flexjit_status flexjit_args_set_strides(flexjit_args* a, const int64_t* qs, cons
 
 flexjit_status flexjit_args_set_lse(flexjit_args* a, float* lse) {
   if (!a) return invalid("flexjit_args_set_lse: NULL args");
-  return guarded([&] {
-    const auto& s = a->args.q.shape;
-    if (s.size() != 4) throw flexjit::Error("flexjit_args_set_lse: call flexjit_args_set_qkvo first");
-    a->args.lse = flexjit::Tensor{lse, flexjit::DType::F32, {s[0], s[1], s[2]}, {}};
-  });
+  a->lse = lse;
+  return FLEXJIT_OK;
 }
 
 flexjit_status flexjit_args_set_buffer(flexjit_args* a, const char* name, const void* data, flexjit_dtype dtype, int rank,
@@ -168,7 +227,112 @@ flexjit_status flexjit_args_set_stream(flexjit_args* a, void* stream, int device
 
 flexjit_status flexjit_forward(flexjit_kernel* k, const flexjit_args* a) {
   if (!k || !a) return invalid("flexjit_forward: NULL kernel or args");
-  return guarded([&] { k->kernel->forward(a->args); });
+  return guarded([&] { k->kernel->forward(forward_args(*a)); });
+}
+
+flexjit_status flexjit_args_set_backward(flexjit_args* a, const void* d_o, void* dq, void* dk, void* dv) {
+  if (!a || !d_o || !dq || !dk || !dv) return invalid("flexjit_args_set_backward: NULL args, dO, dq, dk or dv");
+  a->d_o = d_o, a->dq = dq, a->dk = dk, a->dv = dv;
+  return FLEXJIT_OK;
+}
+
+flexjit_status flexjit_args_set_grad(flexjit_args* a, const char* name, float* grad) {
+  if (!a || !name || !grad) return invalid("flexjit_args_set_grad: NULL args, name or gradient");
+  return guarded([&] { a->grads.emplace_back(name, grad); });
+}
+
+flexjit_status flexjit_args_set_deterministic(flexjit_args* a, int deterministic) {
+  if (!a) return invalid("flexjit_args_set_deterministic: NULL args");
+  a->deterministic = deterministic != 0;
+  return FLEXJIT_OK;
+}
+
+flexjit_status flexjit_backward(flexjit_kernel* k, const flexjit_args* a) {
+  if (!k || !a) return invalid("flexjit_backward: NULL kernel or args");
+  return guarded([&] { k->kernel->backward(backward_args(*a)); });
+}
+
+flexjit_status flexjit_args_set_varlen(flexjit_args* a, const void* q, const void* k, const void* v, void* o, flexjit_dtype dtype,
+                                       int64_t total_q, int64_t total_kv, int64_t H, int64_t Hkv, int64_t D, int64_t batch,
+                                       const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_kv, int max_seqlen_q, int max_seqlen_kv) {
+  flexjit::DType dt;
+  if (!a || !to_dtype(dtype, &dt) || !cu_seqlens_q || !cu_seqlens_kv || batch < 1)
+    return invalid("flexjit_args_set_varlen: NULL args or offsets, unknown dtype, or batch < 1");
+  return guarded([&] {
+    a->args.q = flexjit::Tensor{const_cast<void*>(q), dt, {total_q, H, D}, {}};
+    a->args.k = flexjit::Tensor{const_cast<void*>(k), dt, {total_kv, Hkv, D}, {}};
+    a->args.v = flexjit::Tensor{const_cast<void*>(v), dt, {total_kv, Hkv, D}, {}};
+    a->args.o = flexjit::Tensor{o, dt, {total_q, H, D}, {}};
+    a->cu_seqlens_q = i32_vector(cu_seqlens_q, batch + 1);
+    a->cu_seqlens_kv = i32_vector(cu_seqlens_kv, batch + 1);
+    a->max_seqlen_q = max_seqlen_q;
+    a->max_seqlen_kv = max_seqlen_kv;
+  });
+}
+
+flexjit_status flexjit_forward_varlen(flexjit_kernel* k, const flexjit_args* a) {
+  if (!k || !a) return invalid("flexjit_forward_varlen: NULL kernel or args");
+  return guarded([&] {
+    const flexjit::AttentionArgs& f = a->args;
+    if (f.q.shape.size() != 3) throw flexjit::Error("flexjit_forward_varlen: call flexjit_args_set_varlen first");
+    flexjit::VarlenArgs v;
+    v.q = f.q, v.k = f.k, v.v = f.v, v.o = f.o;
+    if (a->lse) v.lse = flexjit::Tensor{a->lse, flexjit::DType::F32, {f.q.shape[1], f.q.shape[0]}, {}};
+    v.cu_seqlens_q = a->cu_seqlens_q, v.cu_seqlens_kv = a->cu_seqlens_kv;
+    v.max_seqlen_q = a->max_seqlen_q, v.max_seqlen_kv = a->max_seqlen_kv;
+    v.scale = f.scale, v.buffers = f.buffers, v.params = f.params, v.stream = f.stream, v.device = f.device;
+    k->kernel->forward_varlen(v);
+  });
+}
+
+flexjit_status flexjit_plan_decode(flexjit_kernel* k, int device, int batch, int heads, int kv_heads, int max_seqlen_q, int max_seqlen_kv,
+                                   int page_size, int head_major_pages, flexjit_decode_plan** out) {
+  if (!k || !out || device < -2) return invalid("flexjit_plan_decode: NULL kernel or out, or a device below -2");
+  return guarded([&] {
+    flexjit::DecodePlanOptions o;
+    o.device = device == -2 ? flexjit::Device::cpu() : flexjit::Device::cuda(device < 0 ? 0 : device);
+    o.batch = batch, o.heads = heads, o.kv_heads = kv_heads;
+    o.max_seqlen_q = max_seqlen_q, o.max_seqlen_kv = max_seqlen_kv;
+    o.page_size = page_size, o.head_major_pages = head_major_pages != 0;
+    *out = new flexjit_decode_plan{k->kernel->plan_decode(o)};
+  });
+}
+
+void flexjit_decode_plan_destroy(flexjit_decode_plan* plan) { delete plan; }
+
+int flexjit_decode_plan_num_splits(const flexjit_decode_plan* plan) { return plan ? plan->plan->num_splits() : 0; }
+
+flexjit_status flexjit_args_set_decode(flexjit_args* a, const void* q, const void* k_cache, const void* v_cache, void* o, flexjit_dtype dtype,
+                                       int64_t B, int64_t H, int64_t Sq, int64_t D, const int64_t* cache_shape, const int32_t* page_table,
+                                       int64_t max_pages_per_seq, const int32_t* kv_lens, const int32_t* q_lens) {
+  flexjit::DType dt;
+  if (!a || !to_dtype(dtype, &dt) || !cache_shape || !kv_lens)
+    return invalid("flexjit_args_set_decode: NULL args, cache shape or kv_lens, or unknown dtype");
+  return guarded([&] {
+    std::vector<int64_t> cs(cache_shape, cache_shape + 4);
+    a->args.q = flexjit::Tensor{const_cast<void*>(q), dt, {B, H, Sq, D}, {}};
+    a->args.k = flexjit::Tensor{const_cast<void*>(k_cache), dt, cs, {}};
+    a->args.v = flexjit::Tensor{const_cast<void*>(v_cache), dt, cs, {}};
+    a->args.o = flexjit::Tensor{o, dt, {B, H, Sq, D}, {}};
+    a->page_table = page_table ? flexjit::Tensor{const_cast<int32_t*>(page_table), flexjit::DType::I32, {B, max_pages_per_seq}, {}}
+                               : flexjit::Tensor{};
+    a->kv_lens = i32_vector(kv_lens, B);
+    a->q_lens = i32_vector(q_lens, B);
+  });
+}
+
+flexjit_status flexjit_decode(flexjit_kernel* k, const flexjit_decode_plan* plan, const flexjit_args* a) {
+  if (!k || !plan || !a) return invalid("flexjit_decode: NULL kernel, plan or args");
+  return guarded([&] {
+    const flexjit::AttentionArgs& f = a->args;
+    if (!a->kv_lens.data) throw flexjit::Error("flexjit_decode: call flexjit_args_set_decode first");
+    flexjit::DecodeArgs d;
+    d.q = f.q, d.k = f.k, d.v = f.v, d.o = f.o;
+    d.lse = lse_of_bhsd(*a);
+    d.page_table = a->page_table, d.kv_lens = a->kv_lens, d.q_lens = a->q_lens;
+    d.scale = f.scale, d.buffers = f.buffers, d.params = f.params, d.stream = f.stream;
+    k->kernel->decode(*plan->plan, d);
+  });
 }
 
 flexjit_status flexjit_check_errors(flexjit_kernel* k, int device, void* stream) {

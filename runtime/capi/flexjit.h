@@ -32,6 +32,7 @@ typedef enum { FLEXJIT_F32 = 0, FLEXJIT_F16 = 1, FLEXJIT_BF16 = 2, FLEXJIT_I32 =
 typedef struct flexjit_runtime flexjit_runtime;
 typedef struct flexjit_kernel flexjit_kernel;
 typedef struct flexjit_args flexjit_args;
+typedef struct flexjit_decode_plan flexjit_decode_plan;
 
 /* The message of this thread's last failed call ("" if none). Valid until the next call. */
 const char* flexjit_last_error(void);
@@ -66,6 +67,39 @@ flexjit_status flexjit_args_set_scale(flexjit_args* a, float scale);
 flexjit_status flexjit_args_set_stream(flexjit_args* a, void* stream, int device);
 
 flexjit_status flexjit_forward(flexjit_kernel* k, const flexjit_args* a);
+
+/* Backward (after flexjit_args_set_qkvo, _set_lse with the forward's LSE, buffers and
+ * parameters as for the forward): dO like o, dq/dk/dv like q/k/v (written). */
+flexjit_status flexjit_args_set_backward(flexjit_args* a, const void* d_o, void* dq, void* dk, void* dv);
+/* The f32 gradient of a buffer the spec marks "grad": contiguous, the shape given to
+ * flexjit_args_set_buffer, overwritten by flexjit_backward. */
+flexjit_status flexjit_args_set_grad(flexjit_args* a, const char* name, float* grad);
+/* Nonzero: fixed summation order and no float atomics (bitwise reproducible, slower). */
+flexjit_status flexjit_args_set_deterministic(flexjit_args* a, int deterministic);
+flexjit_status flexjit_backward(flexjit_kernel* k, const flexjit_args* a);
+
+/* Ragged prefill: q/o [total_q, H, D], k/v [total_kv, Hkv, D] (contiguous), sequence b owning
+ * rows [cu_seqlens[b], cu_seqlens[b+1]) of each (int32 arrays of batch + 1 entries on the
+ * launch's device). flexjit_args_set_lse then takes an [H, total_q] array. */
+flexjit_status flexjit_args_set_varlen(flexjit_args* a, const void* q, const void* k, const void* v, void* o, flexjit_dtype dtype,
+                                       int64_t total_q, int64_t total_kv, int64_t H, int64_t Hkv, int64_t D, int64_t batch,
+                                       const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_kv, int max_seqlen_q, int max_seqlen_kv);
+flexjit_status flexjit_forward_varlen(flexjit_kernel* k, const flexjit_args* a);
+
+/* Decode: a plan fixes the split count and workspace for a batch shape (device -2: CPU);
+ * page_size 0 means a contiguous KV cache. Runs within the plan never allocate. */
+flexjit_status flexjit_plan_decode(flexjit_kernel* k, int device, int batch, int heads, int kv_heads, int max_seqlen_q, int max_seqlen_kv,
+                                   int page_size, int head_major_pages, flexjit_decode_plan** out);
+void flexjit_decode_plan_destroy(flexjit_decode_plan* plan);
+int flexjit_decode_plan_num_splits(const flexjit_decode_plan* plan);
+/* One decode step: q/o [B, H, Sq, D]; k/v caches of cache_shape (contiguous [B, Hkv, Skv_cap, D],
+ * or paged [num_pages, page_size, Hkv, D] / head-major [num_pages, Hkv, page_size, D]);
+ * page_table [B, max_pages_per_seq] (NULL when contiguous), kv_lens [B], q_lens [B] or NULL. */
+flexjit_status flexjit_args_set_decode(flexjit_args* a, const void* q, const void* k_cache, const void* v_cache, void* o, flexjit_dtype dtype,
+                                       int64_t B, int64_t H, int64_t Sq, int64_t D, const int64_t* cache_shape, const int32_t* page_table,
+                                       int64_t max_pages_per_seq, const int32_t* kv_lens, const int32_t* q_lens);
+flexjit_status flexjit_decode(flexjit_kernel* k, const flexjit_decode_plan* plan, const flexjit_args* a);
+
 /* Synchronises the stream and reports clamped loads since the last check. */
 flexjit_status flexjit_check_errors(flexjit_kernel* k, int device, void* stream);
 

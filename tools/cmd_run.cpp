@@ -24,7 +24,6 @@ struct RunOptions {
   float scale = 0;
   bool backward = false, deterministic = false;
   std::string d_o, dq, dk, dv;
-  std::vector<std::string> grads;  // NAME=FILE: marks the buffer `grad` and names the output
 };
 
 std::pair<std::string, std::string> split_eq(const std::string& s, const char* flag) {
@@ -35,7 +34,7 @@ std::pair<std::string, std::string> split_eq(const std::string& s, const char* f
 
 void check_backward_options(const RunOptions& o) {
   if (!o.backward) {
-    if (!o.d_o.empty() || !o.dq.empty() || !o.dk.empty() || !o.dv.empty() || !o.grads.empty() || o.deterministic)
+    if (!o.d_o.empty() || !o.dq.empty() || !o.dk.empty() || !o.dv.empty() || !o.spec.grads.empty() || o.deterministic)
       throw Error("--do, --dq, --dk, --dv, --grad and --deterministic need --backward");
     return;
   }
@@ -45,16 +44,9 @@ void check_backward_options(const RunOptions& o) {
 
 int run_run(const RunOptions& o) {
   check_backward_options(o);
-  dsl::Spec spec = o.spec.load();
+  dsl::Spec spec = o.spec.load();  // marks the --grad buffers
   std::vector<std::pair<std::string, std::string>> grad_files;
-  for (const std::string& g : o.grads) {
-    auto [name, path] = split_eq(g, "--grad");
-    bool found = false;
-    for (dsl::BufferDecl& b : spec.buffers)
-      if (b.name == name) b.requires_grad = found = true;
-    if (!found) throw Error(fmt::format("--grad names `{}`, which is not a buffer of the spec", name));
-    grad_files.emplace_back(name, path);
-  }
+  for (const std::string& g : o.spec.grads) grad_files.push_back(split_eq(g, "--grad"));
   Device device = parse_device(o.device);
   NpyArray q = read_npy(o.q), k = read_npy(o.k), v = read_npy(o.v);
   if (q.shape.size() == 4) {
@@ -65,7 +57,7 @@ int run_run(const RunOptions& o) {
   Runtime rt;
   auto kernel = rt.compile(spec);
   std::vector<PlacedTensor> placed;
-  placed.reserve(16 + o.loads.size() + o.grads.size());
+  placed.reserve(16 + o.loads.size() + o.spec.grads.size());
   auto add = [&](NpyArray a) -> Tensor {
     placed.push_back(place(std::move(a), device));
     return placed.back().tensor();
@@ -159,7 +151,6 @@ void add_run_command(CLI::App& app, Action& action) {
   cmd->add_option("--dq", o->dq, "Output dQ [B, H, Sq, D] (.npy)");
   cmd->add_option("--dk", o->dk, "Output dK [B, Hkv, Skv, D] (.npy)");
   cmd->add_option("--dv", o->dv, "Output dV [B, Hkv, Skv, Dv] (.npy)");
-  cmd->add_option("--grad", o->grads, "NAME=FILE.npy: the buffer requires a gradient; write it (f32) there (repeatable)");
   cmd->add_flag("--deterministic", o->deterministic, "Backward in a fixed summation order without float atomics");
   cmd->callback([o, &action] { action = [o] { return run_run(*o); }; });
 }

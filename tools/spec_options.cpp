@@ -21,7 +21,7 @@ void SpecOptions::add_to(CLI::App* cmd) {
   cmd->add_option("--buffer", buffers, "Captured buffer declaration, e.g. 'rel_h: bf16[B, H, Sq, 64]' (repeatable)");
   cmd->add_option("--param", params, "Runtime scalar parameter, e.g. 'window: int' (repeatable)");
   cmd->add_option("--const", consts, "Constant parameter baked into the kernel, e.g. 'cap: float = 30' (repeatable)");
-  cmd->add_option("--grad", grads, "Buffer that requires a gradient (repeatable)");
+  cmd->add_option("--grad", grads, "Buffer that requires a gradient: NAME, or NAME=FILE.npy for `run --backward` (repeatable)");
   cmd->add_option("--head-dim", head_dim, "Head dimension of q and k (default 128)");
   cmd->add_option("--head-dim-v", head_dim_v, "Head dimension of v (default: --head-dim)");
   cmd->add_option("--dtype", dtype, "Element type of q, k, v: bf16, f16 (GPU and CPU) or f32 (CPU)");
@@ -46,7 +46,8 @@ dsl::Spec SpecOptions::load() const {
   for (size_t i = 0; i < buffers.size(); ++i) dsl::add_buffer(spec, buffers[i], fmt::format("--buffer[{}]", i), diags);
   for (size_t i = 0; i < params.size(); ++i) dsl::add_param(spec, params[i], fmt::format("--param[{}]", i), diags);
   for (size_t i = 0; i < consts.size(); ++i) dsl::add_param(spec, consts[i], fmt::format("--const[{}]", i), diags, /*force_const=*/true);
-  for (const std::string& g : grads) {
+  for (const std::string& spelled : grads) {
+    const std::string g = spelled.substr(0, spelled.find('='));  // `run` takes NAME=FILE
     bool found = false;
     for (dsl::BufferDecl& b : spec.buffers)
       if (b.name == g) b.requires_grad = found = true;

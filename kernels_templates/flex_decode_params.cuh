@@ -87,6 +87,25 @@ struct FlexDecodeParams {
   FlexDecodeTiles tiles;         // tile window / full tiles; all null = every tile, all partial
 };
 
+// Where the window kernel writes FlexDecodeTiles' four arrays, and what it classifies.
+// grid = (windows_per_seq, B), kFlexDecodeWindowThreads threads. windows_per_seq = kv_heads when the mask
+// depends on h (one window per KV head, over that KV head's query heads), else 1 (every head).
+struct FlexDecodeWindowParams {
+  int* begin;        // [B, windows_per_seq] first tile with any visible element
+  int* end;          // one past the last such tile (begin = end = 0: nothing visible)
+  int* full_begin;   // the first run of full tiles, [full_begin, full_end) (empty run: 0, 0)
+  int* full_end;
+  const int* kv_lens;  // [B] (null = kv_len)
+  const int* q_lens;   // [B] (null = max_q_len)
+  int kv_len;
+  int max_q_len;
+  int heads;
+  int kv_heads;
+  int per_head;      // nonzero: grid.x = kv_heads, one window per KV head
+};
+
+constexpr int kFlexDecodeWindowThreads = 128;
+
 // Bytes of workspace a launch with these sizes needs (0 when num_splits == 1).
 inline long long flex_decode_workspace_bytes(int batch, int heads, int max_q_len, int head_dim, int num_splits) {
   if (num_splits <= 1) return 0;

@@ -141,7 +141,10 @@ struct ForwardKernel {
 
 // One CTA computes O and LSE for kBlockM query rows of one (b, h). grid = (ceil(Sq / kBlockM), H, B),
 // block = Traits::kNThreads, dynamic shared memory = Traits::kSmemBytes.
-template <class Traits, class Variant>
+// kVarlen: the ragged-batch instantiation (p.cu_seqlens_q / p.cu_seqlens_kv, see flex_params.cuh). It is a
+// separate instantiation because per-sequence lengths held in registers cost the dense path 15% (causal D128
+// spilled): without it, Sq and Skv stay in the constant bank and the dense code is unchanged.
+template <class Traits, class Variant, bool kVarlen = false>
 __device__ __forceinline__ void flex_forward(const FlexForwardParams& p, const typename Variant::Params& vp) {
   using K = flex::ForwardKernel<Traits, Variant>;
   using Element = typename Traits::Element;
@@ -171,12 +174,21 @@ __device__ __forceinline__ void flex_forward(const FlexForwardParams& p, const t
   const int b = blockIdx.z;
   const int hkv = h / (p.heads / p.kv_heads);
   const int m0 = m_block * kBlockM;
-  const int seqlen_q = p.seqlen_q;
-  const int seqlen_kv = p.seqlen_kv;
+  int seqlen_q = p.seqlen_q;
+  int seqlen_kv = p.seqlen_kv;
+  // Ragged batch: this sequence's rows start at q_row0 / kv_row0 of the packed tensors.
+  long long q_row0 = 0, kv_row0 = 0;
+  if constexpr (kVarlen) {
+    q_row0 = p.cu_seqlens_q[b];
+    kv_row0 = p.cu_seqlens_kv[b];
+    seqlen_q = p.cu_seqlens_q[b + 1] - (int)q_row0;
+    seqlen_kv = p.cu_seqlens_kv[b + 1] - (int)kv_row0;
+    if (m0 >= seqlen_q) return;
+  }
 
-  const Element* g_q = static_cast<const Element*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
-  const Element* g_k = static_cast<const Element*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
-  const Element* g_v = static_cast<const Element*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
+  const Element* g_q = static_cast<const Element*>(p.q) + b * p.q_stride_b + h * p.q_stride_h + q_row0 * p.q_stride_s;
+  const Element* g_k = static_cast<const Element*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h + kv_row0 * p.k_stride_s;
+  const Element* g_v = static_cast<const Element*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h + kv_row0 * p.v_stride_s;
 
   // Shared memory: Q [kBlockM][kSmemStride], then K[stage], V[stage] [kBlockN][kSmemStride] each.
   const unsigned s_q = flex::smem_addr(flex_smem);
@@ -471,7 +483,10 @@ __device__ __forceinline__ void flex_forward(const FlexForwardParams& p, const t
     }
   }
   __syncthreads();
-  Element* g_o = static_cast<Element*>(p.o) + b * p.o_stride_b + h * p.o_stride_h;
+  // Read again rather than kept live across the mainloop (registers are the limit there).
+  long long o_row0 = 0;
+  if constexpr (kVarlen) o_row0 = p.cu_seqlens_q[b];
+  Element* g_o = static_cast<Element*>(p.o) + b * p.o_stride_b + h * p.o_stride_h + o_row0 * p.o_stride_s;
 #pragma unroll
   for (int i = 0; i < kBlockM * kChunksPerRow / Traits::kNThreads; ++i) {
     const int chunk = tid + i * Traits::kNThreads;
@@ -483,7 +498,7 @@ __device__ __forceinline__ void flex_forward(const FlexForwardParams& p, const t
     }
   }
   if (p.lse != nullptr && lane % 4 == 0) {
-    float* g_lse = p.lse + b * p.lse_stride_b + h * p.lse_stride_h;
+    float* g_lse = p.lse + b * p.lse_stride_b + h * p.lse_stride_h + o_row0;
 #pragma unroll
     for (int r = 0; r < kRowsPerThread; ++r) {
       const int q = m0 + K::row_in_tile(warp, lane, r);

@@ -53,4 +53,11 @@ struct FlexForwardParams {
   int seqlen_kv;              // Skv >= 1
   float scale;                // softmax scale (> 0) applied to q.k before score_mod
   FlexBlockMask block_mask;   // block sparsity; all pointers null = no block mask
+  // Ragged batches, read only by the kVarlen instantiation of flex_forward (null in dense launches). Sequence b owns query rows [cu_seqlens_q[b],
+  // cu_seqlens_q[b + 1]) and KV rows [cu_seqlens_kv[b], cu_seqlens_kv[b + 1]) of q/o and k/v (the _stride_b
+  // strides are then unused, usually 0), and lse entries at the same query rows. seqlen_q / seqlen_kv are the
+  // bounds of the per-sequence lengths (grid.x = ceil(seqlen_q / kBlockM)); CTAs past their sequence's end exit.
+  // The block mask must be empty (every tile below the sequence's KV length runs as partial).
+  const int* cu_seqlens_q;
+  const int* cu_seqlens_kv;
 };

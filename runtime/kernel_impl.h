@@ -164,8 +164,21 @@ class KernelImpl : public Kernel {
   // State of the other launch kinds, defined (and created on first use) by their files.
   struct BackwardState;
   std::shared_ptr<BackwardState> backward_state_;
+  // backward_impl.cpp: the backward's state (created on first use), its workspace (the caller's, or
+  // this kernel's per device, grown outside graph capture) and one allocation holding a forward
+  // workspace followed by `backward_bytes` of backward scratch.
+  BackwardState& backward_state();
+  Workspace& backward_workspace_for(const BackwardArgs& a, int device, const runtime::LaunchShape& s, size_t backward_bytes);
+  std::unique_ptr<Workspace> allocate_backward_workspace(int device, const runtime::LaunchShape& s, size_t backward_bytes);
   struct DecodeState;
   std::shared_ptr<DecodeState> decode_state_;
+  // decode_impl.cpp: the decode module for a variant choice and configuration, compiled and loaded on first use.
+  struct DecodeModule;
+  DecodeModule& decode_module(const runtime::VariantChoice& choice, int device, const DecodeConfig& cfg);
+  // varlen_impl.cpp: the ragged-prefill module of a variant choice (forward_fn holds its kernel), on first use.
+  struct VarlenState;
+  std::shared_ptr<VarlenState> varlen_state_;
+  VariantState& varlen_variant(const runtime::VariantChoice& choice, int device);
 };
 
 }  // namespace flexjit

@@ -1,11 +1,79 @@
-// KernelImpl's ragged-prefill launches (placeholder until the GPU path lands).
+// KernelImpl's ragged-prefill launches: the forward kernel's kVarlen instantiation (flex_params.cuh), one grid of
+// max_seqlen_q tiles x H x B whose CTAs past their sequence's end exit. No block mask: every KV tile below a
+// sequence's KV length runs as a partial tile (mask_mod per element), which is correct for any mask;
+// per-sequence block classification on the device is left for later (docs/DECODE_NOTES.md).
+#include <fmt/format.h>
+
+#include <cmath>
+
 #include "dsl/error.h"
 #include "runtime/cpu_executor.h"
+#include "runtime/device.h"
 #include "runtime/kernel_impl.h"
 
 namespace flexjit {
 
+using runtime::check_cu;
+
 void CpuExecutor::forward_varlen(const SpecIR&, const VarlenArgs&) { throw Error("this CPU backend has no ragged prefill"); }
+
+namespace {
+
+void check_packed(const Tensor& t, const char* name, int64_t heads, int64_t dim, DType dtype) {
+  if (!t.data) throw Error(fmt::format("forward_varlen: {} has no data pointer", name));
+  if (t.shape.size() != 3) throw Error(fmt::format("forward_varlen: {} must be [total, heads, dim], but has {} dimensions", name, t.shape.size()));
+  if (!t.strides.empty() && t.strides.size() != 3) throw Error(fmt::format("forward_varlen: {} has {} strides for 3 dimensions", name, t.strides.size()));
+  if (t.shape[1] != heads || t.shape[2] != dim)
+    throw Error(fmt::format("forward_varlen: {} has shape [{}] but must be [total, {}, {}]", name, fmt::join(t.shape, ", "), heads, dim));
+  if (t.dtype != dtype) throw Error(fmt::format("forward_varlen: {} must be {} (the spec's dtype)", name, dsl::dtype_name(dtype)));
+  std::vector<int64_t> s = t.effective_strides();
+  if (s[2] != 1) throw Error(fmt::format("forward_varlen: {} must be contiguous in its last dimension", name));
+  if (s[0] % 8 != 0 || s[1] % 8 != 0)
+    throw Error(fmt::format("forward_varlen: {} strides must be multiples of 8 elements (16 bytes)", name));
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) throw Error(fmt::format("forward_varlen: {} must be 16-byte aligned", name));
+}
+
+}  // namespace
+
+// Ragged-prefill modules of this kernel, keyed by variant choice and architecture.
+struct KernelImpl::VarlenState {
+  std::map<std::string, std::unique_ptr<VariantState>> modules;
+};
+
+KernelImpl::VariantState& KernelImpl::varlen_variant(const runtime::VariantChoice& choice, int device) {
+  const runtime::DeviceInfo& info = runtime::device_info(device);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!varlen_state_) varlen_state_ = std::make_shared<VarlenState>();
+  auto& slot = varlen_state_->modules[fmt::format("{}_{}", choice.key(), info.arch)];
+  if (!slot) {
+    auto v = std::make_unique<VariantState>();
+    ForwardKernelOptions fo;
+    fo.dtype = spec().dtype;
+    fo.head_dim = spec().head_dim;
+    fo.variant.int32 = choice.int32;
+    fo.variant.checked_loads = choice.checked_loads;
+    fo.variant.error_flags = options_.checked;
+    v->source = forward_varlen_kernel_source(ir_, ranges_, fo);
+    load_library(*v, info.arch);
+    slot = std::move(v);
+  }
+  VariantState& v = *slot;
+  if (!v.forward_fn.count(device)) {
+    const runtime::CudaDriver& d = require_driver();
+    runtime::ScopedDevice scope(device);
+    const int smem = v.source.config.shared_bytes();
+    if (smem > info.max_shared_optin)
+      throw Error(fmt::format("head dim {} needs {} bytes of shared memory per block, but {} allows {}", spec().head_dim, smem, info.name,
+                              info.max_shared_optin));
+    CUkernel k = nullptr;
+    check_cu(d.cuLibraryGetKernel(&k, v.library, kForwardVarlenEntry), "cuLibraryGetKernel");
+    CUfunction f = nullptr;
+    check_cu(d.cuKernelGetFunction(&f, k), "cuKernelGetFunction");
+    check_cu(d.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem), "setting the ragged-prefill kernel's shared memory");
+    v.forward_fn[device] = f;
+  }
+  return v;
+}
 
 void KernelImpl::forward_varlen(const VarlenArgs& a) {
   if (a.device.kind == Device::Kind::Cpu) {
@@ -14,7 +82,92 @@ void KernelImpl::forward_varlen(const VarlenArgs& a) {
     cpu->forward_varlen(ir_, a);
     return;
   }
-  throw Error("ragged prefill on the GPU is not built yet");
+  const int64_t D = spec().head_dim, Dv = spec().value_head_dim();
+  if (!a.q.data || a.q.shape.size() != 3) throw Error("forward_varlen: q must be [total_q, H, D]");
+  if (!a.k.data || a.k.shape.size() != 3) throw Error("forward_varlen: k must be [total_kv, Hkv, D]");
+  const int64_t H = a.q.shape[1], Hkv = a.k.shape[1];
+  check_packed(a.q, "q", H, D, spec().dtype);
+  check_packed(a.k, "k", Hkv, D, spec().dtype);
+  check_packed(a.v, "v", Hkv, Dv, spec().dtype);
+  check_packed(a.o, "o", H, Dv, spec().dtype);
+  if (a.v.shape[0] != a.k.shape[0]) throw Error("forward_varlen: k and v must have the same number of rows");
+  if (a.o.shape[0] != a.q.shape[0]) throw Error("forward_varlen: o must have as many rows as q");
+  if (H % Hkv != 0) throw Error(fmt::format("forward_varlen: q has {} heads and k {}: the query heads must be a multiple of the KV heads", H, Hkv));
+  if (spec().gqa_group && H / Hkv != spec().gqa_group)
+    throw Error(fmt::format("forward_varlen: the spec fixes gqa_group = {} but the launch has {} / {} heads", spec().gqa_group, H, Hkv));
+  for (const auto* t : {&a.cu_seqlens_q, &a.cu_seqlens_kv}) {
+    const char* name = t == &a.cu_seqlens_q ? "cu_seqlens_q" : "cu_seqlens_kv";
+    if (!t->data || t->dtype != DType::I32 || t->shape.size() != 1 || t->shape[0] < 2 || (!t->strides.empty() && t->strides[0] != 1))
+      throw Error(fmt::format("forward_varlen: {} must be a contiguous i32 [B + 1] tensor with B >= 1", name));
+  }
+  if (a.cu_seqlens_q.shape[0] != a.cu_seqlens_kv.shape[0]) throw Error("forward_varlen: cu_seqlens_q and cu_seqlens_kv must have the same length");
+  const int64_t B = a.cu_seqlens_q.shape[0] - 1;
+  if (a.max_seqlen_q < 1 || a.max_seqlen_kv < 1)
+    throw Error("forward_varlen: max_seqlen_q and max_seqlen_kv must be >= 1 (the bounds of the per-sequence lengths)");
+  if (a.lse.data) {
+    if (a.lse.dtype != DType::F32 || a.lse.shape != std::vector<int64_t>{H, a.q.shape[0]} || a.lse.effective_strides()[1] != 1)
+      throw Error("forward_varlen: lse must be f32 [H, total_q] with a contiguous last dimension");
+  }
+  if (!(a.scale >= 0) || std::isinf(a.scale)) throw Error("forward_varlen: scale must be a finite number >= 0 (0 means 1/sqrt(D))");
+
+  const int device = a.device.index >= 0 ? a.device.index : runtime::pointer_device(a.q.data);
+  if (device < 0) throw Error("forward_varlen: q is not device memory: pass device pointers, or Device::cpu() for host memory");
+  AttentionArgs shim;
+  shim.buffers = a.buffers;
+  shim.params = a.params;
+  shim.workspace = a.workspace;
+  shim.stream = a.stream;
+  std::vector<Tensor> buffers = runtime::collect_buffers(spec(), shim, bound_for(device));
+  auto check = [&](const void* ptr, const std::string& what) {
+    if (runtime::pointer_device(ptr) != device) throw Error(fmt::format("forward_varlen: {} is not memory of cuda:{}", what, device));
+  };
+  check(a.q.data, "q");
+  check(a.k.data, "k");
+  check(a.v.data, "v");
+  check(a.o.data, "o");
+  check(a.cu_seqlens_q.data, "cu_seqlens_q");
+  check(a.cu_seqlens_kv.data, "cu_seqlens_kv");
+  if (a.lse.data) check(a.lse.data, "lse");
+  for (size_t i = 0; i < buffers.size(); ++i) check(buffers[i].data, fmt::format("buffer `{}`", spec().buffers[i].name));
+
+  // The mods see Sq and Skv as the bounds of the per-sequence lengths.
+  runtime::LaunchShape shape{B, H, Hkv, a.max_seqlen_q, a.max_seqlen_kv, D, Dv};
+  BoundValues values = runtime::bind_launch(ir_.checked, shape, buffers, shim);
+  VariantState& var = varlen_variant(runtime::choose_variant(ranges_, ir_.checked, values), device);
+  const ForwardConfig& cfg = var.source.config;
+
+  runtime::ScopedDevice scope(device);
+  // Only the error word is used: a one-tile shape keeps the workspace minimal.
+  Workspace& ws = workspace_for(shim, device, runtime::LaunchShape{1, 1, 1, 1, 1, D, Dv}, cfg);
+  unsigned int* error_word = reinterpret_cast<unsigned int*>(ws.memory_);
+  std::vector<uint64_t> vparams = runtime::fill_variant_params(var.source.variant.layout, buffers, values, options_.checked ? error_word : nullptr);
+
+  FlexForwardParams p{};
+  auto qs = a.q.effective_strides(), ks = a.k.effective_strides(), vs = a.v.effective_strides(), os = a.o.effective_strides();
+  p.q = a.q.data;
+  p.k = a.k.data;
+  p.v = a.v.data;
+  p.o = a.o.data;
+  p.lse = static_cast<float*>(a.lse.data);
+  p.q_stride_s = qs[0], p.q_stride_h = qs[1];
+  p.k_stride_s = ks[0], p.k_stride_h = ks[1];
+  p.v_stride_s = vs[0], p.v_stride_h = vs[1];
+  p.o_stride_s = os[0], p.o_stride_h = os[1];
+  if (a.lse.data) p.lse_stride_h = a.lse.effective_strides()[0];
+  p.batch = static_cast<int>(B);
+  p.heads = static_cast<int>(H);
+  p.kv_heads = static_cast<int>(Hkv);
+  p.seqlen_q = a.max_seqlen_q;
+  p.seqlen_kv = a.max_seqlen_kv;
+  p.scale = a.scale > 0 ? a.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  p.cu_seqlens_q = static_cast<const int*>(a.cu_seqlens_q.data);
+  p.cu_seqlens_kv = static_cast<const int*>(a.cu_seqlens_kv.data);
+  void* args[] = {&p, vparams.data()};
+  const unsigned grid_x = static_cast<unsigned>((a.max_seqlen_q + cfg.block_m - 1) / cfg.block_m);
+  check_cu(require_driver().cuLaunchKernel(var.forward_fn.at(device), grid_x, static_cast<unsigned>(H), static_cast<unsigned>(B),
+                                           static_cast<unsigned>(cfg.threads()), 1, 1, static_cast<unsigned>(cfg.shared_bytes()), a.stream, args,
+                                           nullptr),
+           "launching the ragged-prefill forward kernel");
 }
 
 }  // namespace flexjit

@@ -30,6 +30,11 @@ struct BenchOptions {
   int warmup = 10, iters = 50;
   bool json = false;
   bool mask_per_launch = false;
+  // --decode: time Kernel::decode (shape's Sq = query rows per sequence, Skv = every sequence's KV length).
+  bool decode = false;
+  int page_size = 0;        // 0: contiguous cache
+  int splits = 0;           // 0: the plan's heuristic
+  bool no_flush = false;    // keep L2 warm between timed launches (default: flush 256 MB first, like triton's do_bench)
 };
 
 // The fraction of (q, kv) pairs the mask keeps, from a strided sample evaluated with the
@@ -52,12 +57,141 @@ double mask_density(const SpecIR& ir, const BoundValues& values, const std::vect
   return total ? double(kept) / double(total) : 1.0;
 }
 
+// Decode timing: one plan, random q and KV cache (paged through a shuffled page table when --page-size > 0),
+// every sequence at length Skv. Each timed launch follows a 256 MB memset that evicts L2, as in triton's do_bench.
+int run_bench_decode(const BenchOptions& o, dsl::Spec spec, const std::vector<int64_t>& s) {
+  const int64_t B = s[0], H = s[1], Hkv = s[2], Sq = s[3], Skv = s[4], D = s[5];
+  Device device = parse_device(o.device);
+  if (device.kind != Device::Kind::Cuda) throw Error("bench times GPU kernels; use --device cuda:N");
+  const runtime::CudaDriver* drv = runtime::cuda_driver();
+  if (!drv) throw Error("no CUDA driver: " + runtime::cuda_driver_unavailable_reason());
+  runtime::ScopedDevice scope(device.index);
+  Runtime rt;
+  auto kernel = rt.compile(spec);
+  std::mt19937 rng(1234);
+  std::vector<PlacedTensor> placed;
+  placed.reserve(16);
+  auto add = [&](NpyArray a) {
+    placed.push_back(place(std::move(a), device));
+    return placed.back().tensor();
+  };
+  DecodeArgs args;
+  args.q = add(random_array(spec.dtype, {B, H, Sq, D}, rng, 0, 1));
+  const int ps = o.page_size;
+  if (ps == 0) {
+    args.k = add(random_array(spec.dtype, {B, Hkv, Skv, D}, rng, 0, 1));
+    args.v = add(random_array(spec.dtype, {B, Hkv, Skv, D}, rng, 0, 1));
+  } else {
+    const int64_t per_seq = (Skv + ps - 1) / ps, pages = B * per_seq;
+    args.k = add(random_array(spec.dtype, {pages, ps, Hkv, D}, rng, 0, 1));
+    args.v = add(random_array(spec.dtype, {pages, ps, Hkv, D}, rng, 0, 1));
+    NpyArray table;
+    table.dtype = dsl::DType::I32;
+    table.shape = {B, per_seq};
+    table.data.resize(size_t(pages) * 4);
+    std::vector<int32_t> perm(static_cast<size_t>(pages));
+    for (int64_t i = 0; i < pages; ++i) perm[size_t(i)] = static_cast<int32_t>(i);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::copy(perm.begin(), perm.end(), table.as<int32_t>());
+    args.page_table = add(table);
+  }
+  NpyArray lens;
+  lens.dtype = dsl::DType::I32;
+  lens.shape = {B};
+  lens.data.resize(size_t(B) * 4);
+  for (int64_t b = 0; b < B; ++b) lens.as<int32_t>()[b] = static_cast<int32_t>(Skv);
+  args.kv_lens = add(lens);
+  placed.push_back(place_empty(spec.dtype, {B, H, Sq, D}, device));
+  args.o = placed.back().tensor();
+  placed.push_back(place_empty(dsl::DType::F32, {B, H, Sq}, device));
+  args.lse = placed.back().tensor();
+  std::map<std::string, std::string> loads;
+  for (const std::string& l : o.loads) {
+    size_t eq = l.find('=');
+    if (eq == std::string::npos) throw Error("--load expects NAME=FILE.npy");
+    loads[l.substr(0, eq)] = l.substr(eq + 1);
+  }
+  for (const dsl::BufferDecl& b : spec.buffers) {
+    if (!loads.count(b.name)) throw Error(fmt::format("bench --decode needs buffer `{}` given with --load", b.name));
+    args.buffers.emplace_back(b.name, add(read_npy(loads[b.name])));
+  }
+  for (const std::string& st : o.sets) {
+    size_t eq = st.find('=');
+    if (eq == std::string::npos) throw Error("--set expects NAME=VALUE");
+    const dsl::ParamDecl* p = spec.find_param(st.substr(0, eq));
+    if (!p) throw Error(fmt::format("--set names `{}`, which is not a parameter", st.substr(0, eq)));
+    Value v = parse_param_value(*p, st.substr(eq + 1));
+    args.params.emplace_back(p->name, v.type == ir::Type::Float ? double(v.f) : v.type == ir::Type::Bool ? double(v.b) : double(v.i));
+  }
+  DecodePlanOptions po;
+  po.device = device;
+  po.batch = static_cast<int>(B);
+  po.heads = static_cast<int>(H);
+  po.kv_heads = static_cast<int>(Hkv);
+  po.max_seqlen_q = static_cast<int>(Sq);
+  po.max_seqlen_kv = static_cast<int>(Skv);
+  po.page_size = ps;
+  po.num_splits = o.splits;
+  auto t0 = std::chrono::steady_clock::now();
+  auto plan = kernel->plan_decode(po);
+  kernel->decode(*plan, args);
+  runtime::check_cu(drv->cuCtxSynchronize(), "synchronise");
+  double first_call_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  kernel->check_errors(device.index, nullptr);
+  const size_t flush_bytes = size_t(256) << 20;
+  CUdeviceptr flush = 0;
+  runtime::check_cu(drv->cuMemAlloc_v2(&flush, flush_bytes), "allocating the L2 flush buffer");
+  for (int i = 0; i < o.warmup; ++i) kernel->decode(*plan, args);
+  CUevent start, stop;
+  runtime::check_cu(drv->cuEventCreate(&start, 0), "cuEventCreate");
+  runtime::check_cu(drv->cuEventCreate(&stop, 0), "cuEventCreate");
+  std::vector<double> ms;
+  for (int i = 0; i < o.iters; ++i) {
+    if (!o.no_flush) runtime::check_cu(drv->cuMemsetD8Async(flush, 0, flush_bytes, nullptr), "flushing L2");
+    runtime::check_cu(drv->cuEventRecord(start, nullptr), "cuEventRecord");
+    kernel->decode(*plan, args);
+    runtime::check_cu(drv->cuEventRecord(stop, nullptr), "cuEventRecord");
+    runtime::check_cu(drv->cuEventSynchronize(stop), "cuEventSynchronize");
+    float t = 0;
+    runtime::check_cu(drv->cuEventElapsedTime_v2(&t, start, stop), "cuEventElapsedTime");
+    ms.push_back(t);
+  }
+  drv->cuEventDestroy_v2(start);
+  drv->cuEventDestroy_v2(stop);
+  double host = 1e30;
+  for (int round = 0; round < 5; ++round) {
+    runtime::check_cu(drv->cuCtxSynchronize(), "synchronise");
+    const int n = 20;
+    auto h0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; ++i) kernel->decode(*plan, args);
+    host = std::min(host, std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count() / n);
+  }
+  runtime::check_cu(drv->cuCtxSynchronize(), "synchronise");
+  drv->cuMemFree_v2(flush);
+  kernel->check_errors(device.index, nullptr);
+  std::sort(ms.begin(), ms.end());
+  const double med = ms[ms.size() / 2];
+  const double gbs = 4.0 * B * Hkv * Skv * D / (med * 1e-3) / 1e9;  // K and V once, bf16/fp16
+  const runtime::DeviceInfo& info = runtime::device_info(device.index);
+  if (o.json) {
+    fmt::print("{{\"spec\": \"{}\", \"mode\": \"decode\", \"gpu\": \"{}\", \"B\": {}, \"H\": {}, \"Hkv\": {}, \"Sq\": {}, \"Skv\": {}, "
+               "\"D\": {}, \"page_size\": {}, \"splits\": {}, \"ms\": {:.4f}, \"kv_gbs\": {:.1f}, \"launch_us\": {:.2f}, \"first_call_s\": {:.3f}}}\n",
+               spec.name, info.name, B, H, Hkv, Sq, Skv, D, ps, plan->num_splits(), med, gbs, host, first_call_s);
+  } else {
+    fmt::print("{} decode on {}: B{} H{} Hkv{} Sq{} Skv{} D{} page size {} splits {}: {:.4f} ms, KV {:.1f} GB/s; host launch {:.2f} us; "
+               "first call {:.3f} s\n",
+               spec.name, info.name, B, H, Hkv, Sq, Skv, D, ps, plan->num_splits(), med, gbs, host, first_call_s);
+  }
+  return 0;
+}
+
 int run_bench(const BenchOptions& o) {
   dsl::Spec spec = o.spec.load();
   std::vector<int64_t> s = parse_shape(o.shape, "--shape");
   if (s.size() != 6) throw Error("--shape expects B,H,Hkv,Sq,Skv,D");
   const int64_t B = s[0], H = s[1], Hkv = s[2], Sq = s[3], Skv = s[4], D = s[5];
   spec.head_dim = static_cast<int>(D);
+  if (o.decode) return run_bench_decode(o, spec, s);
   Device device = parse_device(o.device);
   if (device.kind != Device::Kind::Cuda) throw Error("bench times GPU kernels; use --device cuda:N");
   const runtime::CudaDriver* drv = runtime::cuda_driver();
@@ -198,6 +332,10 @@ void add_bench_command(CLI::App& app, Action& action) {
   cmd->add_option("--iters", o->iters, "Timed launches (the median is reported)")->capture_default_str();
   cmd->add_flag("--json", o->json, "One JSON object per run");
   cmd->add_flag("--mask-per-launch", o->mask_per_launch, "Rebuild the block mask in every timed launch (default: build once, reuse)");
+  cmd->add_flag("--decode", o->decode, "Time Kernel::decode: Sq = query rows per sequence (1..16), Skv = every sequence's KV length");
+  cmd->add_option("--page-size", o->page_size, "--decode: paged KV cache with this page size (0: contiguous)")->capture_default_str();
+  cmd->add_option("--splits", o->splits, "--decode: KV splits (0: the plan's heuristic)")->capture_default_str();
+  cmd->add_flag("--no-flush", o->no_flush, "--decode: do not evict L2 before each timed launch");
   cmd->callback([o, &action] { action = [o] { return run_bench(*o); }; });
 }
 

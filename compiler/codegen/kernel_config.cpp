@@ -24,6 +24,18 @@ ForwardConfig forward_config(int head_dim) {
                           fmt::join(dsl::supported_head_dims(), ", ")));
 }
 
+std::string DecodeConfig::str() const { return fmt::format("d{}_mt{}_st{}", head_dim, m_tiles, stages); }
+
+DecodeConfig decode_config(int head_dim, int rows_per_kv_head) {
+  if (head_dim % 16 != 0 || head_dim < 16 || head_dim > 256)
+    throw Error(fmt::format("head dim {} is not supported by the GPU decode kernel; it needs a multiple of 16 up to 256", head_dim));
+  DecodeConfig c;
+  c.head_dim = head_dim;
+  c.m_tiles = rows_per_kv_head > 16 && head_dim <= 128 ? 2 : 1;
+  c.stages = head_dim <= 128 ? 3 : 2;
+  return c;
+}
+
 const char* cuda_element_type(dsl::DType t) {
   switch (t) {
     case dsl::DType::BF16: return "__nv_bfloat16";

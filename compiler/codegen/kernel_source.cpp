@@ -63,6 +63,27 @@ KernelSource forward_kernel_source(const SpecIR& ir, const RangeInfo& ranges, co
   return ks;
 }
 
+KernelSource forward_varlen_kernel_source(const SpecIR& ir, const RangeInfo& ranges, const ForwardKernelOptions& options) {
+  KernelSource ks = forward_kernel_source(ir, ranges, options);
+  const char* element = cuda_element_type(options.dtype);
+  ks.name = fmt::format("{}_fwd_varlen_{}_{}", ir.spec().name, dsl::dtype_name(options.dtype), ks.config.str());
+  ks.entries = {kForwardVarlenEntry};
+  ks.source = fmt::format(
+      "// flexjit ragged-prefill forward kernel for spec `{}`: {} x {} tiles, {} warps, head dim {}, {}.\n"
+      "#include \"flex_forward.cuh\"\n"
+      "#include \"flex_ops.cuh\"\n"
+      "{}\n"
+      "using FlexTraits = FlexForwardTraits</*kHeadDim=*/{}, /*kBlockM=*/{}, /*kBlockN=*/{}, /*kNWarps=*/{}, {}>;\n\n"
+      "extern \"C\" __global__ void __launch_bounds__(FlexTraits::kNThreads, 1)\n"
+      "{}(const FlexForwardParams p, const FlexVariant::Params vp) {{\n"
+      "  flex_forward<FlexTraits, FlexVariant, /*kVarlen=*/true>(p, vp);\n"
+      "}}\n",
+      ir.spec().name, ks.config.block_m, ks.config.block_n, ks.config.warps, options.head_dim, element, ks.variant.code,
+      options.head_dim, ks.config.block_m, ks.config.block_n, ks.config.warps, element, kForwardVarlenEntry);
+  ks.key_text = "kind=forward_varlen\n" + ks.key_text.substr(ks.key_text.find('\n') + 1);
+  return ks;
+}
+
 std::vector<KernelSource> kernels_for_launch(const SpecIR& ir, dsl::DType dtype, int head_dim) {
   ForwardKernelOptions fo;
   fo.dtype = dtype;

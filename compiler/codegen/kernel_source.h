@@ -13,6 +13,8 @@ namespace flexjit {
 // builder in the same module (one compile, one cache entry).
 inline constexpr const char* kForwardEntry = "flexjit_forward";
 inline constexpr const char* kBlockMaskEntry = "flexjit_block_mask";
+// Entry point of a ragged-prefill module (flex_forward<..., kVarlen = true>).
+inline constexpr const char* kForwardVarlenEntry = "flexjit_forward_varlen";
 
 struct KernelSource {
   std::string source;               // complete CUDA source for NVRTC (includes embedded templates by name)
@@ -31,6 +33,10 @@ struct ForwardKernelOptions {
 
 // The forward kernel for a spec: FlexForwardTraits<config> with the spec's variant.
 KernelSource forward_kernel_source(const SpecIR& ir, const RangeInfo& ranges, const ForwardKernelOptions& options);
+
+// The ragged-prefill forward kernel for a spec: the same variant and tiles as forward_kernel_source, the
+// kVarlen instantiation (cu_seqlens), no block-mask builder. Its own module, compiled on first use.
+KernelSource forward_varlen_kernel_source(const SpecIR& ir, const RangeInfo& ranges, const ForwardKernelOptions& options);
 
 // Every kernel module a launch of the spec needs (what `flexjit compile` warms).
 std::vector<KernelSource> kernels_for_launch(const SpecIR& ir, dsl::DType dtype, int head_dim);

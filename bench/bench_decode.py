@@ -1,0 +1,129 @@
+"""Decode benchmarks, side by side on one GPU in one run: flexjit (`flexjit bench --decode`) against
+FlexDecoding (torch.compile(flex_attention) with one query row) and SDPA flash, on the decode cases of
+../shared/ANCHORS.md: B8, 32 query heads / 8 KV heads, D128, bf16, one query token. Every timing flushes L2
+first (triton's do_bench; flexjit bench --decode does the same). Bytes = K and V read once.
+Writes decode.json and decode_table.md (rows `decode ...` and `paged ...`, with date, GPU and commit) to --out."""
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import tempfile
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import triton.testing as tt
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+import torch._dynamo
+
+torch._dynamo.config.recompile_limit = 64
+torch._dynamo.config.cache_size_limit = 64
+flex = torch.compile(flex_attention, dynamic=False)
+dev, dt = "cuda", torch.bfloat16
+B, H, HKV, D = 8, 32, 8, 128
+
+
+def bench(fn):
+    return tt.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def run_flexjit(flexjit, flags, L, page_size, loads, sets):
+    cmd = [flexjit, "bench", *flags, "--decode", "--shape", f"{B},{H},{HKV},1,{L},{D}", "--page-size", str(page_size), "--json",
+           "--iters", "100", "--warmup", "20"]
+    for k, v in loads.items():
+        cmd += ["--load", f"{k}={v}"]
+    for s in sets:
+        cmd += ["--set", s]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        return {"error": (p.stderr or p.stdout).strip()[-400:]}
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def torch_times(L, score_mod, mask_mod, plain):
+    q = torch.randn(B, H, 1, D, device=dev, dtype=dt)
+    k = torch.randn(B, HKV, L, D, device=dev, dtype=dt)
+    v = torch.randn(B, HKV, L, D, device=dev, dtype=dt)
+    out = {}
+    try:
+        bm = create_block_mask(mask_mod, None, None, 1, L, device=dev) if mask_mod else None
+        flex(q, k, v, score_mod=score_mod, block_mask=bm, enable_gqa=True)
+        out["flexdecoding_ms"] = bench(lambda: flex(q, k, v, score_mod=score_mod, block_mask=bm, enable_gqa=True))
+    except Exception as e:  # noqa: BLE001 - report and go on
+        out["flexdecoding_error"] = str(e)[:200]
+    if plain:
+        try:
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                kk = k.repeat_interleave(H // HKV, dim=1)
+                vv = v.repeat_interleave(H // HKV, dim=1)
+                F.scaled_dot_product_attention(q, kk, vv)
+                out["sdpa_flash_ms"] = bench(lambda: F.scaled_dot_product_attention(q, kk, vv))
+        except Exception as e:  # noqa: BLE001
+            out["sdpa_error"] = str(e)[:200]
+    del q, k, v
+    torch.cuda.empty_cache()
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--flexjit", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--no-torch", action="store_true", help="flexjit rows only")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    tmp = tempfile.mkdtemp()
+    slopes = torch.exp2(-8.0 * torch.arange(1, H + 1) / H).float()
+    np.save(f"{tmp}/slope.npy", slopes.numpy())
+    slopes_dev = slopes.to(dev)
+    W = 1024
+
+    def alibi(s, b, h, q, kv): return s + slopes_dev[h] * (kv - q)
+    def softcap(s, b, h, q, kv): return 30.0 * torch.tanh(s / 30.0)
+
+    plain = ["--name", "plain"]
+    alibi_f = ["--score", "score + slope[h] * (kv - q)", "--buffer", "slope: f32[H]", "--name", "alibi"]
+    softcap_f = ["--score", "cap * tanh(score / cap)", "--const", "cap: float = 30", "--name", "softcap"]
+    window_f = ["--mask", "Skv - 1 - kv < 1024", "--name", "window"]
+    # row name, KV length, page size, flexjit flags, loads, torch score_mod, torch mask_mod factory, SDPA too
+    cases = []
+    for L in (8192, 32768):
+        cases += [(f"decode {L}", L, 0, plain, {}, None, None, True),
+                  (f"paged ps16 {L}", L, 16, plain, {}, None, None, False),
+                  (f"decode alibi {L}", L, 0, alibi_f, {"slope": f"{tmp}/slope.npy"}, alibi, None, False),
+                  (f"decode softcap {L}", L, 0, softcap_f, {}, softcap, None, False)]
+    cases += [(f"paged ps{ps} 32768", 32768, ps, plain, {}, None, None, False) for ps in (1, 64, 256)]
+    cases += [("paged ps16 window 1024 over 32768", 32768, 16, window_f, {}, None, lambda L: (lambda b, h, q, kv: (L - 1 - kv) < W), False)]
+    rows = []
+    for (name, L, ps, flags, loads, score_mod, mask_factory, sdpa) in cases:
+        r = {"case": name, "flexjit": run_flexjit(args.flexjit, flags, L, ps, loads, [])}
+        if not args.no_torch and ps in (0, 16) and (score_mod or mask_factory or sdpa):
+            r.update(torch_times(L, score_mod, mask_factory(L) if mask_factory else None, sdpa))
+        elif not args.no_torch and name.startswith("paged ps16") and "window" not in name:
+            r.update(torch_times(L, None, None, False))
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+    json.dump(rows, open(f"{args.out}/decode.json", "w"), indent=1)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown"
+    gpu = torch.cuda.get_device_name()
+    lines = [f"\n### Decode, {datetime.date.today()}, {gpu}, commit {commit}, torch {torch.__version__}\n",
+             "B8, 32 query heads / 8 KV heads, D128, bf16, one query token; L2 flushed before every timing; "
+             "TB/s = K and V bytes / time.\n",
+             "| case | flexjit ms | TB/s | splits | FlexDecoding ms | SDPA flash ms |", "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        f = r["flexjit"]
+        ms = f"{f['ms']:.4f}" if "ms" in f else "error: " + f.get("error", "?")[:80].replace("|", "/")
+        tb = f"{f['kv_gbs'] / 1000:.2f}" if "kv_gbs" in f else "-"
+        fd = f"{r['flexdecoding_ms']:.4f}" if "flexdecoding_ms" in r else "-"
+        sd = f"{r['sdpa_flash_ms']:.4f}" if "sdpa_flash_ms" in r else "-"
+        lines.append(f"| {r['case']} | {ms} | {tb} | {f.get('splits', '-')} | {fd} | {sd} |")
+    table = "\n".join(lines) + "\n"
+    open(f"{args.out}/decode_table.md", "w").write(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+#include "compiler/codegen/decode_source.h"
+
+#include <fmt/format.h>
+
+#include "compiler/codegen/codegen_cuda_interval.h"
+
+namespace flexjit {
+
+VarDomains decode_var_domains(const dsl::CheckedSpec& spec) {
+  VarDomains d = VarDomains::forward(spec);
+  d.q = d.kv;
+  return d;
+}
+
+RangeInfo analyze_decode_ranges(const SpecIR& ir) {
+  std::vector<ir::Expr> roots;
+  if (ir.score_mod) roots.push_back(ir.score_mod);
+  if (ir.mask_mod) roots.push_back(ir.mask_mod);
+  return analyze_ranges(roots, ir.checked, decode_var_domains(ir.checked));
+}
+
+bool decode_has_window(const SpecIR& ir) { return ir.mask_mod && mask_is_interval_classifiable(ir); }
+
+KernelSource decode_kernel_source(const SpecIR& ir, const RangeInfo& ranges, const DecodeKernelOptions& options) {
+  const DecodeConfig& c = options.config;
+  KernelSource ks;
+  // The forward config fields describe the tile shape for logs; the decode config is in key_text.
+  ks.config = ForwardConfig{c.head_dim, c.block_m(), 64, 4};
+  VariantOptions vo = options.variant;
+  vo.tile_size = 64;  // kFlexDecodeBlockN
+  ks.variant = generate_cuda_variant(ir, ranges, vo, "FlexVariant");
+  const char* element = cuda_element_type(options.dtype);
+  ks.name = fmt::format("{}_decode_{}_{}", ir.spec().name, dsl::dtype_name(options.dtype), c.str());
+  ks.entries = {kDecodeEntry, kDecodeCombineEntry};
+  std::string window;
+  if (decode_has_window(ir)) {
+    ks.entries.push_back(kDecodeWindowEntry);
+    window = generate_cuda_interval_classifier(ir, "FlexVariant", "FlexMaskBox") +
+             fmt::format("\nextern \"C\" __global__ void __launch_bounds__(kFlexDecodeWindowThreads)\n"
+                         "{}(const FlexDecodeWindowParams p, const FlexVariant::Params vp) {{\n"
+                         "  flex_decode_window<FlexVariant, FlexMaskBox>(p, vp);\n}}\n",
+                         kDecodeWindowEntry);
+  }
+  ks.source = fmt::format(
+      "// flexjit decode kernels for spec `{}`: {} packed query rows x 64 KV rows per tile, {} stages, head dim {}, {}.\n"
+      "#include \"flex_decode.cuh\"\n"
+      "#include \"flex_ops.cuh\"\n"
+      "{}\n"
+      "{}\n"
+      "using FlexDecodeT = FlexDecodeTraits</*kHeadDim=*/{}, /*kMTiles=*/{}, /*kStages=*/{}, {}>;\n"
+      "static_assert(FlexDecodeT::kSmemBytes == {}, \"the host's DecodeConfig::shared_bytes() drifted from FlexDecodeTraits\");\n\n"
+      "extern \"C\" __global__ void __launch_bounds__(FlexDecodeT::kNThreads, 2)\n"
+      "{}(const FlexDecodeParams p, const FlexVariant::Params vp) {{\n"
+      "  flex_decode<FlexDecodeT, FlexVariant>(p, vp);\n"
+      "}}\n\n"
+      "extern \"C\" __global__ void __launch_bounds__(128)\n"
+      "{}(const FlexDecodeParams p) {{\n"
+      "  flex_decode_combine<{}, {}>(p);\n"
+      "}}\n{}",
+      ir.spec().name, c.block_m(), c.stages, c.head_dim, element, window.empty() ? "" : "#include \"flex_decode_window.cuh\"\n",
+      ks.variant.code, c.head_dim, c.m_tiles, c.stages, element, c.shared_bytes(), kDecodeEntry, kDecodeCombineEntry, c.head_dim,
+      element, window);
+  ks.key_text = fmt::format("kind=decode\ndtype={}\nconfig={}\nint32={}\nchecked_loads={:x}\nerror_flags={}\nhoist={}\nfast_tanh={}\nwindow={}\n",
+                            dsl::dtype_name(options.dtype), c.str(), vo.int32, vo.checked_loads, vo.error_flags, vo.hoist, vo.fast_tanh,
+                            window.empty() ? 0 : 1);
+  return ks;
+}
+
+}  // namespace flexjit

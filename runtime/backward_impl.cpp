@@ -1,11 +1,154 @@
-// KernelImpl's backward launches (placeholder until the GPU backward lands).
+// KernelImpl's backward launches (docs/BACKWARD.md): operand checks, the gradient variant, the
+// backward workspace and the launch sequence preprocess -> tile classes -> main -> dQ -> gradients.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <map>
+#include <mutex>
+
+#include "compiler/codegen/backward_source.h"
+#include "compiler/passes/autodiff.h"
 #include "dsl/error.h"
+#include "kernels_templates/flex_backward_params.cuh"
 #include "runtime/cpu_executor.h"
+#include "runtime/device.h"
 #include "runtime/kernel_impl.h"
+#include "runtime/log.h"
 
 namespace flexjit {
 
+using runtime::check_cu;
+
+namespace {
+
+constexpr size_t kAlign = 256;
+size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// Byte offsets of the backward scratch inside Workspace::backward_memory_.
+struct BackwardLayout {
+  size_t delta = 0, lse2 = 0, dq_accum = 0, tile_state = 0, grads = 0, total = 0;
+};
+
+BackwardLayout backward_layout(int64_t B, int64_t H, int64_t Sq, int64_t Skv, int64_t D, size_t grad_bytes) {
+  BackwardLayout l;
+  const ForwardConfig fc = forward_config(static_cast<int>(D));
+  const int64_t rows = B * H * Sq;
+  const int64_t nq = (Sq + fc.block_m - 1) / fc.block_m, nkv = (Skv + fc.block_n - 1) / fc.block_n;
+  size_t off = 0;
+  l.delta = off;
+  off = align_up(off + static_cast<size_t>(rows) * 4);
+  l.lse2 = off;
+  off = align_up(off + static_cast<size_t>(rows) * 4);
+  l.dq_accum = off;
+  off = align_up(off + static_cast<size_t>(rows * D) * 8);  // 8 bytes: room for fixed point
+  l.tile_state = off;
+  off = align_up(off + static_cast<size_t>(B * H * nq * nkv));
+  l.grads = off;
+  off = align_up(off + grad_bytes);
+  l.total = off;
+  return l;
+}
+
+bool is_contiguous(const Tensor& t) {
+  return t.strides.empty() || t.strides == contiguous_strides(t.shape);
+}
+
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t e : shape) n *= e;
+  return n;
+}
+
+}  // namespace
+
 void CpuExecutor::backward(const SpecIR&, const BackwardArgs&) { throw Error("this CPU backend has no backward pass"); }
+
+// The gradient program (differentiated once), its range analysis and the compiled modules.
+struct KernelImpl::BackwardState {
+  ScoreModGradient grad;
+  RangeInfo ranges;
+  std::mutex mutex;
+  struct Functions {
+    CUfunction preprocess = nullptr, main = nullptr, dq = nullptr, convert = nullptr, tile_state = nullptr;
+  };
+  struct Module {
+    BackwardKernelSource source;
+    std::shared_ptr<const runtime::CompiledArtefact> artefact;
+    CUlibrary library = nullptr;
+    std::map<int, Functions> fns;
+  };
+  std::map<std::string, std::unique_ptr<Module>> modules;
+  std::map<int, std::unique_ptr<Workspace>> workspaces;  // the kernel's own backward workspace per device
+};
+
+KernelImpl::BackwardState& KernelImpl::backward_state() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!backward_state_) {
+    auto st = std::make_shared<BackwardState>();
+    st->grad = differentiate_score_mod(ir_);
+    st->ranges = analyze_ranges(backward_roots(st->grad), ir_.checked, VarDomains::forward(ir_.checked));
+    backward_state_ = st;
+  }
+  return *backward_state_;
+}
+
+std::unique_ptr<Workspace> KernelImpl::allocate_backward_workspace(int device, const runtime::LaunchShape& s, size_t backward_bytes) {
+  const runtime::CudaDriver& d = require_driver();
+  ForwardConfig cfg = forward_config(static_cast<int>(s.head_dim));
+  std::unique_ptr<Workspace> ws(new Workspace());
+  ws->device_ = device;
+  ws->mask_.reset(new BlockMask());
+  geometry(*ws->mask_, s, cfg, device);
+  ws->bytes_ = kErrorWordBytes + block_mask_bytes(s.batch, s.heads, ws->mask_->num_q_tiles_, ws->mask_->max_kv_tiles_);
+  const size_t front = align_up(ws->bytes_);
+  CUdeviceptr mem = 0;
+  // One allocation (Workspace's destructor frees memory_): the forward part, then the backward scratch.
+  check_cu(d.cuMemAlloc_v2(&mem, front + backward_bytes), "allocating a backward workspace");
+  check_cu(d.cuMemsetD8_v2(mem, 0, front + backward_bytes), "clearing a backward workspace");
+  ws->memory_ = mem;
+  ws->mask_->memory_ = mem + kErrorWordBytes;
+  ws->mask_->owns_ = false;
+  ws->backward_memory_ = mem + front;
+  ws->backward_bytes_ = backward_bytes;
+  return ws;
+}
+
+std::unique_ptr<Workspace> KernelImpl::make_backward_workspace(int device, int batch, int heads, int seqlen_q, int seqlen_kv) {
+  runtime::ScopedDevice scope(device);
+  runtime::LaunchShape s{batch, heads, heads, seqlen_q, seqlen_kv, spec().head_dim, spec().value_head_dim()};
+  BackwardLayout l = backward_layout(batch, heads, seqlen_q, seqlen_kv, spec().head_dim, 0);
+  return allocate_backward_workspace(device, s, l.total);
+}
+
+Workspace& KernelImpl::backward_workspace_for(const BackwardArgs& a, int device, const runtime::LaunchShape& s, size_t backward_bytes) {
+  ForwardConfig cfg = forward_config(static_cast<int>(s.head_dim));
+  const size_t mask_need = kErrorWordBytes + block_mask_bytes(mask_batch(s), mask_heads(s), (s.seqlen_q + cfg.block_m - 1) / cfg.block_m,
+                                                              (s.seqlen_kv + cfg.block_n - 1) / cfg.block_n);
+  auto fits = [&](const Workspace& w) { return w.bytes_ >= mask_need && w.backward_bytes_ >= backward_bytes; };
+  if (a.workspace) {
+    if (!fits(*a.workspace))
+      throw Error(fmt::format("the workspace is too small for this backward launch (it needs {} bytes of backward scratch, it has {}); make it "
+                              "with Kernel::make_backward_workspace for these sizes (deterministic buffer gradients need 8 bytes per "
+                              "gradient element more: leave workspace null to use the kernel's own)",
+                              backward_bytes, a.workspace->backward_bytes_));
+    geometry(*a.workspace->mask_, s, cfg, device);
+    return *a.workspace;
+  }
+  BackwardState& st = backward_state();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  auto& ws = st.workspaces[device];
+  if (!ws || !fits(*ws)) {
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    require_driver().cuStreamIsCapturing(a.stream, &status);
+    if (status != CU_STREAM_CAPTURE_STATUS_NONE)
+      throw Error("this backward launch needs a larger workspace, which cannot be allocated during CUDA graph capture; launch once "
+                  "before capturing, or pass a workspace from Kernel::make_backward_workspace");
+    if (ws) check_cu(require_driver().cuCtxSynchronize(), "synchronising before growing the backward workspace");
+    ws = allocate_backward_workspace(device, s, backward_bytes);
+  }
+  geometry(*ws->mask_, s, cfg, device);
+  return *ws;
+}
 
 void KernelImpl::backward(const BackwardArgs& a) {
   if (a.device.kind == Device::Kind::Cpu) {
@@ -14,11 +157,250 @@ void KernelImpl::backward(const BackwardArgs& a) {
     cpu->backward(ir_, a);
     return;
   }
-  throw Error("the GPU backward is not built yet");
-}
+  const runtime::CudaDriver& d = require_driver();
 
-std::unique_ptr<Workspace> KernelImpl::make_backward_workspace(int, int, int, int, int) {
-  throw Error("the GPU backward is not built yet");
+  // ---- operands: the forward's rules for (q, k, v, o, lse), then the gradients as (q, k, v, o) ----
+  AttentionArgs fa;
+  fa.q = a.q, fa.k = a.k, fa.v = a.v, fa.o = a.o, fa.lse = a.lse;
+  fa.scale = a.scale, fa.buffers = a.buffers, fa.params = a.params, fa.block_mask = a.block_mask, fa.workspace = a.workspace;
+  fa.stream = a.stream, fa.device = a.device;
+  if (!a.lse.data) throw Error("backward: lse is required (the forward's [B, H, Sq] f32 LSE, or a merged global one)");
+  runtime::LaunchShape shape = runtime::validate_operands(spec(), fa, /*gpu=*/true);
+  {
+    AttentionArgs ga;
+    ga.q = a.dq, ga.k = a.dk, ga.v = a.dv, ga.o = a.d_o;
+    try {
+      runtime::LaunchShape gs = runtime::validate_operands(spec(), ga, /*gpu=*/true);
+      if (gs.batch != shape.batch || gs.heads != shape.heads || gs.kv_heads != shape.kv_heads || gs.seqlen_q != shape.seqlen_q ||
+          gs.seqlen_kv != shape.seqlen_kv)
+        throw Error("their shapes differ from q, k, v");
+    } catch (const Error& e) {
+      throw Error(fmt::format("backward: dq, dk, dv and d_o must match q, k, v and o in shape, dtype and alignment (checked as q=dq, "
+                              "k=dk, v=dv, o=d_o): {}",
+                              e.what()));
+    }
+  }
+  if (shape.head_dim != shape.head_dim_v)
+    throw Error(fmt::format("backward: the GPU backward needs the value head dim to equal the head dim (got {} and {})", shape.head_dim,
+                            shape.head_dim_v));
+  int device = launch_device(fa);
+  std::vector<Tensor> buffers = runtime::collect_buffers(spec(), fa, bound_for(device));
+  check_pointers(fa, buffers, device);
+  auto check_ptr = [&](const void* p, const std::string& what) {
+    int dev = runtime::pointer_device(p);
+    if (dev != device)
+      throw Error(dev < 0 ? fmt::format("backward: {} is not CUDA device memory, but this launch runs on cuda:{}", what, device)
+                          : fmt::format("backward: {} lives on cuda:{}, but this launch runs on cuda:{}", what, dev, device));
+  };
+  check_ptr(a.d_o.data, "d_o");
+  check_ptr(a.dq.data, "dq");
+  check_ptr(a.dk.data, "dk");
+  check_ptr(a.dv.data, "dv");
+
+  BackwardState& st = backward_state();
+  const ScoreModGradient& grad = st.grad;
+
+  // Gradients of captured buffers: f32, the buffer's shape, contiguous, on the device.
+  std::vector<const Tensor*> grad_of(spec().buffers.size(), nullptr);
+  for (const auto& [name, t] : a.grads) {
+    int idx = -1;
+    for (size_t i = 0; i < spec().buffers.size(); ++i)
+      if (spec().buffers[i].name == name) idx = static_cast<int>(i);
+    if (idx < 0) throw Error(fmt::format("backward: grads names `{}`, which spec `{}` does not declare", name, spec().name));
+    if (!spec().buffers[idx].requires_grad)
+      throw Error(fmt::format("backward: buffer `{}` has no gradient: mark it in the spec (\"grad\": [\"{}\"])", name, name));
+    if (t.dtype != DType::F32) throw Error(fmt::format("backward: the gradient of `{}` must be f32, got {}", name, dsl::dtype_name(t.dtype)));
+    if (t.shape != buffers[idx].shape)
+      throw Error(fmt::format("backward: the gradient of `{}` has shape [{}] but the buffer has [{}]", name, fmt::join(t.shape, ", "),
+                              fmt::join(buffers[idx].shape, ", ")));
+    if (!is_contiguous(t)) throw Error(fmt::format("backward: the gradient of `{}` must be contiguous", name));
+    if (numel(t.shape) > 0) check_ptr(t.data, fmt::format("the gradient of `{}`", name));
+    grad_of[idx] = &t;
+  }
+  if (grad.scatters.size() > 8)
+    throw Error(fmt::format("backward: spec `{}` has {} gradient scatter terms; the GPU backward supports at most 8", spec().name,
+                            grad.scatters.size()));
+  // Scratch: fixed-point accumulators (deterministic) and a sink for marked buffers the caller wants
+  // no gradient of (the kernels write every scatter somewhere).
+  std::vector<bool> scattered(spec().buffers.size(), false);
+  for (const GradScatter& s : grad.scatters) scattered[s.buffer] = true;
+  size_t grad_bytes = 0;
+  for (size_t i = 0; i < spec().buffers.size(); ++i)
+    if (scattered[i] && (a.deterministic || !grad_of[i])) grad_bytes += align_up(static_cast<size_t>(numel(buffers[i].shape)) * 8);
+
+  // ---- the gradient variant for these values ----
+  BoundValues values = runtime::bind_launch(ir_.checked, shape, buffers, fa);
+  runtime::VariantChoice choice = runtime::choose_variant(st.ranges, ir_.checked, values);
+  const runtime::DeviceInfo& info = runtime::device_info(device);
+  std::string key = fmt::format("{}_{}_{}", choice.key(), info.arch, a.deterministic ? "det" : "atomic");
+  BackwardState::Module* mod = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(st.mutex);
+    auto& slot = st.modules[key];
+    if (!slot) {
+      auto m = std::make_unique<BackwardState::Module>();
+      BackwardKernelOptions bo;
+      bo.dtype = spec().dtype;
+      bo.head_dim = spec().head_dim;
+      bo.deterministic = a.deterministic;
+      bo.variant.int32 = choice.int32;
+      bo.variant.checked_loads = choice.checked_loads;
+      bo.variant.error_flags = options_.checked;
+      m->source = backward_kernel_source(ir_, grad, st.ranges, bo);
+      runtime::CacheLookup r = runtime::compile_kernel(m->source.module, canonical_, info.arch);
+      runtime::log_info("flexjit: kernel {} for {}: {} in {:.3f} s", m->source.module.name, info.arch, runtime::cache_source_name(r.source),
+                        r.seconds);
+      check_cu(d.cuLibraryLoadData(&m->library, r.artefact->binary.data(), nullptr, nullptr, 0, nullptr, nullptr, 0),
+               "loading the backward kernels");
+      m->artefact = r.artefact;
+      slot = std::move(m);
+    }
+    mod = slot.get();
+    if (!mod->fns.count(device)) {
+      runtime::ScopedDevice scope(device);
+      const int smem = mod->source.config.shared_bytes();
+      if (smem > info.max_shared_optin)
+        throw Error(fmt::format("backward: head dim {} needs {} bytes of shared memory per block, but {} allows {}", spec().head_dim, smem,
+                                info.name, info.max_shared_optin));
+      auto get = [&](const char* name) {
+        CUkernel k = nullptr;
+        check_cu(d.cuLibraryGetKernel(&k, mod->library, name), "cuLibraryGetKernel");
+        CUfunction f = nullptr;
+        check_cu(d.cuKernelGetFunction(&f, k), "cuKernelGetFunction");
+        return f;
+      };
+      BackwardState::Functions f;
+      f.preprocess = get(kBwdPreprocessEntry);
+      f.main = get(kBwdMainEntry);
+      f.dq = get(kBwdDqEntry);
+      f.convert = get(kBwdConvertEntry);
+      f.tile_state = get(kBwdTileStateEntry);
+      check_cu(d.cuFuncSetAttribute(f.main, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem), "setting the backward kernel's shared memory");
+      mod->fns[device] = f;
+    }
+  }
+  const BackwardState::Functions& fn = mod->fns.at(device);
+  const BackwardConfig& cfg = mod->source.config;
+
+  // ---- workspace, parameters ----
+  runtime::ScopedDevice scope(device);
+  BackwardLayout lay = backward_layout(shape.batch, shape.heads, shape.seqlen_q, shape.seqlen_kv, shape.head_dim, grad_bytes);
+  Workspace& ws = backward_workspace_for(a, device, shape, lay.total);
+  unsigned int* error_word = reinterpret_cast<unsigned int*>(ws.memory_);
+  std::vector<uint64_t> vparams =
+      runtime::fill_variant_params(mod->source.grad.layout, buffers, values, options_.checked ? error_word : nullptr);
+  const CUdeviceptr bwd = static_cast<CUdeviceptr>(ws.backward_memory_);
+
+  FlexBackwardParams p{};
+  auto st3 = [](const Tensor& t, long long& sb, long long& sh, long long& ss) {
+    auto s = t.effective_strides();
+    sb = s[0], sh = s[1], ss = s[2];
+  };
+  p.q = a.q.data, p.k = a.k.data, p.v = a.v.data, p.o = a.o.data, p.d_o = a.d_o.data;
+  p.lse = static_cast<const float*>(a.lse.data);
+  p.dq = a.dq.data, p.dk = a.dk.data, p.dv = a.dv.data;
+  p.delta = reinterpret_cast<float*>(bwd + lay.delta);
+  p.lse2 = reinterpret_cast<float*>(bwd + lay.lse2);
+  p.dq_accum = reinterpret_cast<void*>(bwd + lay.dq_accum);
+  st3(a.q, p.q_stride_b, p.q_stride_h, p.q_stride_s);
+  st3(a.k, p.k_stride_b, p.k_stride_h, p.k_stride_s);
+  st3(a.v, p.v_stride_b, p.v_stride_h, p.v_stride_s);
+  st3(a.o, p.o_stride_b, p.o_stride_h, p.o_stride_s);
+  st3(a.d_o, p.do_stride_b, p.do_stride_h, p.do_stride_s);
+  st3(a.dq, p.dq_stride_b, p.dq_stride_h, p.dq_stride_s);
+  st3(a.dk, p.dk_stride_b, p.dk_stride_h, p.dk_stride_s);
+  st3(a.dv, p.dv_stride_b, p.dv_stride_h, p.dv_stride_s);
+  {
+    auto ls = a.lse.effective_strides();
+    p.lse_stride_b = ls[0], p.lse_stride_h = ls[1];
+  }
+  p.batch = static_cast<int>(shape.batch);
+  p.heads = static_cast<int>(shape.heads);
+  p.kv_heads = static_cast<int>(shape.kv_heads);
+  p.seqlen_q = static_cast<int>(shape.seqlen_q);
+  p.seqlen_kv = static_cast<int>(shape.seqlen_kv);
+  p.scale = a.scale > 0 ? a.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape.head_dim)));
+
+  // Buffer gradients: zeroed f32 outputs (atomics), or zeroed fixed-point scratch (deterministic).
+  std::vector<std::pair<CUdeviceptr, const Tensor*>> fixed;  // scratch -> output, deterministic only
+  {
+    std::map<int, CUdeviceptr> target;
+    size_t goff = lay.grads;
+    for (size_t i = 0; i < spec().buffers.size(); ++i) {
+      if (!scattered[i]) continue;
+      const size_t n = static_cast<size_t>(numel(buffers[i].shape));
+      if (n == 0) continue;
+      if (a.deterministic || !grad_of[i]) {
+        CUdeviceptr scratch = bwd + goff;
+        goff += align_up(n * 8);
+        check_cu(d.cuMemsetD32Async(scratch, 0, n * 2, a.stream), "clearing a gradient accumulator");
+        target[static_cast<int>(i)] = scratch;
+        if (grad_of[i]) fixed.emplace_back(scratch, grad_of[i]);
+      } else {
+        check_cu(d.cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(grad_of[i]->data), 0, n, a.stream), "clearing a buffer gradient");
+        target[static_cast<int>(i)] = reinterpret_cast<CUdeviceptr>(grad_of[i]->data);
+      }
+    }
+    for (size_t s = 0; s < grad.scatters.size(); ++s) {
+      auto it = target.find(grad.scatters[s].buffer);
+      p.grad_ptr[s] = it != target.end() ? reinterpret_cast<void*>(it->second) : nullptr;
+    }
+  }
+  std::vector<uint64_t> vp_copy = vparams;
+
+  // ---- block sparsity: the forward mask's lists -> dense tile classes ----
+  if (ir_.mask_mod) {
+    ForwardConfig fcfg = forward_config(spec().head_dim);
+    const BlockMask* mask = a.block_mask;
+    if (mask) {
+      check_mask(*mask, shape, fcfg, device);
+    } else {
+      VariantState& fvar = variant(runtime::choose_variant(ranges_, ir_.checked, values), device);
+      std::vector<uint64_t> fparams = runtime::fill_variant_params(fvar.source.variant.layout, buffers, values, nullptr);
+      build_mask_into(*ws.mask_, fvar, fparams, shape, fcfg, device, a.stream);
+      mask = ws.mask_.get();
+    }
+    FlexTileStateParams tp{};
+    set_mask(tp.mask, *mask);
+    tp.tile_state = reinterpret_cast<unsigned char*>(bwd + lay.tile_state);
+    tp.rows = mask->bm_ * mask->hm_ * mask->num_q_tiles_;
+    check_cu(d.cuMemsetD8Async(bwd + lay.tile_state, 0, static_cast<size_t>(tp.rows) * mask->max_kv_tiles_, a.stream), "clearing tile classes");
+    void* targs[] = {&tp};
+    check_cu(d.cuLaunchKernel(fn.tile_state, static_cast<unsigned>((tp.rows + 127) / 128), 1, 1, 128, 1, 1, 0, a.stream, targs, nullptr),
+             "launching the tile-class builder");
+    p.tile_state = tp.tile_state;
+    p.ts_stride_b = mask->bm_ == 1 ? 0 : static_cast<long long>(mask->hm_) * mask->num_q_tiles_ * mask->max_kv_tiles_;
+    p.ts_stride_h = mask->hm_ == 1 ? 0 : static_cast<long long>(mask->num_q_tiles_) * mask->max_kv_tiles_;
+    p.ts_nq = mask->num_q_tiles_;
+    p.ts_nkv = mask->max_kv_tiles_;
+    p.ts_q_tile = mask->q_tile_;
+    p.ts_kv_tile = mask->kv_tile_;
+  }
+
+  // ---- launches ----
+  const unsigned row_blocks = static_cast<unsigned>((shape.seqlen_q + 7) / 8);
+  void* pargs[] = {&p};
+  check_cu(d.cuLaunchKernel(fn.preprocess, row_blocks, static_cast<unsigned>(shape.heads), static_cast<unsigned>(shape.batch), 256, 1, 1, 0,
+                            a.stream, pargs, nullptr),
+           "launching the backward preprocessing");
+  void* margs[] = {&p, vp_copy.data()};
+  check_cu(d.cuLaunchKernel(fn.main, static_cast<unsigned>((shape.seqlen_kv + cfg.block_n - 1) / cfg.block_n),
+                            static_cast<unsigned>(shape.kv_heads), static_cast<unsigned>(shape.batch), static_cast<unsigned>(cfg.threads()), 1,
+                            1, static_cast<unsigned>(cfg.shared_bytes()), a.stream, margs, nullptr),
+           "launching the backward kernel");
+  check_cu(d.cuLaunchKernel(fn.dq, row_blocks, static_cast<unsigned>(shape.heads), static_cast<unsigned>(shape.batch), 256, 1, 1, 0, a.stream,
+                            pargs, nullptr),
+           "launching the dQ conversion");
+  for (const auto& [scratch, out] : fixed) {
+    FlexConvertParams c{};
+    c.in = reinterpret_cast<const void*>(scratch);
+    c.out = out->data;
+    c.n = numel(out->shape);
+    c.mult = 1.f;
+    void* cargs[] = {&c};
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((c.n + 255) / 256, 4096));
+    check_cu(d.cuLaunchKernel(fn.convert, blocks, 1, 1, 256, 1, 1, 0, a.stream, cargs, nullptr), "launching the gradient conversion");
+  }
 }
 
 }  // namespace flexjit

@@ -15,6 +15,7 @@ void add_compile_command(CLI::App& app, Action& action);
 void add_cache_command(CLI::App& app, Action& action);
 void add_run_command(CLI::App& app, Action& action);
 void add_bench_command(CLI::App& app, Action& action);
+void add_bench_backward_command(CLI::App& app, Action& action);
 void add_random_command(CLI::App& app, Action& action);
 void add_devices_command(CLI::App& app, Action& action);
 

@@ -2,7 +2,8 @@
 # Runs on the GPU machine over binaries staged by tools/build_for_gpu.sh: the GPU tests,
 # compute-sanitizer on three representative launches, the PyTorch cross-check and the
 # benchmarks. Logs and result tables go to $OUT (or ./gpu-out).
-#   tools/gpu_check.sh [tests] [sanitize] [torch] [bench]   (default: all four)
+#   tools/gpu_check.sh [tests] [sanitize] [torch] [bench] [backward]   (default: the first four)
+#   backward: the [backward] GPU tests, then bench/bench_backward.py (table in $OUT/backward_table.md)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=${FLEXJIT_BIN:-.device/bin}
@@ -38,9 +39,21 @@ for step in $steps; do
       echo "== gallery against torch flex_attention"
       python3 tests/gpu/compare_torch.py --flexjit "$BIN/flexjit" --out "$OUT/torch_compare.json" || status=1
       ;;
+    decode)
+      echo "== decode and ragged-prefill tests"
+      "$BIN/gpu_tests" "[decode],[varlen]" 2>&1 | tee "$OUT/decode_tests.log" | tail -25 || status=1
+      echo "== decode benchmarks"
+      python3 bench/bench_decode.py --flexjit "$BIN/flexjit" --out "$OUT" || status=1
+      ;;
     bench)
       echo "== benchmarks"
       python3 bench/bench_forward.py --flexjit "$BIN/flexjit" --out "$OUT" || status=1
+      ;;
+    backward)
+      echo "== backward tests"
+      "$BIN/gpu_tests" "[backward]" 2>&1 | tee "$OUT/backward_tests.log" | tail -40 || status=1
+      echo "== backward benchmarks"
+      python3 bench/bench_backward.py --flexjit "$BIN/flexjit" --out "$OUT" || status=1
       ;;
   esac
 done

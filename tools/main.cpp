@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   add_cache_command(app, action);
   add_run_command(app, action);
   add_bench_command(app, action);
+  add_bench_backward_command(app, action);
   add_random_command(app, action);
   add_devices_command(app, action);
   try {

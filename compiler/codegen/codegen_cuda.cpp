@@ -509,4 +509,16 @@ GeneratedVariant generate_cuda_variant(const SpecIR& ir, const RangeInfo& ranges
   return out;
 }
 
+EmittedExpressions emit_cuda_expressions(const SpecIR& ir, const RangeInfo& ranges, const VariantOptions& options,
+                                         const std::vector<ir::Expr>& roots, int indent) {
+  StagedMods unstaged;
+  unstaged.tile_size = options.tile_size;
+  CudaEmitter em(ir, ranges, unstaged, options);
+  em.begin(Stage::Element);
+  EmittedExpressions out;
+  for (const Expr& r : roots) out.values.push_back(em.emit(r));
+  out.body = em.body(indent);
+  return out;
+}
+
 }  // namespace flexjit

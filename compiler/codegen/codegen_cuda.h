@@ -45,4 +45,14 @@ struct GeneratedVariant {
 GeneratedVariant generate_cuda_variant(const SpecIR& ir, const RangeInfo& ranges, const VariantOptions& options,
                                        const std::string& struct_name = "FlexVariant");
 
+// Statements computing `roots` (nodes of the DAG `ranges` analysed) in one device-function body with
+// the variant printer, unstaged (kv prints as `(k0 + j)`), each shared node once; `values` holds the C
+// expression naming each root. For functions beside the variant (the backward's gradient functions).
+struct EmittedExpressions {
+  std::string body;
+  std::vector<std::string> values;
+};
+EmittedExpressions emit_cuda_expressions(const SpecIR& ir, const RangeInfo& ranges, const VariantOptions& options,
+                                         const std::vector<ir::Expr>& roots, int indent);
+
 }  // namespace flexjit

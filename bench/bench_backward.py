@@ -1,0 +1,161 @@
+"""Forward+backward benchmarks on one GPU in one run: flexjit (`flexjit bench-backward`) against PyTorch
+FlexAttention (torch.compile(flex_attention)) and SDPA, same shapes, bf16. FLOPs of forward+backward =
+3.5 * 4 * B * H * Sq * Skv * D * density (forward 1, backward 2.5: five GEMMs against two).
+Writes backward.json and backward_table.md (date, GPU, commit) to --out, for bench/RESULTS.md."""
+import argparse
+import datetime
+import json
+import os
+import subprocess
+
+import torch
+import torch.nn.functional as F
+import triton.testing as tt
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+import torch._dynamo
+
+torch._dynamo.config.recompile_limit = 64
+torch._dynamo.config.cache_size_limit = 64
+flex = torch.compile(flex_attention, dynamic=False)
+dev, dt = "cuda", torch.bfloat16
+
+# FlexAttention's numbers for the cases it cannot run in reasonable time (../shared/ANCHORS.md).
+ANCHOR_NOTES = {
+    "learnable_slope": "not rerun: ANCHORS.md 953.6 ms (one atomic per element into 16 addresses)",
+    "learnable_bias": "not rerun: ANCHORS.md: fails, its backward needs 233,472 B of shared memory",
+}
+
+
+def bench(fn, rep=100):
+    return tt.do_bench(fn, warmup=10, rep=rep, return_mode="median")
+
+
+def run_flexjit(flexjit, flags, shape, deterministic=False):
+    cmd = [flexjit, "bench-backward", *flags, "--shape", ",".join(map(str, shape)), "--json", "--iters", "30", "--warmup", "5"]
+    if deterministic:
+        cmd.append("--deterministic")
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        return {"error": (p.stderr or p.stdout).strip()[-400:]}
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--flexjit", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--flex-learnable", action="store_true", help="also run FlexAttention on the learnable slope / bias cases")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    torch.manual_seed(0)
+    B, H, S, D = 4, 16, 4096, 128
+    slopes = torch.exp2(-8.0 * torch.arange(1, H + 1, device=dev) / H).float()
+
+    def causal(b, h, q, kv): return q >= kv
+    def alibi(s, b, h, q, kv): return s + slopes[h] * (kv - q)
+
+    causal_flags = ["--mask", "q >= kv"]
+    cases = [
+        ("causal", B, H, S, D, None, causal, causal_flags + ["--name", "causal"]),
+        ("alibi_causal", B, H, S, D, "alibi", causal,
+         ["--score", "score + slope[h] * (kv - q)", "--buffer", "slope: f32[H]", "--name", "alibi_causal"] + causal_flags),
+        ("learnable_bias", B, H, S, D, "bias", causal,
+         ["--score", "score + bias[h, q - kv + Skv - 1]", "--buffer", "bias: f32[H, L]", "--grad", "bias", "--name", "learnable_bias"]
+         + causal_flags),
+        ("learnable_slope", B, H, S, D, "slope", causal,
+         ["--score", "score + slope[h] * (kv - q)", "--buffer", "slope: f32[H]", "--grad", "slope", "--name", "learnable_slope"] + causal_flags),
+        ("sam_vitb_rel_grads", 8, 12, S, 64, "sam", None,
+         ["--score", "score + rel_h[b, h, q, kv // 64] + rel_w[b, h, q, kv % 64]", "--buffer", "rel_h: bf16[B, H, Sq, 64]", "--buffer",
+          "rel_w: bf16[B, H, Sq, 64]", "--grad", "rel_h", "--grad", "rel_w", "--name", "sam_vitb"]),
+    ]
+    rows = []
+    for (name, b, h, s, d, kind, mask_mod, flags) in cases:
+        if args.only and name not in args.only:
+            continue
+        torch._dynamo.reset()
+        density = 1.0 if mask_mod is None else (s * (s + 1) / 2) / (s * s)
+        flops = 3.5 * 4 * b * h * s * s * d * density
+        row = {"case": name, "B": b, "H": h, "S": s, "D": d, "density": density}
+        ours = run_flexjit(args.flexjit, flags + ["--head-dim", str(d)], [b, h, h, s, s, d])
+        row["flexjit"] = ours
+        if "fwd_bwd_ms" in ours:
+            row["flexjit_ms"] = ours["fwd_bwd_ms"]
+        det = run_flexjit(args.flexjit, flags + ["--head-dim", str(d)], [b, h, h, s, s, d], deterministic=True)
+        row["flexjit_det"] = det
+        q, k, v = [torch.randn(b, h, s, d, device=dev, dtype=dt, requires_grad=True) for _ in range(3)]
+        do = torch.randn(b, h, s, d, device=dev, dtype=dt)
+        sm = None
+        if kind == "alibi":
+            sm = alibi
+        elif kind == "slope":
+            ls = slopes.clone().requires_grad_(True)
+            def sm(sc, bb, hh, qq, kk): return sc + ls[hh] * (kk - qq)
+        elif kind == "bias":
+            rb = (0.05 * torch.randn(h, 2 * s - 1, device=dev)).requires_grad_(True)
+            def sm(sc, bb, hh, qq, kk): return sc + rb[hh, qq - kk + s - 1]
+        elif kind == "sam":
+            rel_h = torch.randn(b, h, s, 64, device=dev, dtype=dt, requires_grad=True)
+            rel_w = torch.randn(b, h, s, 64, device=dev, dtype=dt, requires_grad=True)
+            def sm(sc, bb, hh, qq, kk): return sc + rel_h[bb, hh, qq, kk // 64] + rel_w[bb, hh, qq, kk % 64]
+        if name in ANCHOR_NOTES and not args.flex_learnable:
+            row["flex_note"] = ANCHOR_NOTES[name]
+        else:
+            try:
+                bm = create_block_mask(mask_mod, None, None, s, s, device=dev) if mask_mod else None
+                def f():
+                    flex(q, k, v, score_mod=sm, block_mask=bm).backward(do)
+                f()
+                row["flex_ms"] = bench(f, rep=50)
+            except Exception as e:  # noqa: BLE001
+                row["flex_error"] = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+        if name == "causal":
+            for backend, key in ((SDPBackend.FLASH_ATTENTION, "sdpa_flash_ms"), (SDPBackend.CUDNN_ATTENTION, "sdpa_cudnn_ms")):
+                try:
+                    with sdpa_kernel([backend]):
+                        def g():
+                            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(do)
+                        g()
+                        row[key] = bench(g)
+                except Exception as e:  # noqa: BLE001
+                    row[key.replace("_ms", "_error")] = str(e)[:120]
+        del q, k, v, do
+        torch.cuda.empty_cache()
+        for key in ("flexjit_ms", "flex_ms", "sdpa_flash_ms", "sdpa_cudnn_ms"):
+            if key in row:
+                row[key.replace("_ms", "_tflops")] = flops / row[key] / 1e9
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    json.dump(rows, open(f"{args.out}/backward.json", "w"), indent=1)
+    gpu = torch.cuda.get_device_name()
+    commit = os.environ.get("FLEXJIT_COMMIT", "unknown")
+    lines = [f"\n### Forward + backward, {datetime.date.today()}, {gpu}, commit {commit}, torch {torch.__version__}\n",
+             "TFLOP/s = 3.5 · 4·B·H·S²·D·density / time. flexjit columns: forward / backward / both (ms); deterministic = backward "
+             "with fixed-point accumulation.\n",
+             "| case | flexjit fwd / bwd / fwd+bwd ms | flexjit TFLOP/s | deterministic bwd ms | FlexAttention fwd+bwd ms · TFLOP/s | "
+             "Flex / flexjit | SDPA flash | SDPA cuDNN |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        fj = r["flexjit"]
+        ours = f"{fj['fwd_ms']:.3f} / {fj['bwd_ms']:.3f} / {fj['fwd_bwd_ms']:.3f}" if "fwd_ms" in fj else "fails: " + fj.get("error", "")[:80]
+        tf = f"{r['flexjit_tflops']:.0f}" if "flexjit_tflops" in r else "–"
+        det = f"{r['flexjit_det']['bwd_ms']:.3f}" if "bwd_ms" in r.get("flexjit_det", {}) else "–"
+        if "flex_ms" in r:
+            fl = f"{r['flex_ms']:.3f} · {r['flex_tflops']:.0f}"
+        elif "flex_error" in r:
+            fl = "fails: " + r["flex_error"][:80]
+        else:
+            fl = r.get("flex_note", "–")
+        ratio = f"{r['flex_ms'] / r['flexjit_ms']:.2f}×" if "flex_ms" in r and "flexjit_ms" in r else "–"
+        sf = f"{r['sdpa_flash_ms']:.3f} · {r['sdpa_flash_tflops']:.0f}" if "sdpa_flash_ms" in r else "–"
+        sc = f"{r['sdpa_cudnn_ms']:.3f} · {r['sdpa_cudnn_tflops']:.0f}" if "sdpa_cudnn_ms" in r else "–"
+        lines.append(f"| {r['case']} | {ours} | {tf} | {det} | {fl} | {ratio} | {sf} | {sc} |")
+    table = "\n".join(lines) + "\n"
+    open(f"{args.out}/backward_table.md", "w").write(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

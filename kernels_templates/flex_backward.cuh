@@ -1,0 +1,786 @@
+// The flash-attention backward templates (FlashAttention-2 style, mma.sync, sm_80+): preprocessing, the
+// KV-major dK/dV/dQ kernel with fused buffer-gradient scatters, dQ conversion and the transposed block mask.
+#pragma once
+#include "flex_backward_params.cuh"
+#include "flex_mma.cuh"
+
+// Tile configuration per head dim (the host mirrors it in compiler/codegen/backward_source.cpp):
+//
+//   kHeadDim | kBlockM (q) | kBlockN (kv) | kNWarps | kDSplit | kStages (Q/dO)
+//   ---------+-------------+--------------+---------+---------+---------------
+//   32..128  |      64     |      128     |    8    |    1    |      2
+//   192, 256 |      64     |       64     |    8    |    2    |      1
+//
+// One CTA owns kBlockN KV rows of one (b, kv head) and loops over the query heads of its group and the
+// query tiles its block-mask column lists, so dK and dV (summed over the group) stay in registers and are
+// written once. Scores are computed transposed (S^T = K Q^T): each warp owns 16 KV rows, so P^T and dS^T
+// are the A operands of dV += P^T dO and dK += dS^T Q straight from the accumulators. dQ = dS K needs all
+// KV rows of the tile: dS^T goes through shared memory and each warp adds a 16 x D/2 block of dQ into an
+// fp32 accumulator with atomics (or 64-bit fixed point in deterministic mode).
+// kDSplit = 2 (D >= 192): two warps share 16 KV rows and each keeps half of dK / dV (registers); both
+// compute the same S and dP.
+//
+// Contract with the generated variant (see compiler/codegen/codegen_cuda_grad.cpp):
+//   Params, Row, Col, Tile (empty: the backward variant is not hoisted), kHasScoreMod, kHasMaskMod,
+//   score_mod(vp, Row, Col, Tile, b, h, hkv, q, k0 = kv, j = 0, score), mask_mod(...same, no score),
+//   kDScoreIsOne, d_score(vp, b, h, hkv, q, kv, score),
+//   kNumScatters, kScatterClass[i], scatter<I>(vp, b, h, hkv, q, kv, score, off, coef):
+//   offset of the target element in its contiguous gradient and the coefficient dS is multiplied by.
+
+namespace flex_bwd {
+
+// Scatter classes (what the target index depends on), chosen by the code generator.
+enum : int {
+  kScatterUniform = 0,   // neither q nor kv: one value per (CTA, head), one atomic
+  kScatterQOnly = 1,     // q, not kv: reduced over the tile's KV rows, one atomic per query row and tile
+  kScatterKvOnly = 2,    // kv, not q: reduced over all query tiles of a head, one atomic per KV row
+  kScatterDiagonal = 3,  // q and kv only through q - kv: reduced per diagonal of the tile in shared memory
+  kScatterGeneral = 4,   // anything else: one atomic per nonzero score element
+};
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
+__device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000u); }
+
+// 4-byte asynchronous copy (.ca: the only size class below 16 bytes), zero-filled when !pred.
+__device__ __forceinline__ void cp_async_4(unsigned dst, const void* src, bool pred) {
+  const int src_size = pred ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_size));
+}
+
+// dQ accumulation of two adjacent columns: one 8-byte vector atomic on sm_90 (half the L2 atomic
+// operations of two scalar ones), two scalar ones before.
+__device__ __forceinline__ void add_pair(float* p, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(p), make_float2(a, b));
+#else
+  atomicAdd(p, a);
+  atomicAdd(p + 1, b);
+#endif
+}
+
+__device__ __forceinline__ unsigned long long to_fixed(float x) {
+  return (unsigned long long)__float2ll_rn(x * 4294967296.0f);
+}
+
+// Adds v into an accumulator: fp32 atomics, or 64-bit fixed point (order-independent) when deterministic.
+template <bool kDeterministic>
+__device__ __forceinline__ void accumulate(void* base, long long off, float v) {
+  if constexpr (kDeterministic) {
+    atomicAdd(static_cast<unsigned long long*>(base) + off, to_fixed(v));
+  } else {
+    atomicAdd(static_cast<float*>(base) + off, v);
+  }
+}
+
+}  // namespace flex_bwd
+
+template <int kHeadDim_, class Element_>
+struct FlexBackwardTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kBig = kHeadDim > 128;
+  static constexpr int kBlockM = 64;
+  static constexpr int kBlockN = kBig ? 64 : 128;
+  static constexpr int kNWarps = 8;
+  static constexpr int kNThreads = kNWarps * 32;
+  static constexpr int kRowGroups = kBlockN / 16;         // warps over KV rows
+  static constexpr int kDSplit = kNWarps / kRowGroups;    // warps sharing one 16-row group (dK/dV columns split)
+  static constexpr int kStages = kBig ? 1 : 2;
+  static constexpr int kD16 = kHeadDim / 16;              // 16-column units of D
+  static constexpr int kUnitsPerSplit = (kD16 + kDSplit - 1) / kDSplit;
+  static constexpr int kQGroups = kBlockM / 16;            // dQ: warps over query rows
+  static constexpr int kDqGroups = kNWarps / kQGroups;     // dQ: warps over D units
+  static constexpr int kDqUnits = (kD16 + kDqGroups - 1) / kDqGroups;
+  static constexpr int kSmemStride = kHeadDim + 8;
+  static constexpr int kDsStride = kBlockM + 8;
+  static constexpr int kChunksPerRow = kHeadDim / 8;
+  // Shared memory (bytes): K, V tiles; Q, dO per stage; dS^T; lse2, delta per stage; reductions.
+  static constexpr int kOffK = 0;
+  static constexpr int kOffV = kOffK + kBlockN * kSmemStride * 2;
+  static constexpr int kOffQ = kOffV + kBlockN * kSmemStride * 2;
+  static constexpr int kStageQBytes = kBlockM * kSmemStride * 2;
+  static constexpr int kOffDO = kOffQ + kStages * kStageQBytes;
+  static constexpr int kOffDS = kOffDO + kStages * kStageQBytes;
+  static constexpr int kOffLse = kOffDS + kBlockN * kDsStride * 2;
+  static constexpr int kOffDelta = kOffLse + kStages * kBlockM * 4;
+  static constexpr int kOffRed = kOffDelta + kStages * kBlockM * 4;    // [kNWarps][kBlockM] 8-byte slots
+  static constexpr int kOffDiag = kOffRed + kNWarps * kBlockM * 8;      // [kBlockM + kBlockN] 8-byte slots
+  static constexpr int kOffSched = kOffDiag + (kBlockM + kBlockN) * 8;  // tile classes of the CTA's column
+  static constexpr int kMaxSched = 2048;                                 // (head, query tile) positions cached
+  static constexpr int kSmemBytes = kOffSched + kMaxSched;
+
+  static_assert(kHeadDim % 16 == 0 && kHeadDim >= 32 && kHeadDim <= 256, "FlexBackwardTraits: head dim must be a multiple of 16 in [32, 256]");
+  static_assert(kRowGroups * kDSplit == kNWarps, "FlexBackwardTraits: warps must tile the KV rows evenly");
+  static_assert(kQGroups * kDqGroups == kNWarps, "FlexBackwardTraits: warps must tile dQ evenly");
+};
+
+namespace flex_bwd {
+
+template <class Traits>
+struct Loader {
+  using Element = typename Traits::Element;
+  static constexpr int kNThreads = Traits::kNThreads;
+  static constexpr int kChunksPerRow = Traits::kChunksPerRow;
+  static constexpr int kSmemStride = Traits::kSmemStride;
+  // Rows [row0, row0 + kRows) of a [S, D] slice into a padded shared tile; rows past seqlen are zero-filled.
+  template <int kRows>
+  static __device__ __forceinline__ void load_rows(unsigned smem, const Element* g, long long stride_s, int row0, int seqlen, int tid) {
+    constexpr int kTotal = kRows * kChunksPerRow;
+#pragma unroll
+    for (int i = 0; i < (kTotal + kNThreads - 1) / kNThreads; ++i) {
+      const int chunk = tid + i * kNThreads;
+      if (kTotal % kNThreads == 0 || chunk < kTotal) {
+        const int r = chunk / kChunksPerRow;
+        const int c = chunk % kChunksPerRow;
+        const bool valid = row0 + r < seqlen;
+        const Element* src = valid ? g + (long long)(row0 + r) * stride_s + c * 8 : g;
+        flex::cp_async_16(smem + (r * kSmemStride + c * 8) * 2, src, valid);
+      }
+    }
+  }
+};
+
+}  // namespace flex_bwd
+
+// delta = rowsum(dO * O), lse2 = lse * log2(e) (+inf for fully masked rows), dq_accum row cleared.
+// grid = (ceil(Sq / 8), H, B), 256 threads: one warp per query row.
+template <class Element, int kHeadDim, bool kDeterministic>
+__device__ __forceinline__ void flex_backward_preprocess(const FlexBackwardParams& p) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int q = blockIdx.x * 8 + warp, h = blockIdx.y, b = blockIdx.z;
+  if (q >= p.seqlen_q) return;
+  const Element* o = static_cast<const Element*>(p.o) + b * p.o_stride_b + h * p.o_stride_h + q * p.o_stride_s;
+  const Element* d_o = static_cast<const Element*>(p.d_o) + b * p.do_stride_b + h * p.do_stride_h + q * p.do_stride_s;
+  float sum = 0.f;
+  for (int c = lane; c < kHeadDim / 8; c += 32) {
+    const uint4 ov = *reinterpret_cast<const uint4*>(o + c * 8);
+    const uint4 dv = *reinterpret_cast<const uint4*>(d_o + c * 8);
+    const Element* oe = reinterpret_cast<const Element*>(&ov);
+    const Element* de = reinterpret_cast<const Element*>(&dv);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sum += (float)oe[i] * (float)de[i];
+  }
+#pragma unroll
+  for (int s = 16; s > 0; s /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, s);
+  const long long row = ((long long)b * p.heads + h) * p.seqlen_q + q;
+  if (lane == 0) {
+    p.delta[row] = sum;
+    const float l = p.lse[b * p.lse_stride_b + h * p.lse_stride_h + q];
+    p.lse2[row] = l == flex_bwd::neg_inf() ? flex_bwd::pos_inf() : l * 1.4426950408889634f;
+  }
+  if constexpr (kDeterministic) {
+    unsigned long long* acc = static_cast<unsigned long long*>(p.dq_accum) + row * kHeadDim;
+    for (int d = lane; d < kHeadDim; d += 32) acc[d] = 0ull;
+  } else {
+    float* acc = static_cast<float*>(p.dq_accum) + row * kHeadDim;
+    for (int d = lane; d < kHeadDim; d += 32) acc[d] = 0.f;
+  }
+}
+
+// dq = scale * dq_accum in q's dtype. grid = (ceil(Sq / 8), H, B), 256 threads.
+template <class Element, int kHeadDim, bool kDeterministic>
+__device__ __forceinline__ void flex_backward_dq(const FlexBackwardParams& p) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int q = blockIdx.x * 8 + warp, h = blockIdx.y, b = blockIdx.z;
+  if (q >= p.seqlen_q) return;
+  const long long row = ((long long)b * p.heads + h) * p.seqlen_q + q;
+  Element* dq = static_cast<Element*>(p.dq) + b * p.dq_stride_b + h * p.dq_stride_h + q * p.dq_stride_s;
+  for (int d = lane; d < kHeadDim; d += 32) {
+    float v;
+    if constexpr (kDeterministic)
+      v = (float)((double)(long long)static_cast<const unsigned long long*>(p.dq_accum)[row * kHeadDim + d] * (1.0 / 4294967296.0));
+    else
+      v = static_cast<const float*>(p.dq_accum)[row * kHeadDim + d];
+    dq[d] = (Element)(v * p.scale);
+  }
+}
+
+// Fixed-point buffer gradients to f32 (deterministic mode). grid-stride, any grid.
+__device__ __forceinline__ void flex_backward_convert(const FlexConvertParams& c) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < c.n; i += (long long)gridDim.x * blockDim.x) {
+    const long long v = (long long)static_cast<const unsigned long long*>(c.in)[i];
+    static_cast<float*>(c.out)[i] = (float)((double)v * (1.0 / 4294967296.0)) * c.mult;
+  }
+}
+
+// Forward block-mask lists -> dense tile classes (0 skip, 1 full, 2 partial). One thread per list row.
+__device__ __forceinline__ void flex_backward_tile_state(const FlexTileStateParams& t) {
+  const int row = blockIdx.x * blockDim.x + threadIdx.x;
+  if (row >= t.rows) return;
+  const FlexBlockMask& m = t.mask;
+  unsigned char* st = t.tile_state + (long long)row * m.max_kv_tiles;
+  const int np = m.kv_num_partial[row], nf = m.kv_num_full[row];
+  for (int i = 0; i < np; ++i) st[m.kv_partial_idx[(long long)row * m.max_kv_tiles + i]] = 2;
+  for (int i = 0; i < nf; ++i) st[m.kv_full_idx[(long long)row * m.max_kv_tiles + i]] = 1;
+}
+
+namespace flex_bwd {
+
+// Adds a fixed-point or fp32 partial (already reduced) into a gradient element.
+template <bool kDeterministic>
+__device__ __forceinline__ void add_partial(void* base, long long off, float v32, unsigned long long v64) {
+  if constexpr (kDeterministic) atomicAdd(static_cast<unsigned long long*>(base) + off, v64);
+  else atomicAdd(static_cast<float*>(base) + off, v32);
+}
+
+// The scatters of one S^T tile (dS in ds_v, the thread's KV rows kv_r0 and kv_r0 + 8, query columns
+// m0 + nt * 8 + 2 * t4 + e % 2). Every thread of the CTA calls it (it synchronises for the shared-memory
+// reductions); `active` is false for the second warp of a KV row group under kDSplit = 2 (same values).
+template <class Traits, class Variant, bool kDeterministic, int I>
+__device__ __forceinline__ void scatter_one(const FlexBackwardParams& p, const typename Variant::Params& vp,
+                                            const float (&ds_v)[Traits::kBlockM / 8][4], const float (&score_v)[Traits::kBlockM / 8][4],
+                                            float* acc_uniform, float (*acc_kvrow)[2], float* sh_red, unsigned long long* sh_red64,
+                                            float* sh_diag, unsigned long long* sh_diag64, int b, int h, int hkv, int m0, int n0,
+                                            int kv_r0, int warp, int lane, bool active) {
+  constexpr int kMT = Traits::kBlockM / 8;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kClass = Variant::kScatterClass[I];
+  const int tid = threadIdx.x, t4 = lane % 4;
+  void* grad = p.grad_ptr[I];
+  if constexpr (kClass == kScatterUniform || kClass == kScatterKvOnly || kClass == kScatterGeneral) {
+    if (active) {
+#pragma unroll
+      for (int nt = 0; nt < kMT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float d = ds_v[nt][e];
+          if (d != 0.f) {
+            const int q = m0 + nt * 8 + 2 * t4 + (e % 2);
+            const int kv = kv_r0 + (e / 2) * 8;
+            long long off;
+            float coef;
+            Variant::template scatter<I>(vp, b, h, hkv, q, kv, score_v[nt][e], off, coef);
+            if constexpr (kClass == kScatterUniform) acc_uniform[I] += d * coef;
+            else if constexpr (kClass == kScatterKvOnly) acc_kvrow[I][e / 2] += d * coef;
+            else accumulate<kDeterministic>(grad, off, d * coef);
+          }
+        }
+    }
+  } else if constexpr (kClass == kScatterQOnly) {
+    // Column sums: the thread's two rows, then the 8 row lanes of the warp, then the warps in order.
+    float col[kMT][2];
+#pragma unroll
+    for (int nt = 0; nt < kMT; ++nt)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float s = 0.f;
+        if (active) {
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const float d = ds_v[nt][half * 2 + c];
+            if (d != 0.f) {
+              long long off;
+              float coef;
+              Variant::template scatter<I>(vp, b, h, hkv, m0 + nt * 8 + 2 * t4 + c, kv_r0 + half * 8, score_v[nt][half * 2 + c], off, coef);
+              s += d * coef;
+            }
+          }
+        }
+        s += __shfl_xor_sync(0xffffffffu, s, 4);
+        s += __shfl_xor_sync(0xffffffffu, s, 8);
+        s += __shfl_xor_sync(0xffffffffu, s, 16);
+        col[nt][c] = s;
+      }
+    if (lane < 4) {
+#pragma unroll
+      for (int nt = 0; nt < kMT; ++nt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) sh_red[warp * kBlockM + nt * 8 + 2 * t4 + c] = col[nt][c];
+    }
+    __syncthreads();
+    if (tid < kBlockM && m0 + tid < p.seqlen_q) {
+      float s = 0.f;
+      for (int w = 0; w < Traits::kNWarps; ++w) s += sh_red[w * kBlockM + tid];
+      if (s != 0.f) {
+        long long off;
+        float coef;
+        Variant::template scatter<I>(vp, b, h, hkv, m0 + tid, n0, 0.f, off, coef);
+        accumulate<kDeterministic>(grad, off, s);
+      }
+    }
+    __syncthreads();
+  } else if constexpr (kClass == kScatterDiagonal) {
+    // Per warp (16 KV rows x kBlockM queries), local diagonal dl = (q - m0) - r + 15 with r the row in the
+    // warp: the thread first adds its two elements of each diagonal (rows g and g + 8 meet at n-tiles nt and
+    // nt + 1), then lanes (g, t), (g + 2, t + 1), ... that share a diagonal reduce by shuffles in a fixed
+    // order, and one leader per diagonal adds it into the warp's own slots (distinct addresses per
+    // instruction: no atomics). The warps' slots are then summed in a fixed order per tile diagonal.
+    constexpr int kWarpDiags = kBlockM + 15;
+    const int g = lane / 4;
+    float* slots = sh_red + warp * 2 * kBlockM;  // kWarpDiags <= 2 * kBlockM floats per warp
+    for (int i = lane; i < kWarpDiags; i += 32) slots[i] = 0.f;
+    __syncwarp();
+    float v[kMT + 1][2];
+#pragma unroll
+    for (int k = 0; k <= kMT; ++k) v[k][0] = v[k][1] = 0.f;
+    if (active) {
+#pragma unroll
+      for (int nt = 0; nt < kMT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float d = ds_v[nt][e];
+          if (d != 0.f) {
+            const int q = m0 + nt * 8 + 2 * t4 + (e % 2);
+            const int kv = kv_r0 + (e / 2) * 8;
+            long long off;
+            float coef;
+            Variant::template scatter<I>(vp, b, h, hkv, q, kv, score_v[nt][e], off, coef);
+            // row g + 8 * (e / 2), column nt * 8 + 2t + e % 2: local diagonal 8 * (nt - e / 2) + 2t + e % 2 - g + 15
+            v[nt - e / 2 + 1][e % 2] += d * coef;
+          }
+        }
+    }
+    const bool has9 = g + 2 < 8 && t4 + 1 < 4, has18 = g + 4 < 8 && t4 + 2 < 4;
+    const bool leader = g < 2 || t4 == 0;
+#pragma unroll
+    for (int k = 0; k <= kMT; ++k)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float x = v[k][c];
+        const float y9 = __shfl_down_sync(0xffffffffu, x, 9);
+        x += has9 ? y9 : 0.f;
+        const float y18 = __shfl_down_sync(0xffffffffu, x, 18);
+        x += has18 ? y18 : 0.f;
+        if (leader) {
+          const int dl = 8 * (k - 1) + 2 * t4 + c - g + 15;
+          if (dl >= 0 && dl < kWarpDiags) slots[dl] += x;
+        }
+        __syncwarp();  // the next (k, c) may update the same slot from another lane
+      }
+    __syncthreads();
+    for (int i = tid; i < kBlockM + kBlockN - 1; i += Traits::kNThreads) {
+      // Tile diagonal i = (q - m0) - (kv - n0) + kBlockN - 1; warp row group w holds it at i + 15 + 16w - (kBlockN - 1).
+      float sum = 0.f;
+      for (int w = 0; w < Traits::kRowGroups; ++w) {
+        const int dl = i + 15 + 16 * w - (kBlockN - 1);
+        if (dl >= 0 && dl < kWarpDiags) sum += sh_red[w * 2 * kBlockM + dl];
+      }
+      if (sum != 0.f) {
+        const int q = i >= kBlockN - 1 ? m0 + i - (kBlockN - 1) : m0;
+        const int kv = i >= kBlockN - 1 ? n0 : n0 + (kBlockN - 1 - i);
+        long long off;
+        float coef;
+        Variant::template scatter<I>(vp, b, h, hkv, q, kv, 0.f, off, coef);
+        accumulate<kDeterministic>(grad, off, sum);
+      }
+    }
+    __syncthreads();
+  }
+  if constexpr (I + 1 < Variant::kNumScatters)
+    scatter_one<Traits, Variant, kDeterministic, I + 1>(p, vp, ds_v, score_v, acc_uniform, acc_kvrow, sh_red, sh_red64, sh_diag, sh_diag64,
+                                                        b, h, hkv, m0, n0, kv_r0, warp, lane, active);
+}
+
+// End of a head of the group: the uniform scatters (one atomic per CTA) and the kv-only ones (one per KV row).
+template <class Traits, class Variant, bool kDeterministic, int I>
+__device__ __forceinline__ void flush_one(const FlexBackwardParams& p, const typename Variant::Params& vp, float* acc_uniform,
+                                          float (*acc_kvrow)[2], float* sh_red, int b, int h, int hkv, int kv_r0, int warp, int lane,
+                                          bool active) {
+  constexpr int kClass = Variant::kScatterClass[I];
+  void* grad = p.grad_ptr[I];
+  if constexpr (kClass == kScatterUniform) {
+    float s = active ? acc_uniform[I] : 0.f;
+#pragma unroll
+    for (int x = 16; x > 0; x /= 2) s += __shfl_xor_sync(0xffffffffu, s, x);
+    if (lane == 0) sh_red[warp] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float tot = 0.f;
+      for (int w = 0; w < Traits::kNWarps; ++w) tot += sh_red[w];
+      if (tot != 0.f) {
+        long long off;
+        float coef;
+        Variant::template scatter<I>(vp, b, h, hkv, 0, 0, 0.f, off, coef);
+        accumulate<kDeterministic>(grad, off, tot);
+      }
+    }
+    __syncthreads();
+    acc_uniform[I] = 0.f;
+  } else if constexpr (kClass == kScatterKvOnly) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float s = acc_kvrow[I][half];
+      s += __shfl_xor_sync(0xffffffffu, s, 1);
+      s += __shfl_xor_sync(0xffffffffu, s, 2);
+      const int kv = kv_r0 + half * 8;
+      if (active && lane % 4 == 0 && kv < p.seqlen_kv && s != 0.f) {
+        long long off;
+        float coef;
+        Variant::template scatter<I>(vp, b, h, hkv, 0, kv, 0.f, off, coef);
+        accumulate<kDeterministic>(grad, off, s);
+      }
+      acc_kvrow[I][half] = 0.f;
+    }
+  }
+  if constexpr (I + 1 < Variant::kNumScatters)
+    flush_one<Traits, Variant, kDeterministic, I + 1>(p, vp, acc_uniform, acc_kvrow, sh_red, b, h, hkv, kv_r0, warp, lane, active);
+}
+
+}  // namespace flex_bwd
+
+// The main backward kernel. grid = (ceil(Skv / kBlockN), Hkv, B), block = kNThreads, smem = kSmemBytes.
+template <class Traits, class Variant, bool kDeterministic>
+__device__ __forceinline__ void flex_backward_main(const FlexBackwardParams& p, const typename Variant::Params& vp) {
+  using Element = typename Traits::Element;
+  using Mma = flex::Mma16816<Element>;
+  using L = flex_bwd::Loader<Traits>;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kRowGroups = Traits::kRowGroups;
+  constexpr int kStages = Traits::kStages;
+  constexpr int kD16 = Traits::kD16;
+  constexpr int kUnits = Traits::kUnitsPerSplit;
+  constexpr int kQGroups = Traits::kQGroups;
+  constexpr int kDqGroups = Traits::kDqGroups;
+  constexpr int kDqUnits = Traits::kDqUnits;
+  constexpr int kStride = Traits::kSmemStride;
+  constexpr int kDsStride = Traits::kDsStride;
+  constexpr int kMT = kBlockM / 8;  // n8 tiles of S^T over the query columns
+  constexpr float kLog2e = 1.4426950408889634f;
+  constexpr int kNumScatters = Variant::kNumScatters;
+
+  extern __shared__ __align__(128) unsigned char flex_smem[];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t4 = lane % 4;
+  // Compile-time 0 without the D split, so the unit loops below carry no runtime branches (a branch between
+  // ldmatrix and mma blocks keeps the compiler from overlapping their latencies).
+  const int rg = warp % kRowGroups, ds = Traits::kDSplit == 1 ? 0 : warp / kRowGroups;
+  constexpr bool kUnitsExact = kD16 % Traits::kDSplit == 0;
+  constexpr bool kDqUnitsExact = kD16 % kDqGroups == 0;
+  const int n_block = blockIdx.x, hkv = blockIdx.y, b = blockIdx.z;
+  const int n0 = n_block * kBlockN;
+  const int seqlen_q = p.seqlen_q, seqlen_kv = p.seqlen_kv;
+  const int group = p.heads / p.kv_heads;
+  const int num_m = (seqlen_q + kBlockM - 1) / kBlockM;
+  const bool kv_tail = n0 + kBlockN > seqlen_kv;
+
+  const unsigned s_base = flex::smem_addr(flex_smem);
+  const unsigned s_k = s_base + Traits::kOffK, s_v = s_base + Traits::kOffV;
+  const unsigned s_q = s_base + Traits::kOffQ, s_do = s_base + Traits::kOffDO;
+  const unsigned s_ds = s_base + Traits::kOffDS;
+  float* sh_lse = reinterpret_cast<float*>(flex_smem + Traits::kOffLse);
+  float* sh_delta = reinterpret_cast<float*>(flex_smem + Traits::kOffDelta);
+  float* sh_red = reinterpret_cast<float*>(flex_smem + Traits::kOffRed);
+  unsigned long long* sh_red64 = reinterpret_cast<unsigned long long*>(flex_smem + Traits::kOffRed);
+  float* sh_diag = reinterpret_cast<float*>(flex_smem + Traits::kOffDiag);
+  unsigned long long* sh_diag64 = reinterpret_cast<unsigned long long*>(flex_smem + Traits::kOffDiag);
+
+  const Element* g_k = static_cast<const Element*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
+  const Element* g_v = static_cast<const Element*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
+
+  // Tile class of (head h, query tile m) for this KV tile: 0 skip, 1 full, 2 partial.
+  auto tile_class = [&](int h, int m) -> int {
+    if (p.tile_state == nullptr) return 1;
+    const unsigned char* st = p.tile_state + b * p.ts_stride_b + h * p.ts_stride_h;
+    const int mf = (m * kBlockM) / p.ts_q_tile;
+    const int f0 = n0 / p.ts_kv_tile;
+    const int f1 = min((n0 + kBlockN - 1) / p.ts_kv_tile, p.ts_nkv - 1);
+    bool any_full = false, any_skip = false, any_partial = false;
+    for (int f = f0; f <= f1; ++f) {
+      const int c = st[(long long)mf * p.ts_nkv + f];
+      any_full |= c == 1;
+      any_partial |= c == 2;
+      any_skip |= c == 0;
+    }
+    if (any_partial || (any_full && any_skip)) return 2;
+    return any_full ? 1 : 0;
+  };
+  // Flat schedule over (head of the group, query tile). The classes of the CTA's column are computed once
+  // into shared memory (in parallel) when they fit, so the loop never waits on global loads for them.
+  const int total = group * num_m;
+  unsigned char* sh_sched = flex_smem + Traits::kOffSched;
+  const bool sched_cached = total <= Traits::kMaxSched;
+  if (sched_cached) {
+    for (int i = tid; i < total; i += Traits::kNThreads) sh_sched[i] = (unsigned char)tile_class(hkv * group + i / num_m, i % num_m);
+    __syncthreads();
+  }
+  auto class_at = [&](int pos) -> int {
+    return sched_cached ? sh_sched[pos] : tile_class(hkv * group + pos / num_m, pos % num_m);
+  };
+  auto next_pos = [&](int pos) -> int {
+    while (pos < total && class_at(pos) == 0) ++pos;
+    return pos;
+  };
+
+  auto load_q_tile = [&](int pos, int stage) {
+    const int h = hkv * group + pos / num_m;
+    const int m0 = (pos % num_m) * kBlockM;
+    const Element* g_q = static_cast<const Element*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
+    const Element* g_do = static_cast<const Element*>(p.d_o) + b * p.do_stride_b + h * p.do_stride_h;
+    L::template load_rows<kBlockM>(s_q + stage * Traits::kStageQBytes, g_q, p.q_stride_s, m0, seqlen_q, tid);
+    L::template load_rows<kBlockM>(s_do + stage * Traits::kStageQBytes, g_do, p.do_stride_s, m0, seqlen_q, tid);
+    if (tid < kBlockM) {
+      // Rows past Sq: lse2 = +inf (P = 0) is stored by a plain store, delta zero-filled.
+      const long long row = ((long long)b * p.heads + h) * seqlen_q + m0 + tid;
+      const bool valid = m0 + tid < seqlen_q;
+      if (valid) flex_bwd::cp_async_4(flex::smem_addr(sh_lse + stage * kBlockM + tid), p.lse2 + row, true);
+      else sh_lse[stage * kBlockM + tid] = flex_bwd::pos_inf();
+      flex_bwd::cp_async_4(flex::smem_addr(sh_delta + stage * kBlockM + tid), valid ? p.delta + row : p.delta, valid);
+    }
+  };
+
+  int pos = next_pos(0);
+  // K and V once, with the first Q / dO tile.
+  L::template load_rows<kBlockN>(s_k, g_k, p.k_stride_s, n0, seqlen_kv, tid);
+  L::template load_rows<kBlockN>(s_v, g_v, p.v_stride_s, n0, seqlen_kv, tid);
+  if (pos < total) load_q_tile(pos, 0);
+  flex::cp_async_commit();
+
+  float acc_dk[kUnits][2][4];
+  float acc_dv[kUnits][2][4];
+#pragma unroll
+  for (int u = 0; u < kUnits; ++u)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_dk[u][i][e] = acc_dv[u][i][e] = 0.f;
+
+  // Per-head scatter accumulators: uniform (one per scatter) and kv-only (the thread's two KV rows).
+  float acc_uniform[kNumScatters > 0 ? kNumScatters : 1];
+  float acc_kvrow[kNumScatters > 0 ? kNumScatters : 1][2];
+#pragma unroll
+  for (int i = 0; i < (kNumScatters > 0 ? kNumScatters : 1); ++i) acc_uniform[i] = acc_kvrow[i][0] = acc_kvrow[i][1] = 0.f;
+
+  // ldmatrix lane offsets (bytes). A operand from a [rows][k] tile; B operand (non-trans) from [n][k];
+  // B operand (trans) from [k][n].
+  const int l8 = lane % 8, lm = lane / 8;
+  const unsigned a_lane = (((lm & 1) * 8 + l8) * kStride + (lm >> 1) * 8) * 2;
+  const unsigned bn_lane = ((((lm >> 1) * 8 + l8) * kStride) + (lm & 1) * 8) * 2;
+  const unsigned bt_lane = ((((lm & 1) * 8 + l8) * kStride) + (lm >> 1) * 8) * 2;
+  const unsigned warp_rows = rg * 16 * kStride * 2;
+  const int kv_r0 = n0 + rg * 16 + g;  // the thread's KV rows: kv_r0, kv_r0 + 8
+
+  const float scale_log2 = p.scale * kLog2e;
+  int stage = 0;
+  while (pos < total) {
+    const int h = hkv * group + pos / num_m;
+    const int m_block = pos % num_m;
+    const int m0 = m_block * kBlockM;
+    const int cls = class_at(pos);
+    const int pos_next = next_pos(pos + 1);
+
+    flex::cp_async_wait<0>();
+    __syncthreads();
+    if constexpr (kStages == 2) {
+      if (pos_next < total) load_q_tile(pos_next, stage ^ 1);
+      flex::cp_async_commit();
+    }
+    const unsigned sq = s_q + stage * Traits::kStageQBytes;
+    const unsigned sdo = s_do + stage * Traits::kStageQBytes;
+    const float* lse_st = sh_lse + stage * kBlockM;
+    const float* delta_st = sh_delta + stage * kBlockM;
+
+    // S^T = K Q^T and dP^T = V dO^T for the warp's 16 KV rows x kBlockM queries.
+    float acc_s[kMT][4], acc_dp[kMT][4];
+#pragma unroll
+    for (int nt = 0; nt < kMT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_s[nt][e] = acc_dp[nt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kD16; ++kk) {
+      unsigned ak[4], av[4];
+      flex::ldmatrix_x4(ak, s_k + warp_rows + a_lane + kk * 32);
+      flex::ldmatrix_x4(av, s_v + warp_rows + a_lane + kk * 32);
+#pragma unroll
+      for (int np = 0; np < kBlockM / 16; ++np) {
+        unsigned bq[4], bd[4];
+        flex::ldmatrix_x4(bq, sq + bn_lane + (np * 16 * kStride + kk * 16) * 2);
+        flex::ldmatrix_x4(bd, sdo + bn_lane + (np * 16 * kStride + kk * 16) * 2);
+        Mma::run(acc_s[2 * np], ak, bq[0], bq[1]);
+        Mma::run(acc_s[2 * np + 1], ak, bq[2], bq[3]);
+        Mma::run(acc_dp[2 * np], av, bd[0], bd[1]);
+        Mma::run(acc_dp[2 * np + 1], av, bd[2], bd[3]);
+      }
+    }
+
+    // P^T = exp(score_mod(scale * S) - lse), masked and out-of-range elements 0; then dS^T.
+    const bool check_bounds = kv_tail || m0 + kBlockM > seqlen_q;
+    float score_v[kMT][4];
+    float ds_v[kMT][4];  // dS (gradient w.r.t. the modified score)
+#pragma unroll
+    for (int nt = 0; nt < kMT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int q = m0 + nt * 8 + 2 * t4 + (e % 2);
+        const int kv = kv_r0 + (e / 2) * 8;
+        const float score = acc_s[nt][e] * p.scale;
+        score_v[nt][e] = score;
+        bool keep = !check_bounds || (q < seqlen_q && kv < seqlen_kv);
+        float z = score;
+        if (keep) {
+          typename Variant::Row rs{};
+          typename Variant::Col cs{};
+          typename Variant::Tile ts{};
+          if constexpr (Variant::kHasScoreMod) z = Variant::score_mod(vp, rs, cs, ts, b, h, hkv, q, kv, 0, score);
+          if constexpr (Variant::kHasMaskMod) {
+            if (cls == 2 && !Variant::mask_mod(vp, rs, cs, ts, b, h, hkv, q, kv, 0)) keep = false;
+          }
+        }
+        // Without a score_mod, scale and log2(e) fold into one FFMA on the raw q.k.
+        const float x2 = Variant::kHasScoreMod ? z * kLog2e : acc_s[nt][e] * scale_log2;
+        const float pr = keep ? flex::ex2(x2 - lse_st[nt * 8 + 2 * t4 + (e % 2)]) : 0.f;
+        acc_s[nt][e] = pr;
+        const float dsv = pr * (acc_dp[nt][e] - delta_st[nt * 8 + 2 * t4 + (e % 2)]);
+        ds_v[nt][e] = pr != 0.f ? dsv : 0.f;
+      }
+    }
+
+    // dV += P^T dO (this warp's D units).
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      unsigned pa[4];
+      pa[0] = Mma::pack(acc_s[2 * kk][0], acc_s[2 * kk][1]);
+      pa[1] = Mma::pack(acc_s[2 * kk][2], acc_s[2 * kk][3]);
+      pa[2] = Mma::pack(acc_s[2 * kk + 1][0], acc_s[2 * kk + 1][1]);
+      pa[3] = Mma::pack(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3]);
+#pragma unroll
+      for (int u = 0; u < kUnits; ++u) {
+        const int du = ds * kUnits + u;
+        if (kUnitsExact || du < kD16) {
+          unsigned bv[4];
+          flex::ldmatrix_x4_trans(bv, sdo + bt_lane + (kk * 16 * kStride + du * 16) * 2);
+          Mma::run(acc_dv[u][0], pa, bv[0], bv[1]);
+          Mma::run(acc_dv[u][1], pa, bv[2], bv[3]);
+        }
+      }
+    }
+
+    // Scatters (buffer gradients) and dS_pre = dS * d_score.
+    if constexpr (kNumScatters > 0)
+      flex_bwd::scatter_one<Traits, Variant, kDeterministic, 0>(p, vp, ds_v, score_v, acc_uniform, acc_kvrow, sh_red, sh_red64, sh_diag,
+                                                                sh_diag64, b, h, hkv, m0, n0, kv_r0, warp, lane, ds == 0);
+    if constexpr (!Variant::kDScoreIsOne) {
+#pragma unroll
+      for (int nt = 0; nt < kMT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (ds_v[nt][e] != 0.f) {
+            const int q = m0 + nt * 8 + 2 * t4 + (e % 2);
+            const int kv = kv_r0 + (e / 2) * 8;
+            ds_v[nt][e] *= Variant::d_score(vp, b, h, hkv, q, kv, score_v[nt][e]);
+          }
+        }
+    }
+
+    // dK += dS^T Q; dS^T to shared memory for dQ.
+    unsigned* s_ds_u = reinterpret_cast<unsigned*>(flex_smem + Traits::kOffDS);
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      unsigned da[4];
+      da[0] = Mma::pack(ds_v[2 * kk][0], ds_v[2 * kk][1]);
+      da[1] = Mma::pack(ds_v[2 * kk][2], ds_v[2 * kk][3]);
+      da[2] = Mma::pack(ds_v[2 * kk + 1][0], ds_v[2 * kk + 1][1]);
+      da[3] = Mma::pack(ds_v[2 * kk + 1][2], ds_v[2 * kk + 1][3]);
+      if (ds == 0) {
+        const int r = rg * 16 + g;
+        const int c = kk * 16 + 2 * t4;
+        s_ds_u[(r * kDsStride + c) / 2] = da[0];
+        s_ds_u[((r + 8) * kDsStride + c) / 2] = da[1];
+        s_ds_u[(r * kDsStride + c + 8) / 2] = da[2];
+        s_ds_u[((r + 8) * kDsStride + c + 8) / 2] = da[3];
+      }
+#pragma unroll
+      for (int u = 0; u < kUnits; ++u) {
+        const int du = ds * kUnits + u;
+        if (kUnitsExact || du < kD16) {
+          unsigned bq[4];
+          flex::ldmatrix_x4_trans(bq, sq + bt_lane + (kk * 16 * kStride + du * 16) * 2);
+          Mma::run(acc_dk[u][0], da, bq[0], bq[1]);
+          Mma::run(acc_dk[u][1], da, bq[2], bq[3]);
+        }
+      }
+    }
+    __syncthreads();
+    if constexpr (kStages == 1) {
+      // Q / dO are no longer read in this iteration (dQ reads dS^T and K): refill the single stage.
+      if (pos_next < total) load_q_tile(pos_next, 0);
+      flex::cp_async_commit();
+    }
+
+    // dQ (unscaled) += dS K: warp (qg, dg) owns 16 query rows x D units dg, dg + kDqGroups, ...
+    {
+      const int qg = warp % kQGroups, dg = warp / kQGroups;
+      float acc_dq[kDqUnits][2][4];
+#pragma unroll
+      for (int u = 0; u < kDqUnits; ++u)
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc_dq[u][i][e] = 0.f;
+      const unsigned ds_lane = s_ds + (((lm >> 1) * 8 + l8) * kDsStride + qg * 16 + (lm & 1) * 8) * 2;
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        unsigned a[4];
+        flex::ldmatrix_x4_trans(a, ds_lane + kk * 16 * kDsStride * 2);
+#pragma unroll
+        for (int u = 0; u < kDqUnits; ++u) {
+          const int du = dg + u * kDqGroups;
+          if (kDqUnitsExact || du < kD16) {
+            unsigned bk[4];
+            flex::ldmatrix_x4_trans(bk, s_k + bt_lane + (kk * 16 * kStride + du * 16) * 2);
+            Mma::run(acc_dq[u][0], a, bk[0], bk[1]);
+            Mma::run(acc_dq[u][1], a, bk[2], bk[3]);
+          }
+        }
+      }
+      const long long row_base = ((long long)b * p.heads + h) * seqlen_q;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int q = m0 + qg * 16 + g + half * 8;
+        if (q < seqlen_q) {
+#pragma unroll
+          for (int u = 0; u < kDqUnits; ++u) {
+            const int du = dg + u * kDqGroups;
+            if (kDqUnitsExact || du < kD16) {
+#pragma unroll
+              for (int i = 0; i < 2; ++i) {
+                const long long off = (row_base + q) * kHeadDim + du * 16 + i * 8 + 2 * t4;
+                if constexpr (kDeterministic) {
+                  flex_bwd::accumulate<true>(p.dq_accum, off, acc_dq[u][i][2 * half]);
+                  flex_bwd::accumulate<true>(p.dq_accum, off + 1, acc_dq[u][i][2 * half + 1]);
+                } else {
+                  flex_bwd::add_pair(static_cast<float*>(p.dq_accum) + off, acc_dq[u][i][2 * half], acc_dq[u][i][2 * half + 1]);
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+
+    // End of a head: flush the per-head scatter accumulators.
+    if constexpr (kNumScatters > 0) {
+      const bool head_done = pos_next >= total || (pos_next / num_m) != (pos / num_m);
+      if (head_done)
+        flex_bwd::flush_one<Traits, Variant, kDeterministic, 0>(p, vp, acc_uniform, acc_kvrow, sh_red, b, h, hkv, kv_r0, warp, lane, ds == 0);
+    }
+    pos = pos_next;
+    if constexpr (kStages == 2) stage ^= 1;
+  }
+  flex::cp_async_wait<0>();
+
+  // dK = scale * acc_dk, dV = acc_dv: registers -> global (rows past Skv dropped).
+  Element* g_dk = static_cast<Element*>(p.dk) + b * p.dk_stride_b + hkv * p.dk_stride_h;
+  Element* g_dv = static_cast<Element*>(p.dv) + b * p.dv_stride_b + hkv * p.dv_stride_h;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int kv = kv_r0 + half * 8;
+    if (kv < seqlen_kv) {
+#pragma unroll
+      for (int u = 0; u < kUnits; ++u) {
+        const int du = ds * kUnits + u;
+        if (kUnitsExact || du < kD16) {
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int d = du * 16 + i * 8 + 2 * t4;
+            *reinterpret_cast<unsigned*>(g_dk + kv * p.dk_stride_s + d) =
+                Mma::pack(acc_dk[u][i][2 * half] * p.scale, acc_dk[u][i][2 * half + 1] * p.scale);
+            *reinterpret_cast<unsigned*>(g_dv + kv * p.dv_stride_s + d) = Mma::pack(acc_dv[u][i][2 * half], acc_dv[u][i][2 * half + 1]);
+          }
+        }
+      }
+    }
+  }
+}

@@ -1,0 +1,68 @@
+// Launch parameters of the flex attention backward kernels: plain structs shared by NVRTC device code and host C++.
+#pragma once
+#include "flex_params.cuh"
+
+// Plain data only (compiled as host C++20 too): no CUDA types, qualifiers or fixed-width typedefs.
+
+// Deterministic mode accumulates dQ and buffer gradients as 64-bit fixed point with this many fractional
+// bits: integer additions commute, so the result does not depend on the order of the atomics. Values
+// must stay below 2^(63 - kFlexFixedPointBits) = 2^31 in magnitude; the resolution is 2^-32.
+#define FLEX_FIXED_POINT_BITS 32
+
+// Everything the backward kernels need besides the variant's own parameters.
+// Layouts as the forward: q/dq [B, H, Sq, D], k/v/dk/dv [B, Hkv, Skv, D], o/do like q, by element strides
+// with the last dim contiguous. dq, dk, dv have the dtype of q.
+struct FlexBackwardParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* o;
+  const void* d_o;
+  const float* lse;           // [B, H, Sq] natural-log LSE (forward's or merged); -inf: fully masked row
+  void* dq;
+  void* dk;
+  void* dv;
+  float* delta;               // workspace [B, H, Sq]: rowsum(dO * O)
+  float* lse2;                // workspace [B, H, Sq]: lse * log2(e), +inf for fully masked rows (P = 0 there)
+  void* dq_accum;             // workspace [B, H, Sq, D]: fp32 (atomics) or 64-bit fixed point (deterministic)
+  const unsigned char* tile_state;  // [Bm, Hm, nq_fwd, nkv_fwd] forward-granularity tile classes (0 skip,
+                                    // 1 full, 2 partial); null: no block mask (every tile full)
+  long long ts_stride_b;      // element strides of tile_state over b and h (0 = broadcast)
+  long long ts_stride_h;
+  int ts_nq;                  // forward query tiles (ceil(Sq / ts_q_tile))
+  int ts_nkv;                 // forward KV tiles (ceil(Skv / ts_kv_tile))
+  int ts_q_tile;              // forward tile sizes the states were built for
+  int ts_kv_tile;
+  long long q_stride_b, q_stride_h, q_stride_s;
+  long long k_stride_b, k_stride_h, k_stride_s;
+  long long v_stride_b, v_stride_h, v_stride_s;
+  long long o_stride_b, o_stride_h, o_stride_s;
+  long long do_stride_b, do_stride_h, do_stride_s;
+  long long dq_stride_b, dq_stride_h, dq_stride_s;
+  long long dk_stride_b, dk_stride_h, dk_stride_s;
+  long long dv_stride_b, dv_stride_h, dv_stride_s;
+  long long lse_stride_b, lse_stride_h;
+  int batch;
+  int heads;
+  int kv_heads;
+  int seqlen_q;
+  int seqlen_kv;
+  float scale;
+  void* grad_ptr[8];          // per scatter: its buffer's gradient (f32, or 64-bit fixed point when
+                              // deterministic), contiguous, the buffer's shape
+};
+
+// The transposed block-mask builder: one thread per (b, h, query tile) row of the forward mask.
+struct FlexTileStateParams {
+  FlexBlockMask mask;         // the forward mask (counts and lists)
+  unsigned char* tile_state;  // [Bm, Hm, num_q_tiles, max_kv_tiles], cleared to 0 before the launch
+  int rows;                   // Bm * Hm * num_q_tiles
+};
+
+// Conversion of fixed-point or fp32 accumulators into the outputs: out[i] = in[i] * mult.
+struct FlexConvertParams {
+  const void* in;             // fp32 or 64-bit fixed point (deterministic)
+  void* out;                  // Element (dq) or f32 (buffer gradients)
+  long long n;                // elements
+  float mult;
+};

@@ -1,0 +1,418 @@
+// GPU backward tests (label gpu): forward then backward through Runtime::compile + Kernel::backward, every
+// gradient (dq, dk, dv and the marked buffers') compared element by element with the float64 reference
+// backward, outputs poisoned with NaN first.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+
+#include "gpu/gpu_harness.h"
+#include "support/attention_reference_backward.h"
+
+using namespace flexjit;
+using namespace flexjit::test;
+
+namespace {
+
+std::filesystem::path backward_data(const char* name) { return source_dir() / "tests" / "data" / "backward" / name; }
+
+struct BwdCase {
+  int64_t B = 1, H = 2, Hkv = 2, Sq = 200, Skv = 260;
+  dsl::DType dtype = dsl::DType::BF16;
+  std::vector<std::pair<std::string, double>> params;
+  unsigned seed = 7;
+  int64_t int_hi = 8;
+};
+
+// Everything a backward launch reads, on the host and the device.
+struct Problem {
+  dsl::Spec spec;
+  BwdCase c;
+  int64_t D = 0;
+  std::vector<float> q, k, v, d_o;
+  DeviceTensor4 dq_in, dk_in, dv_in, ddo;
+  std::vector<HostDeviceBuffer> bufs;
+  std::map<std::string, int64_t> sym;
+};
+
+Problem make_problem(const dsl::Spec& spec_in, const BwdCase& c) {
+  Problem pr;
+  pr.spec = spec_in;
+  pr.spec.dtype = c.dtype;
+  pr.c = c;
+  pr.D = pr.spec.head_dim;
+  std::mt19937 rng(c.seed);
+  std::vector<uint16_t> qb, kb, vb, ob;
+  pr.q = random_rounded(size_t(c.B * c.H * c.Sq * pr.D), c.dtype, rng, qb);
+  pr.k = random_rounded(size_t(c.B * c.Hkv * c.Skv * pr.D), c.dtype, rng, kb);
+  pr.v = random_rounded(size_t(c.B * c.Hkv * c.Skv * pr.D), c.dtype, rng, vb);
+  pr.d_o = random_rounded(size_t(c.B * c.H * c.Sq * pr.D), c.dtype, rng, ob);
+  pr.dq_in = upload4(0, qb, c.dtype, c.B, c.H, c.Sq, pr.D, false);
+  pr.dk_in = upload4(0, kb, c.dtype, c.B, c.Hkv, c.Skv, pr.D, false);
+  pr.dv_in = upload4(0, vb, c.dtype, c.B, c.Hkv, c.Skv, pr.D, false);
+  pr.ddo = upload4(0, ob, c.dtype, c.B, c.H, c.Sq, pr.D, false);
+  pr.sym = {{"B", c.B}, {"H", c.H}, {"Hkv", c.Hkv}, {"Sq", c.Sq}, {"Skv", c.Skv}, {"D", pr.D}, {"L", 2 * c.Skv - 1}, {"N", 64}};
+  pr.bufs = make_buffers(pr.spec, pr.sym, 0, rng, c.int_hi);
+  return pr;
+}
+
+EvalEnv make_env(const SpecIR& ir, const Problem& pr) {
+  EvalEnv env;
+  env.symbols.resize(ir.checked.symbols.size());
+  for (size_t i = 0; i < ir.checked.symbols.size(); ++i)
+    env.symbols[i] = pr.sym.count(ir.checked.symbols[i]) ? pr.sym.at(ir.checked.symbols[i]) : 1;
+  env.params.resize(pr.spec.params.size());
+  for (size_t i = 0; i < pr.spec.params.size(); ++i) {
+    const dsl::ParamDecl& p = pr.spec.params[i];
+    Value val;
+    val.type = p.type == dsl::ValueType::Float ? ir::Type::Float : p.type == dsl::ValueType::Bool ? ir::Type::Bool : ir::Type::Int;
+    double x = p.type == dsl::ValueType::Float ? p.float_value : p.type == dsl::ValueType::Bool ? double(p.bool_value) : double(p.int_value);
+    for (auto& [n, pv] : pr.c.params)
+      if (n == p.name) x = pv;
+    val.i = static_cast<int64_t>(x);
+    val.f = static_cast<float>(x);
+    val.b = x != 0;
+    env.params[i] = val;
+  }
+  for (const HostDeviceBuffer& b : pr.bufs)
+    env.buffers.push_back(BufferView{b.host.dtype, b.host.data.data(), b.host.shape, contiguous_strides(b.host.shape)});
+  return env;
+}
+
+struct GpuGrads {
+  std::vector<float> o, lse, dq, dk, dv;
+  std::vector<std::vector<float>> grads;  // per spec buffer; empty unless marked
+};
+
+std::vector<std::pair<std::string, Tensor>> buffer_args(const Problem& pr) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (size_t i = 0; i < pr.bufs.size(); ++i)
+    out.emplace_back(pr.spec.buffers[i].name, Tensor{pr.bufs[i].mem.data(), pr.bufs[i].host.dtype, pr.bufs[i].host.shape, {}});
+  return out;
+}
+
+// Backward only, with the given o (device, dtype of q) and lse (device f32).
+GpuGrads run_backward(Kernel& kernel, const Problem& pr, const Tensor& o, const Tensor& lse, bool deterministic, const Tensor& k, const Tensor& v,
+                      int64_t Skv) {
+  const BwdCase& c = pr.c;
+  std::vector<uint16_t> zq(size_t(c.B * c.H * c.Sq * pr.D)), zk(size_t(c.B * c.Hkv * Skv * pr.D));
+  DeviceTensor4 gq = upload4(0, zq, c.dtype, c.B, c.H, c.Sq, pr.D, false);
+  DeviceTensor4 gk = upload4(0, zk, c.dtype, c.B, c.Hkv, Skv, pr.D, false);
+  DeviceTensor4 gv = upload4(0, zk, c.dtype, c.B, c.Hkv, Skv, pr.D, false);
+  gq.mem.fill_bytes(0xff);
+  gk.mem.fill_bytes(0xff);
+  gv.mem.fill_bytes(0xff);
+  std::vector<runtime::DeviceBuffer> gmem;
+  BackwardArgs a;
+  a.q = pr.dq_in.tensor;
+  a.k = k;
+  a.v = v;
+  a.o = o;
+  a.d_o = pr.ddo.tensor;
+  a.lse = lse;
+  a.dq = gq.tensor;
+  a.dk = gk.tensor;
+  a.dv = gv.tensor;
+  a.params = c.params;
+  a.buffers = buffer_args(pr);
+  a.deterministic = deterministic;
+  std::vector<int> marked;
+  for (size_t i = 0; i < pr.spec.buffers.size(); ++i) {
+    if (!pr.spec.buffers[i].requires_grad) continue;
+    size_t n = size_t(pr.bufs[i].host.numel());
+    gmem.emplace_back(0, n * 4);
+    gmem.back().fill_bytes(0xff);
+    a.grads.emplace_back(pr.spec.buffers[i].name, Tensor{gmem.back().data(), dsl::DType::F32, pr.bufs[i].host.shape, {}});
+    marked.push_back(int(i));
+  }
+  kernel.backward(a);
+  kernel.check_errors(0, nullptr);
+  GpuGrads g;
+  g.dq = download4(gq, c.dtype);
+  g.dk = download4(gk, c.dtype);
+  g.dv = download4(gv, c.dtype);
+  g.grads.resize(pr.spec.buffers.size());
+  for (size_t m = 0; m < marked.size(); ++m) {
+    auto& out = g.grads[size_t(marked[m])];
+    out.resize(size_t(pr.bufs[size_t(marked[m])].host.numel()));
+    gmem[m].download(out.data(), out.size() * 4);
+  }
+  return g;
+}
+
+struct FwdOut {
+  DeviceTensor4 o;
+  runtime::DeviceBuffer lse;
+  std::vector<float> o_host, lse_host;
+};
+
+FwdOut run_forward(Kernel& kernel, const Problem& pr, const Tensor& k, const Tensor& v, int64_t Skv) {
+  const BwdCase& c = pr.c;
+  std::vector<uint16_t> z(size_t(c.B * c.H * c.Sq * pr.D), 0);
+  FwdOut f{upload4(0, z, c.dtype, c.B, c.H, c.Sq, pr.D, false), runtime::DeviceBuffer(0, size_t(c.B * c.H * c.Sq) * 4), {}, {}};
+  AttentionArgs a;
+  a.q = pr.dq_in.tensor;
+  a.k = k;
+  a.v = v;
+  a.o = f.o.tensor;
+  a.lse = Tensor{f.lse.data(), dsl::DType::F32, {c.B, c.H, c.Sq}, {}};
+  a.params = c.params;
+  a.buffers = buffer_args(pr);
+  kernel.forward(a);
+  kernel.check_errors(0, nullptr);
+  f.o_host = download4(f.o, c.dtype);
+  f.lse_host.resize(size_t(c.B * c.H * c.Sq));
+  f.lse.download(f.lse_host.data(), f.lse_host.size() * 4);
+  (void)Skv;
+  return f;
+}
+
+std::vector<double> to_double(const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); }
+
+void expect_match(const char* what, const std::vector<float>& got, const std::vector<double>& ref, double bound) {
+  Comparison cmp = compare(got, ref);
+  std::printf("  %-22s rel_l2 %.2e max_abs %.2e bad %lld\n", what, cmp.rel_l2, cmp.max_abs, static_cast<long long>(cmp.bad));
+  INFO(what << ": rel_l2 " << cmp.rel_l2 << " max_abs " << cmp.max_abs << " bad " << cmp.bad << " (first " << cmp.first_bad << ")");
+  CHECK(cmp.bad == 0);
+  CHECK(cmp.rel_l2 < bound);
+}
+
+struct CheckedRun {
+  GpuGrads gpu;
+  RefBackward ref;
+};
+
+// Forward, backward and the float64 reference backward (with the forward's own o and lse).
+CheckedRun check_case(const dsl::Spec& spec, const BwdCase& c, bool deterministic = false, double bound = 2e-2) {
+  Problem pr = make_problem(spec, c);
+  Runtime rt;
+  auto kernel = rt.compile(pr.spec);
+  FwdOut f = run_forward(*kernel, pr, pr.dk_in.tensor, pr.dv_in.tensor, c.Skv);
+  Tensor lse{f.lse.data(), dsl::DType::F32, {c.B, c.H, c.Sq}, {}};
+  GpuGrads g = run_backward(*kernel, pr, f.o.tensor, lse, deterministic, pr.dk_in.tensor, pr.dv_in.tensor, c.Skv);
+  SpecIR ir = build_spec_ir(pr.spec);
+  EvalEnv env = make_env(ir, pr);
+  std::vector<double> lse_d(f.lse_host.begin(), f.lse_host.end());
+  RefBackward ref = reference_backward(ir, RefShape{c.B, c.H, c.Hkv, c.Sq, c.Skv, pr.D, pr.D}, pr.q, pr.k, pr.v, pr.d_o, to_double(f.o_host),
+                                       lse_d, env, 1.0 / std::sqrt(double(pr.D)));
+  std::printf("%s D%lld %s B%lld H%lld/%lld Sq%lld Skv%lld%s\n", spec.name.c_str(), (long long)pr.D, dsl::dtype_name(c.dtype),
+              (long long)c.B, (long long)c.H, (long long)c.Hkv, (long long)c.Sq, (long long)c.Skv, deterministic ? " deterministic" : "");
+  INFO(spec.name << " D" << pr.D << " " << dsl::dtype_name(c.dtype) << " B" << c.B << " H" << c.H << "/" << c.Hkv << " Sq" << c.Sq << " Skv"
+                 << c.Skv << (deterministic ? " deterministic" : ""));
+  expect_match("dq", g.dq, ref.dq, bound);
+  expect_match("dk", g.dk, ref.dk, bound);
+  expect_match("dv", g.dv, ref.dv, bound);
+  for (size_t i = 0; i < pr.spec.buffers.size(); ++i) {
+    if (!pr.spec.buffers[i].requires_grad) continue;
+    INFO("gradient of " << pr.spec.buffers[i].name);
+    expect_match("grad", g.grads[i], ref.grads[i], bound);
+  }
+  return CheckedRun{std::move(g), std::move(ref)};
+}
+
+dsl::Spec inline_spec(const std::string& name, std::optional<std::string> score, std::optional<std::string> mask, int d,
+                      std::vector<std::string> buffers = {}, std::vector<std::string> grads = {}) {
+  dsl::Spec s;
+  s.name = name;
+  s.score_mod = score;
+  s.mask_mod = mask;
+  s.head_dim = d;
+  dsl::Diagnostics diags;
+  for (auto& b : buffers) dsl::add_buffer(s, b, "test", diags);
+  REQUIRE(!diags.has_errors());
+  for (auto& g : grads)
+    for (auto& b : s.buffers)
+      if (b.name == g) b.requires_grad = true;
+  return s;
+}
+
+dsl::Spec with_dim(dsl::Spec s, int d) {
+  s.head_dim = d;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("backward: gallery mods at odd lengths (bf16, D 128)", "[gpu][backward]") {
+  FLEXJIT_REQUIRE_GPU();
+  for (const char* name : {"causal", "softcap", "alibi", "alibi_causal", "sliding_window"}) {
+    BwdCase c;
+    c.Sq = 1000;
+    c.Skv = 1037;
+    if (std::string(name) == "sliding_window") c.params = {{"window", 100}};
+    check_case(load_spec(gallery_dir() / (std::string(name) + ".json")), c);
+  }
+}
+
+TEST_CASE("backward: learnable buffers (bias, slopes, kv bias, offset bias, SAM)", "[gpu][backward]") {
+  FLEXJIT_REQUIRE_GPU();
+  BwdCase c;
+  c.Sq = 300;
+  c.Skv = 333;
+  check_case(load_spec(backward_data("learnable_bias.json")), c);
+  check_case(load_spec(backward_data("alibi_learnable.json")), c);
+  check_case(load_spec(backward_data("softcap_bias_learnable.json")), c);
+  check_case(load_spec(backward_data("offset_bias_learnable.json")), c);
+  BwdCase sam;
+  sam.Sq = sam.Skv = 320;
+  check_case(load_spec(backward_data("sam_learnable.json")), sam);
+}
+
+TEST_CASE("backward: document mask, fully masked rows, GQA 4:1", "[gpu][backward]") {
+  FLEXJIT_REQUIRE_GPU();
+  BwdCase c;
+  c.Sq = c.Skv = 400;
+  c.int_hi = 5;
+  check_case(load_spec(gallery_dir() / "document.json"), c);
+  // Rows q % 7 == 3 see nothing: LSE -inf, dq must be 0 there (and no NaN anywhere).
+  dsl::Spec holes = inline_spec("holes", std::nullopt, std::string("q % 7 != 3 && kv <= q"), 64);
+  CheckedRun r = check_case(holes, c);
+  bool zero_rows = true;
+  for (int64_t h = 0; h < c.H; ++h)
+    for (int64_t q = 3; q < c.Sq; q += 7)
+      for (int64_t d = 0; d < 64; ++d) zero_rows = zero_rows && r.gpu.dq[size_t((h * c.Sq + q) * 64 + d)] == 0.f;
+  CHECK(zero_rows);
+  BwdCase g;
+  g.H = 8;
+  g.Hkv = 2;
+  g.Sq = 250;
+  g.Skv = 270;
+  check_case(load_spec(backward_data("alibi_learnable.json")), g);
+  check_case(load_spec(gallery_dir() / "causal.json"), g);
+}
+
+TEST_CASE("backward: head dims and fp16", "[gpu][backward]") {
+  FLEXJIT_REQUIRE_GPU();
+  dsl::Spec alibi = load_spec(backward_data("alibi_learnable.json"));
+  for (int d : {64, 80, 128}) {
+    BwdCase c;
+    c.Sq = 333;
+    c.Skv = 517;
+    check_case(with_dim(alibi, d), c);
+  }
+  for (int d : {32, 96, 192, 256}) {
+    BwdCase c;
+    c.Sq = 150;
+    c.Skv = 170;
+    check_case(with_dim(alibi, d), c);
+  }
+  BwdCase h;
+  h.dtype = dsl::DType::F16;
+  h.Sq = 280;  // bias[h, q - kv + Skv - 1] with L = 2 Skv - 1 needs Sq <= Skv
+  h.Skv = 300;
+  check_case(load_spec(backward_data("learnable_bias.json")), h);
+  check_case(load_spec(gallery_dir() / "softcap.json"), h);
+}
+
+TEST_CASE("backward: deterministic mode is bitwise reproducible", "[gpu][backward]") {
+  FLEXJIT_REQUIRE_GPU();
+  BwdCase c;
+  c.Sq = 500;
+  c.Skv = 530;
+  dsl::Spec spec = load_spec(backward_data("learnable_bias.json"));
+  CheckedRun a = check_case(spec, c, true);
+  CheckedRun b = check_case(spec, c, true);
+  auto same = [](const std::vector<float>& x, const std::vector<float>& y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
+  };
+  CHECK(same(a.gpu.dq, b.gpu.dq));
+  CHECK(same(a.gpu.dk, b.gpu.dk));
+  CHECK(same(a.gpu.dv, b.gpu.dv));
+  CHECK(same(a.gpu.grads[0], b.gpu.grads[0]));
+  CheckedRun s = check_case(load_spec(backward_data("alibi_learnable.json")), c, true);
+  CheckedRun s2 = check_case(load_spec(backward_data("alibi_learnable.json")), c, true);
+  CHECK(same(s.gpu.grads[0], s2.gpu.grads[0]));
+  CHECK(same(s.gpu.dq, s2.gpu.dq));
+}
+
+TEST_CASE("backward: LSE in - KV split in two chunks with a merged LSE", "[gpu][backward]") {
+  FLEXJIT_REQUIRE_GPU();
+  // softcap: the mod depends on the score only, so a KV chunk sees the same mods as the whole.
+  dsl::Spec spec = with_dim(load_spec(gallery_dir() / "softcap.json"), 64);
+  BwdCase c;
+  c.Sq = 300;
+  c.Skv = 448;
+  Problem pr = make_problem(spec, c);
+  Runtime rt;
+  auto kernel = rt.compile(pr.spec);
+  const int64_t D = pr.D, split = 192;
+  // K / V chunk views (contiguous [B, Hkv, Skv, D]: a chunk is an offset view with the full strides).
+  auto view = [&](const DeviceTensor4& t, int64_t s0, int64_t n) {
+    Tensor v = t.tensor;
+    v.data = static_cast<char*>(t.mem.data()) + s0 * D * 2;
+    v.shape = {c.B, c.Hkv, n, D};
+    v.strides = {c.Hkv * c.Skv * D, c.Skv * D, D, 1};
+    return v;
+  };
+  Tensor k1 = view(pr.dk_in, 0, split), k2 = view(pr.dk_in, split, c.Skv - split);
+  Tensor v1 = view(pr.dv_in, 0, split), v2 = view(pr.dv_in, split, c.Skv - split);
+  FwdOut f1 = run_forward(*kernel, pr, k1, v1, split);
+  FwdOut f2 = run_forward(*kernel, pr, k2, v2, c.Skv - split);
+  // Merge on the host: lse = log(e^lse1 + e^lse2), o = sum_i e^(lse_i - lse) o_i (rounded to the dtype).
+  const size_t rows = size_t(c.B * c.H * c.Sq);
+  std::vector<float> lse(rows);
+  std::vector<double> o_ref(rows * size_t(D)), lse_ref(rows);
+  std::vector<uint16_t> o_bits(rows * size_t(D));
+  for (size_t r = 0; r < rows; ++r) {
+    double l1 = f1.lse_host[r], l2 = f2.lse_host[r], m = std::max(l1, l2);
+    double l = m + std::log(std::exp(l1 - m) + std::exp(l2 - m));
+    lse[r] = float(l);
+    lse_ref[r] = lse[r];
+    for (int64_t d = 0; d < D; ++d) {
+      double o = std::exp(l1 - l) * f1.o_host[r * size_t(D) + size_t(d)] + std::exp(l2 - l) * f2.o_host[r * size_t(D) + size_t(d)];
+      o_bits[r * size_t(D) + size_t(d)] = float_to_bf16(float(o));
+      o_ref[r * size_t(D) + size_t(d)] = bf16_to_float(o_bits[r * size_t(D) + size_t(d)]);
+    }
+  }
+  DeviceTensor4 om = upload4(0, o_bits, c.dtype, c.B, c.H, c.Sq, D, false);
+  runtime::DeviceBuffer lm(0, rows * 4);
+  lm.upload(lse.data(), rows * 4);
+  Tensor lse_t{lm.data(), dsl::DType::F32, {c.B, c.H, c.Sq}, {}};
+  GpuGrads g1 = run_backward(*kernel, pr, om.tensor, lse_t, false, k1, v1, split);
+  GpuGrads g2 = run_backward(*kernel, pr, om.tensor, lse_t, false, k2, v2, c.Skv - split);
+  SpecIR ir = build_spec_ir(pr.spec);
+  RefBackward ref = reference_backward(ir, RefShape{c.B, c.H, c.Hkv, c.Sq, c.Skv, D, D}, pr.q, pr.k, pr.v, pr.d_o, o_ref, lse_ref,
+                                       make_env(ir, pr), 1.0 / std::sqrt(double(D)));
+  std::vector<float> dq(g1.dq.size());
+  for (size_t i = 0; i < dq.size(); ++i) dq[i] = g1.dq[i] + g2.dq[i];
+  expect_match("dq (sum of chunks)", dq, ref.dq, 2e-2);
+  // dk / dv of each chunk against the matching rows of the unsplit reference.
+  auto rows_of = [&](const std::vector<double>& full, int64_t s0, int64_t n) {
+    std::vector<double> out;
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t h = 0; h < c.Hkv; ++h)
+        for (int64_t s = s0; s < s0 + n; ++s)
+          for (int64_t d = 0; d < D; ++d) out.push_back(full[size_t(((b * c.Hkv + h) * c.Skv + s) * D + d)]);
+    return out;
+  };
+  expect_match("dk chunk 1", g1.dk, rows_of(ref.dk, 0, split), 2e-2);
+  expect_match("dk chunk 2", g2.dk, rows_of(ref.dk, split, c.Skv - split), 2e-2);
+  expect_match("dv chunk 1", g1.dv, rows_of(ref.dv, 0, split), 2e-2);
+  expect_match("dv chunk 2", g2.dv, rows_of(ref.dv, split, c.Skv - split), 2e-2);
+}
+
+TEST_CASE("backward: argument errors are clear", "[gpu][backward]") {
+  FLEXJIT_REQUIRE_GPU();
+  Problem pr = make_problem(load_spec(backward_data("alibi_learnable.json")), BwdCase{});
+  Runtime rt;
+  auto kernel = rt.compile(pr.spec);
+  BackwardArgs a;
+  a.q = pr.dq_in.tensor;
+  a.k = pr.dk_in.tensor;
+  a.v = pr.dv_in.tensor;
+  a.o = pr.dq_in.tensor;
+  a.d_o = pr.ddo.tensor;
+  a.dq = pr.dq_in.tensor;
+  a.dk = pr.dk_in.tensor;
+  a.dv = pr.dv_in.tensor;
+  a.buffers = buffer_args(pr);
+  CHECK_THROWS_WITH(kernel->backward(a), Catch::Contains("lse is required"));
+  runtime::DeviceBuffer lse(0, size_t(pr.c.B * pr.c.H * pr.c.Sq) * 4);
+  a.lse = Tensor{lse.data(), dsl::DType::F32, {pr.c.B, pr.c.H, pr.c.Sq}, {}};
+  runtime::DeviceBuffer g(0, 64);
+  a.grads = {{"slope", Tensor{g.data(), dsl::DType::F32, {3}, {}}}};
+  CHECK_THROWS_WITH(kernel->backward(a), Catch::Contains("gradient of `slope` has shape"));
+  a.grads = {{"slope", Tensor{g.data(), dsl::DType::BF16, {pr.c.H}, {}}}};
+  CHECK_THROWS_WITH(kernel->backward(a), Catch::Contains("must be f32"));
+}

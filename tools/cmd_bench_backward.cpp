@@ -1,0 +1,153 @@
+// `flexjit bench-backward SPEC --shape B,H,Hkv,Sq,Skv,D`: times the forward, the backward and both
+// together on random inputs with CUDA events (medians); buffers marked `grad` get gradients.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <random>
+
+#include "compiler/frontend.h"
+#include "dsl/error.h"
+#include "runtime/cuda_driver.h"
+#include "runtime/device.h"
+#include "runtime/flexjit.hpp"
+#include "tools/commands.h"
+#include "tools/spec_options.h"
+#include "tools/tensor_io.h"
+
+namespace flexjit::tools {
+
+namespace {
+
+struct BenchBackwardOptions {
+  SpecOptions spec;
+  std::string shape, device = "cuda:0";
+  int warmup = 5, iters = 30;
+  bool deterministic = false;
+  bool json = false;
+};
+
+int run_bench_backward(const BenchBackwardOptions& o) {
+  dsl::Spec spec = o.spec.load();
+  std::vector<int64_t> s = parse_shape(o.shape, "--shape");
+  if (s.size() != 6) throw Error("--shape expects B,H,Hkv,Sq,Skv,D");
+  const int64_t B = s[0], H = s[1], Hkv = s[2], Sq = s[3], Skv = s[4], D = s[5];
+  spec.head_dim = static_cast<int>(D);
+  Device device = parse_device(o.device);
+  if (device.kind != Device::Kind::Cuda) throw Error("bench-backward times GPU kernels; use --device cuda:N");
+  const runtime::CudaDriver* drv = runtime::cuda_driver();
+  if (!drv) throw Error("no CUDA driver: " + runtime::cuda_driver_unavailable_reason());
+  runtime::ScopedDevice scope(device.index);
+
+  Runtime rt;
+  auto kernel = rt.compile(spec);
+  std::mt19937 rng(1234);
+  std::vector<PlacedTensor> placed;
+  placed.reserve(32);
+  auto add = [&](NpyArray a) {
+    placed.push_back(place(std::move(a), device));
+    return placed.back().tensor();
+  };
+  auto empty = [&](dsl::DType dt, std::vector<int64_t> shape) {
+    placed.push_back(place_empty(dt, std::move(shape), device));
+    return placed.back().tensor();
+  };
+  AttentionArgs fa;
+  fa.device = device;
+  fa.q = add(random_array(spec.dtype, {B, H, Sq, D}, rng, 0, 1));
+  fa.k = add(random_array(spec.dtype, {B, Hkv, Skv, D}, rng, 0, 1));
+  fa.v = add(random_array(spec.dtype, {B, Hkv, Skv, D}, rng, 0, 1));
+  fa.o = empty(spec.dtype, {B, H, Sq, D});
+  fa.lse = empty(dsl::DType::F32, {B, H, Sq});
+  std::map<std::string, int64_t> values = {{"B", B}, {"H", H}, {"Hkv", Hkv}, {"Sq", Sq}, {"Skv", Skv}, {"D", D}, {"L", 2 * Skv - 1}};
+  BackwardArgs ba;
+  ba.device = device;
+  for (const dsl::BufferDecl& b : spec.buffers) {
+    std::vector<int64_t> shape;
+    for (const dsl::Dim& d : b.shape) {
+      if (!d.is_symbol) shape.push_back(d.value);
+      else if (values.count(d.symbol)) shape.push_back(values[d.symbol]);
+      else throw Error(fmt::format("buffer `{}` has symbol {} that the shape does not bind", b.name, d.symbol));
+    }
+    NpyArray a = random_array(b.dtype, shape, rng, 0, 8);
+    if (b.dtype == dsl::DType::F32 || b.dtype == dsl::DType::BF16 || b.dtype == dsl::DType::F16) {
+      // Small values: ALiBi-like slopes and biases, not N(0, 1) logits on top of the scores.
+      for (int64_t i = 0; i < a.numel(); ++i)
+        if (b.dtype == dsl::DType::F32) a.as<float>()[i] *= 0.05f;
+    }
+    fa.buffers.emplace_back(b.name, add(a));
+    if (b.requires_grad) ba.grads.emplace_back(b.name, empty(dsl::DType::F32, shape));
+  }
+  ba.q = fa.q, ba.k = fa.k, ba.v = fa.v, ba.o = fa.o, ba.lse = fa.lse, ba.buffers = fa.buffers;
+  ba.d_o = add(random_array(spec.dtype, {B, H, Sq, D}, rng, 0, 1));
+  ba.dq = empty(spec.dtype, {B, H, Sq, D});
+  ba.dk = empty(spec.dtype, {B, Hkv, Skv, D});
+  ba.dv = empty(spec.dtype, {B, Hkv, Skv, D});
+  ba.deterministic = o.deterministic;
+  std::unique_ptr<BlockMask> mask;
+  kernel->forward(fa);
+  if (spec.mask_mod) {
+    mask = kernel->build_block_mask(fa);
+    fa.block_mask = mask.get();
+    ba.block_mask = mask.get();
+  }
+  kernel->backward(ba);
+  runtime::check_cu(drv->cuCtxSynchronize(), "synchronise");
+  kernel->check_errors(device.index, nullptr);
+
+  CUevent start, stop;
+  runtime::check_cu(drv->cuEventCreate(&start, 0), "cuEventCreate");
+  runtime::check_cu(drv->cuEventCreate(&stop, 0), "cuEventCreate");
+  auto time = [&](const std::function<void()>& fn) {
+    for (int i = 0; i < o.warmup; ++i) fn();
+    std::vector<double> ms;
+    for (int i = 0; i < o.iters; ++i) {
+      runtime::check_cu(drv->cuEventRecord(start, nullptr), "cuEventRecord");
+      fn();
+      runtime::check_cu(drv->cuEventRecord(stop, nullptr), "cuEventRecord");
+      runtime::check_cu(drv->cuEventSynchronize(stop), "cuEventSynchronize");
+      float t = 0;
+      runtime::check_cu(drv->cuEventElapsedTime_v2(&t, start, stop), "cuEventElapsedTime");
+      ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+  };
+  double fwd = time([&] { kernel->forward(fa); });
+  double bwd = time([&] { kernel->backward(ba); });
+  double both = time([&] {
+    kernel->forward(fa);
+    kernel->backward(ba);
+  });
+  drv->cuEventDestroy_v2(start);
+  drv->cuEventDestroy_v2(stop);
+  kernel->check_errors(device.index, nullptr);
+  const runtime::DeviceInfo& info = runtime::device_info(device.index);
+  if (o.json) {
+    fmt::print("{{\"spec\": \"{}\", \"gpu\": \"{}\", \"B\": {}, \"H\": {}, \"Hkv\": {}, \"Sq\": {}, \"Skv\": {}, \"D\": {}, \"deterministic\": {}, "
+               "\"fwd_ms\": {:.4f}, \"bwd_ms\": {:.4f}, \"fwd_bwd_ms\": {:.4f}}}\n",
+               spec.name, info.name, B, H, Hkv, Sq, Skv, D, o.deterministic ? "true" : "false", fwd, bwd, both);
+  } else {
+    fmt::print("{} on {}: B{} H{} Hkv{} Sq{} Skv{} D{}{}: forward {:.4f} ms, backward {:.4f} ms, forward+backward {:.4f} ms\n", spec.name,
+               info.name, B, H, Hkv, Sq, Skv, D, o.deterministic ? " deterministic" : "", fwd, bwd, both);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_bench_backward_command(CLI::App& app, Action& action) {
+  auto* cmd = app.add_subcommand("bench-backward", "Time the forward and backward kernels of a spec on random inputs (GPU)");
+  auto o = std::make_shared<BenchBackwardOptions>();
+  o->spec.add_to(cmd);
+  cmd->add_option("--shape", o->shape, "B,H,Hkv,Sq,Skv,D")->required();
+  cmd->add_option("--device", o->device, "cuda:N")->capture_default_str();
+  cmd->add_option("--warmup", o->warmup, "Untimed runs first")->capture_default_str();
+  cmd->add_option("--iters", o->iters, "Timed runs (the median is reported)")->capture_default_str();
+  cmd->add_flag("--deterministic", o->deterministic, "Deterministic backward (fixed-point accumulation)");
+  cmd->add_flag("--json", o->json, "One JSON object per run");
+  cmd->callback([o, &action] { action = [o] { return run_bench_backward(*o); }; });
+}
+
+}  // namespace flexjit::tools

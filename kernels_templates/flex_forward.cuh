@@ -137,6 +137,59 @@ struct ForwardKernel {
   }
 };
 
+// Which (query tile, head) this CTA computes: heaviest query tiles first, so that the last wave holds the
+// lightest ones (CTAs start roughly in linear block order). Under a block mask the work of a query tile
+// is its count of listed KV tiles, known only on the device: each CTA ranks the tiles of its (b, h) by
+// that count (ties: the later tile first) and takes the tile whose rank is its position in the launch.
+// Heads are interleaved in groups of kHeadGroup, so the heaviest tiles of 8 heads all start before the
+// lighter ones while the K/V working set in L2 stays near 8 heads (as in head-major order); for document
+// masks, whose tile counts vary irregularly, this removes most of the last-wave tail.
+// Used only for data-dependent masks (kRankTiles; the generator decides): merely compiled into the kernels
+// of full attention and softcap it cost them 7% (register allocation, harness run 7), causal lost 1-2%, and
+// causal-like masks get the heavy-first order from the reversed index anyway.
+// Without a block mask, or with more query tiles than `scratch` holds, the order is the reversed tile
+// index (heaviest first for causal-like masks). `scratch` is the Q tile's shared memory, free until the
+// Q copy is issued; the last barrier makes every thread's reads finish before that.
+template <int kNThreads>
+__device__ __forceinline__ void schedule_cta(const FlexBlockMask& bm, int b, int tid, int* scratch, int scratch_ints,
+                                             int& m_block, int& h) {
+  constexpr int kHeadGroup = 8;
+  const int nq = gridDim.x;
+  const int heads = gridDim.y;
+  if ((bm.kv_num_partial == nullptr && bm.kv_num_full == nullptr) || nq + 1 > scratch_ints) {
+    m_block = nq - 1 - blockIdx.x;
+    h = blockIdx.y;
+    return;
+  }
+  const int group_ctas = nq * kHeadGroup;
+  const int lin = blockIdx.x + nq * blockIdx.y;
+  const int group = lin / group_ctas;
+  const int group_heads = min(kHeadGroup, heads - group * kHeadGroup);
+  const int i = lin - group * group_ctas;
+  const int rank = i / group_heads;
+  h = group * kHeadGroup + i % group_heads;
+  const long long off = b * bm.stride_b + h * bm.stride_h;
+  for (int t = tid; t < nq; t += kNThreads) {
+    int w = 0;
+    if (bm.kv_num_partial != nullptr) w += bm.kv_num_partial[off + t];
+    if (bm.kv_num_full != nullptr) w += bm.kv_num_full[off + t];
+    scratch[t] = w;
+  }
+  __syncthreads();
+  for (int t = tid; t < nq; t += kNThreads) {
+    const int wt = scratch[t];
+    int r = 0;
+    for (int u = 0; u < nq; ++u) {
+      const int wu = scratch[u];
+      r += (wu > wt || (wu == wt && u > t)) ? 1 : 0;
+    }
+    if (r == rank) scratch[nq] = t;
+  }
+  __syncthreads();
+  m_block = scratch[nq];
+  __syncthreads();
+}
+
 }  // namespace flex
 
 // One CTA computes O and LSE for kBlockM query rows of one (b, h). grid = (ceil(Sq / kBlockM), H, B),
@@ -144,7 +197,8 @@ struct ForwardKernel {
 // kVarlen: the ragged-batch instantiation (p.cu_seqlens_q / p.cu_seqlens_kv, see flex_params.cuh). It is a
 // separate instantiation because per-sequence lengths held in registers cost the dense path 15% (causal D128
 // spilled): without it, Sq and Skv stay in the constant bank and the dense code is unchanged.
-template <class Traits, class Variant, bool kVarlen = false>
+// kRankTiles: order CTAs by the block mask's per-tile work (see flex::schedule_cta); dense launches only.
+template <class Traits, class Variant, bool kVarlen = false, bool kRankTiles = false>
 __device__ __forceinline__ void flex_forward(const FlexForwardParams& p, const typename Variant::Params& vp) {
   using K = flex::ForwardKernel<Traits, Variant>;
   using Element = typename Traits::Element;
@@ -168,10 +222,16 @@ __device__ __forceinline__ void flex_forward(const FlexForwardParams& p, const t
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
-  // Heaviest query tiles (most KV tiles under causal-like masks) first: they start in the first wave.
-  const int m_block = gridDim.x - 1 - blockIdx.x;
-  const int h = blockIdx.y;
   const int b = blockIdx.z;
+  int m_block, h;
+  if constexpr (kVarlen || !kRankTiles) {
+    // Heaviest query tiles (most KV tiles under causal-like masks) first: they start in the first wave.
+    m_block = gridDim.x - 1 - blockIdx.x;
+    h = blockIdx.y;
+  } else {
+    flex::schedule_cta<Traits::kNThreads>(p.block_mask, b, tid, reinterpret_cast<int*>(flex_smem),
+                                          Traits::kSmemQElems * 2 / 4, m_block, h);
+  }
   const int hkv = h / (p.heads / p.kv_heads);
   const int m0 = m_block * kBlockM;
   int seqlen_q = p.seqlen_q;

@@ -28,6 +28,9 @@ KernelSource forward_kernel_source(const SpecIR& ir, const RangeInfo& ranges, co
   ks.name = fmt::format("{}_fwd_{}_{}", ir.spec().name, dsl::dtype_name(options.dtype), ks.config.str());
   ks.entries = {kForwardEntry};
   std::string block_mask;
+  // Data-dependent masks (built by the dense path) give query tiles irregular amounts of work: the kernel
+  // then ranks its CTAs by the block mask's tile counts, heaviest first (flex::schedule_cta).
+  bool rank_tiles = false;
   if (ir.mask_mod) {
     ks.entries.push_back(kBlockMaskEntry);
     if (mask_is_interval_classifiable(ir)) {
@@ -37,6 +40,7 @@ KernelSource forward_kernel_source(const SpecIR& ir, const RangeInfo& ranges, co
                                "  flex_build_block_mask_interval<FlexVariant, FlexMaskBox>(p, vp);\n}}\n",
                                kBlockMaskEntry);
     } else {
+      rank_tiles = true;
       block_mask = fmt::format("\nextern \"C\" __global__ void __launch_bounds__(flex_blockmask::kThreads)\n"
                                "{}(const FlexBlockMaskBuildParams p, const FlexVariant::Params vp) {{\n"
                                "  flex_build_block_mask_dense<FlexVariant>(p, vp);\n}}\n",
@@ -52,11 +56,11 @@ KernelSource forward_kernel_source(const SpecIR& ir, const RangeInfo& ranges, co
       "using FlexTraits = FlexForwardTraits</*kHeadDim=*/{}, /*kBlockM=*/{}, /*kBlockN=*/{}, /*kNWarps=*/{}, {}>;\n\n"
       "extern \"C\" __global__ void __launch_bounds__(FlexTraits::kNThreads, 1)\n"
       "{}(const FlexForwardParams p, const FlexVariant::Params vp) {{\n"
-      "  flex_forward<FlexTraits, FlexVariant>(p, vp);\n"
+      "  flex_forward<FlexTraits, FlexVariant{}>(p, vp);\n"
       "}}\n{}",
       ir.spec().name, ks.config.block_m, ks.config.block_n, ks.config.warps, options.head_dim, element,
       ir.mask_mod ? "#include \"flex_blockmask.cuh\"\n" : "", ks.variant.code, options.head_dim, ks.config.block_m, ks.config.block_n,
-      ks.config.warps, element, kForwardEntry, block_mask);
+      ks.config.warps, element, kForwardEntry, rank_tiles ? ", /*kVarlen=*/false, /*kRankTiles=*/true" : "", block_mask);
   ks.key_text = fmt::format("kind=forward\ndtype={}\nconfig={}\nint32={}\nchecked_loads={:x}\nerror_flags={}\nhoist={}\nfast_tanh={}\n",
                             dsl::dtype_name(options.dtype), ks.config.str(), vo.int32, vo.checked_loads, vo.error_flags, vo.hoist,
                             vo.fast_tanh);

@@ -51,7 +51,7 @@ using FlexTraits = FlexForwardTraits</*kHeadDim=*/128, /*kBlockM=*/128, /*kBlock
 
 extern "C" __global__ void __launch_bounds__(FlexTraits::kNThreads, 1)
 flexjit_forward(const FlexForwardParams p, const FlexVariant::Params vp) {
-  flex_forward<FlexTraits, FlexVariant>(p, vp);
+  flex_forward<FlexTraits, FlexVariant, /*kVarlen=*/false, /*kRankTiles=*/true>(p, vp);
 }
 
 extern "C" __global__ void __launch_bounds__(flex_blockmask::kThreads)

@@ -20,13 +20,23 @@ using Traits = FlexForwardTraits<kHeadDim, kBlockM, kBlockN, kNWarps, Element>;
 
 // What generated code writes, templated here instead of spelled out per variant. FLEX_HARNESS_MIN_BLOCKS
 // (default 1, as generated code) lets an experiment cap registers for more CTAs per SM.
+// As the generator does: data-dependent masks (here the document mask) rank CTAs by block-mask work.
+template <class Variant>
+struct RankTiles {
+  static constexpr bool value = false;
+};
+template <bool kCheck>
+struct RankTiles<DocVariant<kCheck>> {
+  static constexpr bool value = true;
+};
+
 #ifndef FLEX_HARNESS_MIN_BLOCKS
 #define FLEX_HARNESS_MIN_BLOCKS 1
 #endif
 template <class T, class Variant>
 __global__ void __launch_bounds__(T::kNThreads, FLEX_HARNESS_MIN_BLOCKS)
     harness_forward(const FlexForwardParams p, const typename Variant::Params vp) {
-  flex_forward<T, Variant>(p, vp);
+  flex_forward<T, Variant, /*kVarlen=*/false, RankTiles<Variant>::value>(p, vp);
 }
 
 template <class Element, class Variant>

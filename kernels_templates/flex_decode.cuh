@@ -21,7 +21,8 @@
 // - Split s of a (sequence, KV head) visits tiles [begin + s * n, min(end, begin + (s + 1) * n)), n =
 //   ceil((end - begin) / num_splits), [begin, end) = the sequence's tile window. With num_splits == 1 the CTA
 //   writes O and LSE itself; otherwise fp32 partials (O divided by the split's own sum, and its LSE) go to the
-//   workspace and flex_decode_combine merges them.
+//   workspace and they are merged: by the last split CTA of each (sequence, KV head, row block) to finish when
+//   p.split_counters is set (fused combine, no second launch), else by flex_decode_combine.
 //
 // Contract with the generated Variant: as in flex_forward.cuh (Params, kHasScoreMod, kHasMaskMod, Row, Col, Tile,
 // row/col/tile/score_mod/mask_mod with the same signatures), where h is the query head, hkv = h / group,
@@ -32,7 +33,8 @@
 //
 // Host responsibilities besides FlexDecodeParams' list: dynamic shared memory of Traits::kSmemBytes (raise the
 // limit above 48 KB), p.row_blocks = ceil(group * max_q_len / Traits::kBlockM), the workspace when
-// num_splits > 1, and the combine launch after the decode launch (same stream):
+// num_splits > 1, and either zeroed split counters (once; the kernel leaves them zero) or the combine launch
+// after the decode launch (same stream):
 //   combine grid = ceil(B * H * max_q_len / 4), block = 128 threads, no shared memory.
 // An all-masked row (or a row whose visited tiles are empty) ends with O = 0 and LSE = -inf.
 
@@ -79,6 +81,12 @@ struct FlexDecodeTraits {
   static_assert(kSmemBytes <= 232448, "FlexDecodeTraits: shared memory exceeds the 227 KB an sm_90 block may use; lower kStages");
 };
 
+// Experiment switch of the harness (tests/gpu/decode_harness): L2 prefetch size of the default K/V copies,
+// 256 (the runtime's), 128 or 0 (no hint).
+#ifndef FLEX_DECODE_PREFETCH
+#define FLEX_DECODE_PREFETCH 256
+#endif
+
 namespace flex {
 
 // KV copies: 16-byte cp.async like flex_mma.cuh's cp_async_16, with L2 hints. L2::256B: a miss fetches the whole
@@ -99,7 +107,13 @@ __device__ __forceinline__ void cp_async_16_kv(unsigned dst, const void* src, bo
                  "r"(src_size), "l"(policy));
   } else {
     (void)policy;
+#if FLEX_DECODE_PREFETCH == 256
     asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size));
+#elif FLEX_DECODE_PREFETCH == 128
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size));
+#else
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size));
+#endif
   }
 }
 
@@ -225,6 +239,114 @@ struct DecodeKernel {
     }
   }
 };
+
+// Merges the num_splits partials of one output row (b, h, i), row = (b * H + h) * max_q_len + i, with one warp:
+// w_s = exp(LSE_s - max LSE), O = sum w_s O_s / sum w_s, LSE = max + ln(sum w_s); splits with LSE = -inf are
+// skipped (their O is never read); a row whose splits are all -inf gets O = 0 and LSE = -inf.
+// kFromL2: read the workspace through L2 only (ld.cg): the partials were written by other CTAs of the running
+// grid, which L1 does not track.
+template <int kHeadDim, class Element, bool kFromL2>
+__device__ __forceinline__ void decode_combine_row(const FlexDecodeParams& p, long long row, int b, int h, int i, int lane) {
+  using Mma = Mma16816<Element>;
+  constexpr int kQuads = kHeadDim / 4;  // float4 chunks of a row
+  constexpr int kPerLane = (kQuads + 31) / 32;
+  const float neg_inf = __int_as_float(0xff800000u);
+  const int ns = p.num_splits;
+  const float* lse_row = p.ws_lse + row * ns;
+  const float* o_row = p.ws_o + row * ns * kHeadDim;
+  auto load_lse = [&](int s) { return kFromL2 ? __ldcg(lse_row + s) : lse_row[s]; };
+
+  constexpr int kFewSplits = 8;
+  float m = neg_inf;
+  if (ns > kFewSplits) {
+    for (int s = lane; s < ns; s += 32) m = fmaxf(m, load_lse(s));
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  }
+
+  float acc[kPerLane][4];
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[k][e] = 0.f;
+  float l = 0.f;
+  if (ns <= kFewSplits) {
+    // Few splits (the usual plan): every LSE and this lane's O chunks of every split are loaded at once, so the
+    // merge costs one L2 round trip, not one per split. Chunks of empty splits (LSE = -inf, never written) are
+    // loaded but not used.
+    float ls[kFewSplits];
+    float4 x[kFewSplits][kPerLane];
+#pragma unroll
+    for (int s = 0; s < kFewSplits; ++s) {
+      if (s < ns) {
+        ls[s] = load_lse(s);
+        const float4* src = reinterpret_cast<const float4*>(o_row + (long long)s * kHeadDim);
+#pragma unroll
+        for (int k = 0; k < kPerLane; ++k) {
+          const int c = lane + 32 * k;
+          if (kQuads % 32 == 0 || c < kQuads) x[s][k] = kFromL2 ? __ldcg(src + c) : src[c];
+        }
+      }
+    }
+    float mf = neg_inf;
+#pragma unroll
+    for (int s = 0; s < kFewSplits; ++s)
+      if (s < ns) mf = fmaxf(mf, ls[s]);
+#pragma unroll
+    for (int s = 0; s < kFewSplits; ++s) {
+      if (s < ns && ls[s] != neg_inf) {
+        const float w = __expf(ls[s] - mf);
+        l += w;
+#pragma unroll
+        for (int k = 0; k < kPerLane; ++k) {
+          acc[k][0] += w * x[s][k].x;
+          acc[k][1] += w * x[s][k].y;
+          acc[k][2] += w * x[s][k].z;
+          acc[k][3] += w * x[s][k].w;
+        }
+      }
+    }
+    m = mf;
+  } else if (m != neg_inf) {
+    for (int s0 = 0; s0 < ns; s0 += 32) {
+      // Lane s holds the weight of split s0 + s; broadcast one at a time (warp-uniform skip of empty splits).
+      const float ls = s0 + lane < ns ? load_lse(s0 + lane) : neg_inf;
+      const float w_lane = ls == neg_inf ? 0.f : __expf(ls - m);
+      const int n = min(32, ns - s0);
+#pragma unroll 4
+      for (int s = 0; s < n; ++s) {
+        const float w = __shfl_sync(0xffffffffu, w_lane, s);
+        if (w == 0.f) continue;
+        l += w;
+        const float4* src = reinterpret_cast<const float4*>(o_row + (long long)(s0 + s) * kHeadDim);
+#pragma unroll
+        for (int k = 0; k < kPerLane; ++k) {
+          const int c = lane + 32 * k;
+          if (kQuads % 32 == 0 || c < kQuads) {
+            const float4 x = kFromL2 ? __ldcg(src + c) : src[c];
+            acc[k][0] += w * x.x;
+            acc[k][1] += w * x.y;
+            acc[k][2] += w * x.z;
+            acc[k][3] += w * x.w;
+          }
+        }
+      }
+    }
+  }
+  const float inv = l > 0.f ? 1.f / l : 0.f;
+  Element* g_o = static_cast<Element*>(p.o) + b * p.o_stride_b + i * p.o_stride_s + h * p.o_stride_h;
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    const int c = lane + 32 * k;
+    if (kQuads % 32 == 0 || c < kQuads) {
+      uint2 packed;
+      packed.x = Mma::pack(acc[k][0] * inv, acc[k][1] * inv);
+      packed.y = Mma::pack(acc[k][2] * inv, acc[k][3] * inv);
+      *reinterpret_cast<uint2*>(g_o + c * 4) = packed;
+    }
+  }
+  if (lane == 0 && p.lse != nullptr) p.lse[b * p.lse_stride_b + h * p.lse_stride_h + i] = l > 0.f ? m + logf(l) : neg_inf;
+}
 
 }  // namespace flex
 
@@ -590,18 +712,38 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
       }
     }
   }
+
+  // Fused combine: the last split CTA of this (b, hkv, rb) to arrive merges its rows' partials (threadfence
+  // reduction pattern: every thread publishes its partials, then one atomic per CTA counts the arrivals).
+  if (direct || p.split_counters == nullptr) return;
+  __shared__ int s_last;
+  __threadfence();
+  __syncthreads();
+  int* counter = p.split_counters + ((long long)b * p.kv_heads + hkv) * p.row_blocks + rb;
+  if (tid == 0) {
+    const int arrived = atomicAdd(counter, 1);
+    s_last = arrived == p.num_splits - 1;
+    // Every other split has arrived: nothing increments this counter again in this launch.
+    if (s_last) *counter = 0;
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  for (int tr = warp; tr < kBlockM; tr += kNWarps) {
+    const int R = rb * kBlockM + tr;
+    const int g = R / max_q;
+    const int i = R - g * max_q;
+    if (!(R < n_rows && i < q_len)) continue;
+    const long long row = (long long)(b * p.heads + h0 + g) * max_q + i;
+    flex::decode_combine_row<kHeadDim, Element, true>(p, row, b, h0 + g, i, lane);
+  }
 }
 
-// Merges the splits of each output row exactly: w_s = exp(LSE_s - max LSE), O = sum w_s O_s / sum w_s,
-// LSE = max + ln(sum w_s); splits with LSE = -inf are skipped (their O is never read); a row whose splits are
-// all -inf gets O = 0 and LSE = -inf. One warp per row (b, h, i), row = (b * H + h) * max_q_len + i;
-// grid = ceil(B * H * max_q_len / 4), block = 128 threads.
+// Merges the splits of each output row exactly (flex::decode_combine_row). One warp per row (b, h, i),
+// row = (b * H + h) * max_q_len + i; grid = ceil(B * H * max_q_len / 4), block = 128 threads. Not launched when
+// p.split_counters is set (the decode kernel's last split CTA merges then).
 template <int kHeadDim, class Element>
 __device__ __forceinline__ void flex_decode_combine(const FlexDecodeParams& p) {
-  using Mma = flex::Mma16816<Element>;
-  constexpr int kQuads = kHeadDim / 4;              // float4 chunks of a row
-  constexpr int kPerLane = (kQuads + 31) / 32;
-  const float neg_inf = __int_as_float(0xff800000u);
   const int lane = threadIdx.x % 32;
   const long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int max_q = p.max_q_len;
@@ -611,59 +753,5 @@ __device__ __forceinline__ void flex_decode_combine(const FlexDecodeParams& p) {
   const int b = (int)(row / ((long long)max_q * p.heads));
   const int q_len = p.q_lens != nullptr ? p.q_lens[b] : max_q;
   if (i >= q_len) return;
-  const int ns = p.num_splits;
-  const float* lse_row = p.ws_lse + row * ns;
-  const float* o_row = p.ws_o + row * ns * kHeadDim;
-
-  float m = neg_inf;
-  for (int s = lane; s < ns; s += 32) m = fmaxf(m, lse_row[s]);
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-
-  float acc[kPerLane][4];
-#pragma unroll
-  for (int k = 0; k < kPerLane; ++k)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[k][e] = 0.f;
-  float l = 0.f;
-  if (m != neg_inf) {
-    for (int s0 = 0; s0 < ns; s0 += 32) {
-      // Lane s holds the weight of split s0 + s; broadcast one at a time (warp-uniform skip of empty splits).
-      const float ls = s0 + lane < ns ? lse_row[s0 + lane] : neg_inf;
-      const float w_lane = ls == neg_inf ? 0.f : __expf(ls - m);
-      const int n = min(32, ns - s0);
-#pragma unroll 4
-      for (int s = 0; s < n; ++s) {
-        const float w = __shfl_sync(0xffffffffu, w_lane, s);
-        if (w == 0.f) continue;
-        l += w;
-        const float4* src = reinterpret_cast<const float4*>(o_row + (long long)(s0 + s) * kHeadDim);
-#pragma unroll
-        for (int k = 0; k < kPerLane; ++k) {
-          const int c = lane + 32 * k;
-          if (kQuads % 32 == 0 || c < kQuads) {
-            const float4 x = src[c];
-            acc[k][0] += w * x.x;
-            acc[k][1] += w * x.y;
-            acc[k][2] += w * x.z;
-            acc[k][3] += w * x.w;
-          }
-        }
-      }
-    }
-  }
-  const float inv = l > 0.f ? 1.f / l : 0.f;
-  Element* g_o = static_cast<Element*>(p.o) + b * p.o_stride_b + i * p.o_stride_s + h * p.o_stride_h;
-#pragma unroll
-  for (int k = 0; k < kPerLane; ++k) {
-    const int c = lane + 32 * k;
-    if (kQuads % 32 == 0 || c < kQuads) {
-      uint2 packed;
-      packed.x = Mma::pack(acc[k][0] * inv, acc[k][1] * inv);
-      packed.y = Mma::pack(acc[k][2] * inv, acc[k][3] * inv);
-      *reinterpret_cast<uint2*>(g_o + c * 4) = packed;
-    }
-  }
-  if (lane == 0 && p.lse != nullptr)
-    p.lse[b * p.lse_stride_b + h * p.lse_stride_h + i] = l > 0.f ? m + logf(l) : neg_inf;
+  flex::decode_combine_row<kHeadDim, Element, false>(p, row, b, h, i, lane);
 }

@@ -85,6 +85,11 @@ struct FlexDecodeParams {
   int kv_evict_first;            // nonzero: K/V loads carry an L2 evict_first policy (see flex_decode.cuh)
   float scale;                   // softmax scale applied to q.k before score_mod
   FlexDecodeTiles tiles;         // tile window / full tiles; all null = every tile, all partial
+  // [B * Hkv * row_blocks] arrival counters, zero before the first launch (num_splits > 1). Non-null: the last
+  // split CTA of each (sequence, KV head, row block) to finish merges the partials itself and resets its
+  // counter to zero (so the next launch, or a graph replay, finds zeros again); no combine launch then.
+  // Null: the separate flex_decode_combine launch merges.
+  int* split_counters;
 };
 
 // Where the window kernel writes FlexDecodeTiles' four arrays, and what it classifies.
@@ -114,6 +119,17 @@ inline long long flex_decode_workspace_bytes(int batch, int heads, int max_q_len
 }
 
 #if !defined(__CUDACC_RTC__)
+// Resident CTAs per SM worth filling with splits (the ctas_per_sm argument of flex_decode_num_splits): the
+// memory system is saturated once about 64 KB of K/V copies are in flight per SM (kStages - 1 tiles of K and V per
+// CTA); more resident CTAs only add partials to merge. Measured on the H100 (docs/DECODE_NOTES.md): D128 with 2
+// stages, 2 of its 3 resident CTAs per SM (4 splits for B8 Hkv8): as fast as 6 splits at KV 32768, 3% faster at 8192.
+inline int flex_decode_bandwidth_ctas(int ctas_per_sm, int head_dim, int stages) {
+  const long long in_flight = (long long)(stages - 1) * 2 * kFlexDecodeBlockN * (head_dim + 8) * 2;
+  const long long need = in_flight > 0 ? (65536 + in_flight - 1) / in_flight : 1;
+  int n = need < ctas_per_sm ? (int)need : ctas_per_sm;
+  return n < 1 ? 1 : n;
+}
+
 // Split count for one decode launch. Every split of a launch is about as long, so the grid runs in waves of
 // num_sms * ctas_per_sm CTAs and a last, partly filled wave leaves the memory system idle for its length.
 // The count is the smallest one whose wave efficiency n / (ceil(n / slots) * slots), n = CTAs, is within 10% of

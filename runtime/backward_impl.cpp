@@ -78,7 +78,6 @@ struct KernelImpl::BackwardState {
     std::map<int, Functions> fns;
   };
   std::map<std::string, std::unique_ptr<Module>> modules;
-  std::map<int, std::unique_ptr<Workspace>> workspaces;  // the kernel's own backward workspace per device
 };
 
 KernelImpl::BackwardState& KernelImpl::backward_state() {
@@ -134,9 +133,10 @@ Workspace& KernelImpl::backward_workspace_for(const BackwardArgs& a, int device,
     geometry(*a.workspace->mask_, s, cfg, device);
     return *a.workspace;
   }
-  BackwardState& st = backward_state();
-  std::lock_guard<std::mutex> lock(st.mutex);
-  auto& ws = st.workspaces[device];
+  // The kernel's one workspace per device, shared with the forward, so check_errors reads the
+  // error word both wrote.
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto& ws = workspaces_[device];
   if (!ws || !fits(*ws)) {
     CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
     require_driver().cuStreamIsCapturing(a.stream, &status);

@@ -46,8 +46,9 @@ class GpuDecodePlan : public DecodePlan {
   DecodeConfig config;
   int num_splits_ = 1;
   bool evict_first = false;
+  bool fused_combine = false;  // the decode kernel's last split CTA merges (no combine launch)
   runtime::DeviceBuffer memory;
-  size_t ws_o_offset = 0, ws_lse_offset = 0, window_offset = 0;
+  size_t ws_o_offset = 0, ws_lse_offset = 0, window_offset = 0, counters_offset = 0;
 };
 
 void check_rank(const Tensor& t, const char* name, size_t rank) {
@@ -116,6 +117,12 @@ std::unique_ptr<DecodePlan> KernelImpl::plan_decode(const DecodePlanOptions& o) 
   plan->device = device;
   const int group = o.heads / o.kv_heads;
   plan->config = decode_config(D, group * o.max_seqlen_q);
+  // FLEXJIT_DECODE_STAGES=2..4 overrides the stage count (for comparisons; docs/DECODE_NOTES.md).
+  if (const char* e = std::getenv("FLEXJIT_DECODE_STAGES")) {
+    const int st = std::atoi(e);
+    if (st < 2 || st > 4) throw Error(fmt::format("FLEXJIT_DECODE_STAGES must be 2, 3 or 4, got `{}`", e));
+    plan->config.stages = st;
+  }
   if (plan->config.shared_bytes() > info.max_shared_optin)
     throw Error(fmt::format("decode with head dim {} needs {} bytes of shared memory per block, but {} allows {}", D, plan->config.shared_bytes(),
                             info.name, info.max_shared_optin));
@@ -131,7 +138,14 @@ std::unique_ptr<DecodePlan> KernelImpl::plan_decode(const DecodePlanOptions& o) 
     check_cu(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm, m.var.forward_fn.at(device), 128, plan->config.shared_bytes()),
              "reading the decode kernel's occupancy");
     const int max_tiles = (o.max_seqlen_kv + kFlexDecodeBlockN - 1) / kFlexDecodeBlockN;
-    plan->num_splits_ = flex_decode_num_splits(info.sm_count, ctas_per_sm, o.batch * o.kv_heads * row_blocks, max_tiles);
+    const int ctas = flex_decode_bandwidth_ctas(ctas_per_sm, D, plan->config.stages);
+    plan->num_splits_ = flex_decode_num_splits(info.sm_count, ctas, o.batch * o.kv_heads * row_blocks, max_tiles);
+  }
+  // FLEXJIT_DECODE_NUM_SPLITS=n overrides the automatic count (for comparisons; an explicit num_splits wins).
+  if (const char* e = std::getenv("FLEXJIT_DECODE_NUM_SPLITS"); e && o.num_splits == 0) {
+    const int n = std::atoi(e);
+    if (n < 1 || n > kFlexDecodeMaxSplits) throw Error(fmt::format("FLEXJIT_DECODE_NUM_SPLITS must be in 1..{}, got `{}`", kFlexDecodeMaxSplits, e));
+    plan->num_splits_ = n;
   }
   // evict_first keeps other data in L2 and measured faster for caches up to ~256 MB and for tile windows
   // (docs/DECODE_NOTES.md), 1.4% slower for 1 GB caches. FLEXJIT_DECODE_EVICT_FIRST=0/1 overrides.
@@ -139,16 +153,30 @@ std::unique_ptr<DecodePlan> KernelImpl::plan_decode(const DecodePlanOptions& o) 
   plan->evict_first = kv_bytes <= 512e6 || decode_state_->window;
   if (const char* e = std::getenv("FLEXJIT_DECODE_EVICT_FIRST")) plan->evict_first = std::atoi(e) != 0;
 
-  // One allocation: [window arrays: 4 x B x Hkv ints][ws_o][ws_lse], 256-byte aligned pieces.
+  // The last split CTA of each row block merges the partials in the decode kernel (fused combine): saves the
+  // combine launch and its gap. FLEXJIT_DECODE_FUSED_COMBINE=0 brings the separate combine kernel back.
+  plan->fused_combine = true;
+  if (const char* e = std::getenv("FLEXJIT_DECODE_FUSED_COMBINE")) plan->fused_combine = std::atoi(e) != 0;
+
+  // One allocation: [window arrays: 4 x B x Hkv ints][ws_o][ws_lse][split counters: B x Hkv x row_blocks ints],
+  // 256-byte aligned pieces.
   auto align = [](size_t x) { return (x + 255) / 256 * 256; };
   const size_t window_bytes = align(size_t(4) * o.batch * o.kv_heads * 4);
   const long long ws = flex_decode_workspace_bytes(o.batch, o.heads, o.max_seqlen_q, D, plan->num_splits_);
   const size_t rows = size_t(o.batch) * o.heads * o.max_seqlen_q * plan->num_splits_;
+  const size_t counters = size_t(o.batch) * o.kv_heads * row_blocks;
   plan->window_offset = 0;
   plan->ws_o_offset = window_bytes;
   plan->ws_lse_offset = window_bytes + align(rows * D * 4);
-  size_t total = ws > 0 ? plan->ws_lse_offset + align(rows * 4) : window_bytes;
+  plan->counters_offset = plan->ws_lse_offset + align(rows * 4);
+  size_t total = ws > 0 ? plan->counters_offset + align(counters * 4) : window_bytes;
   plan->memory = runtime::DeviceBuffer(device, total);
+  if (ws > 0) {
+    // The counters start at zero; every launch leaves them at zero again (the last CTA resets its counter).
+    const CUdeviceptr c = reinterpret_cast<CUdeviceptr>(static_cast<char*>(plan->memory.data()) + plan->counters_offset);
+    check_cu(d.cuMemsetD32Async(c, 0, counters, nullptr), "zeroing the decode split counters");
+    check_cu(d.cuStreamSynchronize(nullptr), "zeroing the decode split counters");
+  }
 
   // The error word of checked loads lives in the kernel's per-device workspace (read by check_errors).
   {
@@ -297,6 +325,7 @@ void KernelImpl::decode(const DecodePlan& plan_base, const DecodeArgs& a) {
   if (plan->num_splits_ > 1) {
     p.ws_o = reinterpret_cast<float*>(base + plan->ws_o_offset);
     p.ws_lse = reinterpret_cast<float*>(base + plan->ws_lse_offset);
+    if (plan->fused_combine) p.split_counters = reinterpret_cast<int*>(base + plan->counters_offset);
   }
   p.kv_lens = static_cast<const int*>(a.kv_lens.data);
   p.q_lens = static_cast<const int*>(a.q_lens.data);
@@ -367,7 +396,7 @@ void KernelImpl::decode(const DecodePlan& plan_base, const DecodeArgs& a) {
   check_cu(d.cuLaunchKernel(m.var.forward_fn.at(device), static_cast<unsigned>(p.num_splits), static_cast<unsigned>(Hkv * p.row_blocks),
                             static_cast<unsigned>(B), 128, 1, 1, static_cast<unsigned>(plan->config.shared_bytes()), a.stream, args, nullptr),
            "launching the decode kernel");
-  if (p.num_splits > 1) {
+  if (p.num_splits > 1 && p.split_counters == nullptr) {
     void* cargs[] = {&p};
     const long long rows = B * H * Sq;
     check_cu(d.cuLaunchKernel(m.combine_fn.at(device), static_cast<unsigned>((rows + 3) / 4), 1, 1, 128, 1, 1, 0, a.stream, cargs, nullptr),

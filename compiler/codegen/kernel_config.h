@@ -28,7 +28,7 @@ ForwardConfig forward_config(int head_dim);
 struct DecodeConfig {
   int head_dim = 128;
   int m_tiles = 1;  // 1 or 2 (2 only for head dims up to 128)
-  int stages = 3;   // 3 for head dims up to 128, else 2
+  int stages = 2;   // K/V shared-memory stages (2..4)
   std::string str() const;
   int block_m() const { return 16 * m_tiles; }
   // FlexDecodeTraits::kSmemBytes: Q tile plus max(stages of K and V, the end-of-CTA merge buffers).

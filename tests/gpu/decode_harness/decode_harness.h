@@ -36,5 +36,10 @@ cudaError_t launch_decode(const DecodeConfig& cfg, DVariant kind, DType dtype, b
 // Dynamic shared memory and resident CTAs per SM of that kernel (0 when not instantiated).
 int decode_smem_bytes(const DecodeConfig& cfg);
 int decode_ctas_per_sm(const DecodeConfig& cfg, DVariant kind, DType dtype, bool check);
+// The stage count of DecodeConfig::stages == 0 (the runtime's default unless built with -DDECODE_DEFAULT_STAGES).
+int decode_default_stages();
+
+// Benchmark-only switch (main.cu): launch_decode skips the combine kernel, to time the decode kernel alone.
+extern bool g_decode_skip_combine;
 
 #define DECODE_HARNESS_HEAD_DIMS(X) X(64) X(128) X(256)

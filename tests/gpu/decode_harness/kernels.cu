@@ -12,6 +12,12 @@
 namespace {
 
 constexpr int kHeadDim = FLEX_HEAD_DIM;
+// The runtime's stage count (compiler/codegen/kernel_config.cpp, decode_config); -DDECODE_DEFAULT_STAGES=n to compare.
+#ifdef DECODE_DEFAULT_STAGES
+constexpr int kHarnessDefaultStages = DECODE_DEFAULT_STAGES;
+#else
+constexpr int kHarnessDefaultStages = 2;
+#endif
 
 // What generated code writes: a __global__ wrapper per instantiation, two CTAs per SM wanted.
 template <class T, class Variant>
@@ -41,7 +47,9 @@ struct Launcher {
     const dim3 grid(p.num_splits, p.kv_heads * p.row_blocks, p.batch);
     harness_decode<T, Variant><<<grid, T::kNThreads, T::kSmemBytes, s>>>(p, vp);
     if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
-    if (p.num_splits > 1) {
+    // Fused combine (split_counters set): the decode kernel merges. g_decode_skip_combine: timing of the
+    // decode kernel alone (results not merged).
+    if (p.num_splits > 1 && p.split_counters == nullptr && !g_decode_skip_combine) {
       const long long rows = (long long)p.batch * p.heads * p.max_q_len;
       harness_combine<kHeadDim, Element><<<(unsigned)((rows + 3) / 4), 128, 0, s>>>(p);
       return cudaGetLastError();
@@ -63,7 +71,7 @@ template <class Element, bool kCheck, class F>
 bool with_variant(const DecodeConfig& cfg, DVariant kind, F&& f) {
   constexpr bool kBf16 = __is_same(Element, __nv_bfloat16);
   // Per head dim: the default stage count and which variants exist.
-  constexpr int kDefaultStages = kHeadDim > 128 ? 2 : 3;
+  constexpr int kDefaultStages = kHarnessDefaultStages;
   const int st = cfg.stages == 0 ? kDefaultStages : cfg.stages;
   auto pick = [&](auto variant_tag) -> bool {
     using V = typename decltype(variant_tag)::type;
@@ -77,6 +85,7 @@ bool with_variant(const DecodeConfig& cfg, DVariant kind, F&& f) {
     using V = typename decltype(variant_tag)::type;
     if constexpr (kHeadDim == 128 && kBf16 && !kCheck) {
       if (cfg.m_tiles == 1 && st == 2) return f(Launcher<Element, 1, 2, V>{}), true;
+      if (cfg.m_tiles == 1 && st == 3) return f(Launcher<Element, 1, 3, V>{}), true;
       if (cfg.m_tiles == 1 && st == 4) return f(Launcher<Element, 1, 4, V>{}), true;
     }
     return pick(variant_tag);
@@ -150,6 +159,6 @@ int smem_bytes_for(int stages) {
 }  // namespace
 
 int FLEX_CAT(decode_smem_bytes_d, FLEX_HEAD_DIM)(const DecodeConfig& cfg) {
-  const int st = cfg.stages == 0 ? (kHeadDim > 128 ? 2 : 3) : cfg.stages;
+  const int st = cfg.stages == 0 ? kHarnessDefaultStages : cfg.stages;
   return cfg.m_tiles == 2 ? smem_bytes_for<2>(st) : smem_bytes_for<1>(st);
 }

@@ -58,6 +58,14 @@ int decode_ctas_per_sm(const DecodeConfig& cfg, DVariant kind, DType dtype, bool
   }
   return 0;
 }
+int decode_default_stages() {
+#ifdef DECODE_DEFAULT_STAGES
+  return DECODE_DEFAULT_STAGES;
+#else
+  return 2;
+#endif
+}
+
 int decode_smem_bytes(const DecodeConfig& cfg) {
   switch (cfg.head_dim) {
 #define CASE(D) \
@@ -315,6 +323,8 @@ struct DeviceProblem {
 };
 
 int g_num_sms = 0;
+// DECODE_FUSED=1: checks run the fused combine (split counters), each case launched twice (counter reset).
+bool g_fused = false;
 
 // Physical KV storage from per-sequence logical rows. `fill(b, pos, hkv, d)` gives element bits. Paged: pages
 // shuffled, the unused slots and an extra poison page (where unused page-table entries point) are NaN.
@@ -455,17 +465,22 @@ void fill_params(const Case& c, DeviceProblem& dp, const KvLayout& lay, const Ho
   int splits = splits_override ? splits_override : c.splits;
   if (splits == 0) {
     const int ctas = decode_ctas_per_sm(dp.cfg, c.kind, c.dtype, true);
-    splits = flex_decode_num_splits(g_num_sms, std::max(1, ctas), B * c.Hkv * p.row_blocks, max_tiles);
+    const int st = dp.cfg.stages ? dp.cfg.stages : decode_default_stages();
+    splits = flex_decode_num_splits(g_num_sms, flex_decode_bandwidth_ctas(std::max(1, ctas), D, st), B * c.Hkv * p.row_blocks, max_tiles);
   }
   p.num_splits = splits;
   if (dp.ws) cudaFree(dp.ws);
   dp.ws = nullptr;
   const long long ws_bytes = flex_decode_workspace_bytes(B, H, Q, D, splits);
   if (ws_bytes > 0) {
-    CUDA_CHECK(cudaMalloc(&dp.ws, ws_bytes));
+    // Fused-combine counters (zero) after the partials.
+    const size_t counter_bytes = (size_t)B * c.Hkv * p.row_blocks * 4;
+    CUDA_CHECK(cudaMalloc(&dp.ws, ws_bytes + counter_bytes));
     CUDA_CHECK(cudaMemset(dp.ws, 0xFF, ws_bytes));  // NaN: a partial read before it was written shows up
+    CUDA_CHECK(cudaMemset(reinterpret_cast<char*>(dp.ws) + ws_bytes, 0, counter_bytes));
     p.ws_o = dp.ws;
     p.ws_lse = dp.ws + (size_t)B * H * Q * splits * D;
+    if (g_fused) p.split_counters = reinterpret_cast<int*>(reinterpret_cast<char*>(dp.ws) + ws_bytes);
   }
   DecodeHarnessParams& vp = dp.vp;
   vp = DecodeHarnessParams{};
@@ -578,6 +593,15 @@ CheckResult run_check(const Case& c, uint64_t seed) {
   CUDA_CHECK(cudaMemset(dp.lse, 0xFF, dp.lse_elems * 4));
   CUDA_CHECK(cudaMemset(dp.violations, 0, 4));
   CheckResult res;
+  if (g_fused && dp.p.split_counters != nullptr) {
+    // A first launch, then poison again: the second launch checks that the counters were reset to zero.
+    const cudaError_t e1 = launch_decode(dp.cfg, c.kind, dt, true, dp.p, dp.vp, 0);
+    if (e1 == cudaSuccess) {
+      CUDA_CHECK(cudaDeviceSynchronize());
+      CUDA_CHECK(cudaMemset(dp.o, 0xFF, dp.o_elems * 2));
+      CUDA_CHECK(cudaMemset(dp.lse, 0xFF, dp.lse_elems * 4));
+    }
+  }
   const cudaError_t lerr = launch_decode(dp.cfg, c.kind, dt, true, dp.p, dp.vp, 0);
   if (lerr != cudaSuccess) {
     res.ok = false;
@@ -890,6 +914,8 @@ struct BenchSpec {
   int stages = 0;
   DType dtype = DType::BF16;
   bool evict_first = false;
+  bool fused = false;         // fused combine (split counters)
+  bool skip_combine = false;  // time the decode kernel alone (results not merged)
 };
 
 float* g_flush = nullptr;
@@ -946,7 +972,10 @@ void run_bench(const std::string& set, const BenchSpec& one, int reps) {
   CUDA_CHECK(cudaMalloc(&o, (size_t)B * H * D * 2));
   float *lse, *slopes, *ws;
   CUDA_CHECK(cudaMalloc(&lse, (size_t)B * H * 4));
-  CUDA_CHECK(cudaMalloc(&ws, flex_decode_workspace_bytes(B, H, 1, D, kFlexDecodeMaxSplits)));
+  const long long ws_max = flex_decode_workspace_bytes(B, H, 1, D, kFlexDecodeMaxSplits);
+  CUDA_CHECK(cudaMalloc(&ws, ws_max + B * Hkv * 4));
+  int* counters = reinterpret_cast<int*>(reinterpret_cast<char*>(ws) + ws_max);
+  CUDA_CHECK(cudaMemset(counters, 0, B * Hkv * 4));
   std::vector<float> hs(H);
   for (int h = 0; h < H; ++h) hs[h] = std::pow(2.f, -8.f * (h + 1) / H);
   slopes = to_device(hs);
@@ -980,6 +1009,48 @@ void run_bench(const std::string& set, const BenchSpec& one, int reps) {
       }
     }
     specs.push_back({"window 1024 ps16", DVariant::Window, 32768, 16, 1024});
+  } else if (set == "opt") {
+    // Optimisation sweep: fused combine, decode alone, split counts, stages.
+    auto add = [&](BenchSpec s, bool fused, bool skip = false) {
+      s.fused = fused;
+      s.skip_combine = skip;
+      if (fused) s.name += " fused";
+      if (skip) s.name += " decode-only";
+      specs.push_back(s);
+    };
+    for (int L : {8192, 32768}) {
+      add({"contiguous", DVariant::Plain, L, 0}, false);
+      add({"contiguous", DVariant::Plain, L, 0}, true);
+      add({"contiguous", DVariant::Plain, L, 0}, false, true);
+      add({"ps16", DVariant::Plain, L, 16}, false);
+      add({"ps16", DVariant::Plain, L, 16}, true);
+      add({"alibi", DVariant::Alibi, L, 0}, false);
+      add({"alibi", DVariant::Alibi, L, 0}, true);
+      add({"softcap", DVariant::Softcap, L, 0}, true);
+      BenchSpec e{"evict_first contiguous", DVariant::Plain, L, 0};
+      e.evict_first = true;
+      add(e, false);
+      add(e, true);
+    }
+    add({"window 1024 ps16", DVariant::Window, 32768, 16, 1024}, false);
+    add({"window 1024 ps16", DVariant::Window, 32768, 16, 1024}, true);
+    {
+      BenchSpec e{"window 1024 ps16 evict_first", DVariant::Window, 32768, 16, 1024};
+      e.evict_first = true;
+      add(e, false);
+      add(e, true);
+    }
+    for (int L : {8192, 32768})
+      for (int st : {2, 3, 4})
+        for (int sp : {2, 3, 4, 5, 6, 8, 12}) {
+          BenchSpec s{"st" + std::to_string(st) + " splits " + std::to_string(sp), DVariant::Plain, L, 0};
+          s.splits = sp;
+          s.stages = st;
+          add(s, true);
+        }
+    add({"contiguous (repeat)", DVariant::Plain, 32768, 0}, false);
+    add({"contiguous (repeat)", DVariant::Plain, 32768, 0}, true);
+    add({"contiguous (repeat)", DVariant::Plain, 8192, 0}, true);
   } else if (set == "one") {
     BenchSpec s{"one", DVariant::Plain, one.kv_len, one.page_size};
     s.splits = one.splits;
@@ -1105,9 +1176,13 @@ void run_bench(const std::string& set, const BenchSpec& one, int reps) {
       std::printf("%-34s not instantiated\n", s.name.c_str());
       continue;
     }
-    p.num_splits = s.splits ? s.splits : flex_decode_num_splits(g_num_sms, ctas, B * Hkv, tiles);
+    p.num_splits = s.splits ? s.splits
+                            : flex_decode_num_splits(g_num_sms, flex_decode_bandwidth_ctas(ctas, D, s.stages ? s.stages : decode_default_stages()),
+                                                     B * Hkv, tiles);
     p.ws_o = ws;
     p.ws_lse = ws + (size_t)B * H * p.num_splits * D;
+    p.split_counters = s.fused ? counters : nullptr;
+    g_decode_skip_combine = s.skip_combine;
     DecodeHarnessParams vp{};
     vp.alibi_slopes = slopes;
     vp.window = s.window;
@@ -1125,6 +1200,7 @@ void run_bench(const std::string& set, const BenchSpec& one, int reps) {
     const double bytes = (double)B * Hkv * rows_read * D * 2 * 2;
     std::printf("%-34s %6d %6d %7d %9.4f %9.3f\n", s.name.c_str(), L, p.num_splits, ctas, ms, bytes / ms / 1e9);
     std::fflush(stdout);
+    g_decode_skip_combine = false;
   }
   for (void* ptr : {(void*)kc, (void*)vc, (void*)kp, (void*)vp2, (void*)q, (void*)o, (void*)lse, (void*)ws,
                     (void*)slopes, (void*)kv_lens, (void*)q_lens, (void*)pt, (void*)tb, (void*)te, (void*)fb,
@@ -1134,6 +1210,8 @@ void run_bench(const std::string& set, const BenchSpec& one, int reps) {
 
 }  // namespace
 
+bool g_decode_skip_combine = false;
+
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "all";
   int dev = 0;
@@ -1141,12 +1219,14 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
   g_num_sms = prop.multiProcessorCount;
+  if (const char* e = std::getenv("DECODE_FUSED")) g_fused = std::atoi(e) != 0;
   std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, g_num_sms, prop.l2CacheSize >> 20);
   int fails = 0;
   if (mode == "check" || mode == "all") fails += run_checks(false);
   if (mode == "sanitize") fails += run_checks(true);
   if (mode == "bench" || mode == "all") run_bench("full", BenchSpec{}, 30);
   if (mode == "quick") run_bench("quick", BenchSpec{}, 30);
+  if (mode == "opt") run_bench("opt", BenchSpec{}, 30);
   if (mode == "one") {  // decode_harness one <kv_len> <splits> <stages> <page_size>: for ncu
     BenchSpec s;
     s.kv_len = argc > 2 ? std::atoi(argv[2]) : 32768;

@@ -9,8 +9,8 @@
 #include <system_error>
 #include <thread>
 
-#include "compiler/passes/interval_eval.h"
 #include "dsl/error.h"
+#include "runtime/cpu/block_classifier.h"
 
 namespace flexjit::cpu {
 
@@ -85,86 +85,6 @@ ScratchLayout scratch_layout(const AttentionJob& j) {
   return s;
 }
 
-// Block classes by interval evaluation of the mask over each (query tile, KV tile) box,
-// computed on first use and shared by every work item (and every b / h the mask ignores).
-class Classifier {
- public:
-  Classifier(const BlockSparsity& s, const AttentionJob& j)
-      : mask_(s.ir->mask_mod), values_(*s.values), uses_b_(s.uses_b), uses_h_(s.uses_h), B_(j.B), H_(j.H), Hkv_(j.Hkv), Sq_(j.Sq),
-        Skv_(j.Skv), M_(j.block_m), N_(j.block_n) {
-    static std::atomic<uint64_t> generations{0};
-    generation_ = ++generations;
-    bm_ = uses_b_ ? B_ : 1;
-    hm_ = uses_h_ ? H_ : 1;
-    nqt_ = (Sq_ + M_ - 1) / M_;
-    nkt_ = (Skv_ + N_ - 1) / N_;
-    int64_t entries = bm_ * hm_ * nqt_ * nkt_;
-    // Past a few hundred MB of table, classify every time instead of caching.
-    if (entries <= (int64_t{1} << 28)) {
-      table_ = std::make_unique<std::atomic<uint8_t>[]>(static_cast<size_t>(entries));
-      for (int64_t i = 0; i < entries; ++i) table_[i].store(kUnknown, std::memory_order_relaxed);
-    }
-    for (const Value& v : values_.params) params_.push_back(v.type == ir::Type::Float ? v.f : v.type == ir::Type::Bool ? (v.b ? 1.0 : 0.0) : double(v.i));
-  }
-
-  static uint8_t classify(const void* ctx, int64_t b, int64_t h, int64_t qt, int64_t kt) {
-    const Classifier* c = static_cast<const Classifier*>(ctx);
-    int64_t bb = c->uses_b_ ? b : 0, hh = c->uses_h_ ? h : 0;
-    if (!c->table_) return c->compute(bb, hh, qt, kt);
-    std::atomic<uint8_t>& slot = c->table_[((bb * c->hm_ + hh) * c->nqt_ + qt) * c->nkt_ + kt];
-    uint8_t v = slot.load(std::memory_order_relaxed);
-    if (v != kUnknown) return v;
-    v = c->compute(bb, hh, qt, kt);
-    slot.store(v, std::memory_order_relaxed);  // racing writers store the same value
-    return v;
-  }
-
- private:
-  static constexpr uint8_t kUnknown = 0xff;
-
-  uint8_t compute(int64_t b, int64_t h, int64_t qt, int64_t kt) const {
-    thread_local IntervalEnv env;
-    thread_local uint64_t env_generation = 0;
-    if (env_generation != generation_) {
-      env.symbols = values_.symbols;
-      env.params = params_;
-      env_generation = generation_;
-    }
-    auto set = [&](dsl::VarId v, int64_t lo, int64_t hi) { env.vars[static_cast<int>(v)] = {lo, hi}; };
-    if (uses_b_) set(dsl::VarId::B, b, b);
-    else set(dsl::VarId::B, 0, B_ - 1);
-    if (uses_h_) {
-      set(dsl::VarId::H, h, h);
-      int64_t hkv = h / (H_ / Hkv_);
-      set(dsl::VarId::KvHead, hkv, hkv);
-    } else {
-      set(dsl::VarId::H, 0, H_ - 1);
-      set(dsl::VarId::KvHead, 0, Hkv_ - 1);
-    }
-    set(dsl::VarId::Q, qt * M_, std::min(Sq_, (qt + 1) * M_) - 1);
-    set(dsl::VarId::KV, kt * N_, std::min(Skv_, (kt + 1) * N_) - 1);
-    try {
-      switch (classify_box(mask_, env)) {
-        case TriBool::False: return kTileEmpty;
-        case TriBool::True: return kTileFull;
-        case TriBool::Unknown: return kTilePartial;
-      }
-    } catch (...) {
-      // Deciding nothing is always sound: the tile is evaluated element by element.
-    }
-    return kTilePartial;
-  }
-
-  ir::Expr mask_;
-  const BoundValues& values_;
-  std::vector<double> params_;
-  bool uses_b_, uses_h_;
-  int64_t B_, H_, Hkv_, Sq_, Skv_, M_, N_;
-  int64_t bm_ = 1, hm_ = 1, nqt_ = 0, nkt_ = 0;
-  uint64_t generation_ = 0;
-  std::unique_ptr<std::atomic<uint8_t>[]> table_;
-};
-
 struct AlignedFree {
   void operator()(void* p) const { ::operator delete(p, std::align_val_t{64}); }
 };
@@ -203,10 +123,11 @@ uint32_t run_attention(AttentionJob job, const BlockSparsity& sparsity, const Dr
   QueryTileKernel kernel = kernel_for(options.isa);
   job.chunk_n = std::max(job.chunk_n / job.block_n, 1) * job.block_n;  // whole tiles
   job.scratch = scratch_layout(job);
-  std::unique_ptr<Classifier> classifier;
+  std::unique_ptr<BlockClassifier> classifier;
   if (sparsity.ir && sparsity.ir->mask_mod && sparsity.values) {
-    classifier = std::make_unique<Classifier>(sparsity, job);
-    job.classify = &Classifier::classify;
+    BlockGrid grid{job.B, job.H, job.Hkv, job.Sq, job.Skv, job.block_m, job.block_n, job.b_offset, job.q_offset};
+    classifier = std::make_unique<BlockClassifier>(sparsity, grid);
+    job.classify = &BlockClassifier::classify;
     job.classify_ctx = classifier.get();
   }
   const int64_t nqt = (job.Sq + job.block_m - 1) / job.block_m;

@@ -312,6 +312,22 @@ class FnEmitter {
 
   llvm::Type* llvm_type(ir::Type t) const { return t == ir::Type::Bool ? i1_ : t == ir::Type::Int ? i64_ : f32_; }
 
+  // The element a load of `buffer` at `indices` reads, as an offset into a contiguous array
+  // of the buffer's shape: each index in [-n, -1] wraps, anything else clamps to [0, n - 1]
+  // (the forward load's rule, so a gradient lands where the value came from).
+  llvm::Value* resolved_offset(int buffer, const std::vector<Expr>& indices) {
+    llvm::Value* offset = iconst(0);
+    for (size_t d = 0; d < indices.size(); ++d) {
+      llvm::Value* i = value(indices[d]);
+      llvm::Value* n = slot_i64(g_.buf_extent[buffer][d]);
+      i = body_.CreateSelect(body_.CreateICmpSLT(i, iconst(0)), body_.CreateAdd(i, n), i);
+      i = body_.CreateBinaryIntrinsic(llvm::Intrinsic::smin, i, entry_.CreateSub(n, iconst(1)));
+      i = body_.CreateBinaryIntrinsic(llvm::Intrinsic::smax, i, iconst(0));
+      offset = d == 0 ? i : body_.CreateAdd(body_.CreateMul(offset, n), i);
+    }
+    return offset;
+  }
+
  private:
   // A hoisted value whose error bits come precomputed: any hoisted node below the root, and
   // the root itself when this function reads it from the state of an earlier stage.
@@ -730,7 +746,7 @@ struct FnShape {
   llvm::PHINode* acc = nullptr;            // error bits accumulated over the loop
 };
 
-enum class ArgKind { Params, Index, Count, State, StateOut, Scores, KeepIn, KeepOut };
+enum class ArgKind { Params, Index, Count, State, StateOut, Scores, KeepIn, KeepOut, ScoresIn, Out };
 
 llvm::Function* make_function(llvm::Module& m, const TargetInfo& target, const std::string& name, llvm::Type* ret,
                               const std::vector<std::pair<const char*, ArgKind>>& args) {
@@ -738,8 +754,7 @@ llvm::Function* make_function(llvm::Module& m, const TargetInfo& target, const s
   std::vector<llvm::Type*> types;
   for (const auto& [n, k] : args) {
     (void)n;
-    bool ptr = k == ArgKind::Params || k == ArgKind::State || k == ArgKind::StateOut || k == ArgKind::Scores || k == ArgKind::KeepIn ||
-               k == ArgKind::KeepOut;
+    bool ptr = k != ArgKind::Index && k != ArgKind::Count;
     types.push_back(ptr ? static_cast<llvm::Type*>(llvm::PointerType::getUnqual(ctx)) : llvm::Type::getInt64Ty(ctx));
   }
   llvm::Function* f = llvm::Function::Create(llvm::FunctionType::get(ret, types, false), llvm::Function::ExternalLinkage, name, m);
@@ -754,7 +769,7 @@ llvm::Function* make_function(llvm::Module& m, const TargetInfo& target, const s
     if (k == ArgKind::Index || k == ArgKind::Count) continue;
     f->addParamAttr(static_cast<unsigned>(i), llvm::Attribute::NoAlias);
     f->addParamAttr(static_cast<unsigned>(i), llvm::Attribute::NoCapture);
-    if (k == ArgKind::Params || k == ArgKind::KeepIn || k == ArgKind::State) f->addParamAttr(static_cast<unsigned>(i), llvm::Attribute::ReadOnly);
+    if (k == ArgKind::Params || k == ArgKind::KeepIn || k == ArgKind::State || k == ArgKind::ScoresIn) f->addParamAttr(static_cast<unsigned>(i), llvm::Attribute::ReadOnly);
   }
   return f;
 }
@@ -815,6 +830,10 @@ CodeGenLLVM::CodeGenLLVM(const SpecIR& ir, const RangeInfo& ranges, const CodeGe
   info_.tile_values = impl_->staged.count(Stage::Tile);
   info_.has_score_mod = static_cast<bool>(ir.score_mod);
   info_.has_mask_mod = static_cast<bool>(ir.mask_mod);
+  if (options.gradient) {
+    info_.has_grad = true;
+    for (const GradScatter& sc : options.gradient->scatters) info_.scatter_buffers.push_back(sc.buffer);
+  }
 }
 
 CodeGenLLVM::~CodeGenLLVM() = default;
@@ -953,10 +972,39 @@ std::unique_ptr<llvm::Module> CodeGenLLVM::generate(llvm::LLVMContext& ctx, cons
     names.push_back(name);
   }
 
+  // grad: d_score[j] = d score_mod / d score, coef[s * tile + j] and offset[s * tile + j] for
+  // scatter s, at the pre-mod scores[j] (mod_abi.h).
+  if (const ScoreModGradient* grad = g.opt.gradient) {
+    std::string name = prefix + "_grad";
+    llvm::Type* i64 = llvm::Type::getInt64Ty(ctx);
+    llvm::Function* f = make_function(*m, target, name, void_t,
+                                      with({{"k0", ArgKind::Index}, {"n", ArgKind::Count}, {"scores", ArgKind::ScoresIn}, {"state", ArgKind::State},
+                                            {"d_score", ArgKind::Out}, {"coef", ArgKind::Out}, {"offset", ArgKind::Out}}));
+    FnShape s = make_loop(f, f->getArg(6), /*returns_bits=*/false);
+    FnEmitter em(g, *m, Stage::Element, s.entry_end, s.body);
+    em.set_vector_isas(target.vector_math_isas);
+    bind_row(em, f);
+    em.k0 = f->getArg(5);
+    em.j = s.j;
+    em.state = f->getArg(8);
+    llvm::IRBuilder<>& bb = em.body();
+    em.score = bb.CreateLoad(f32, bb.CreateGEP(f32, f->getArg(7), s.j));
+    bb.CreateStore(em.value(grad->d_score), bb.CreateGEP(f32, f->getArg(9), s.j));
+    const int64_t tile = g.opt.tile_size;
+    for (size_t i = 0; i < grad->scatters.size(); ++i) {
+      const GradScatter& sc = grad->scatters[i];
+      llvm::Value* at = bb.CreateAdd(s.j, llvm::ConstantInt::get(i64, static_cast<uint64_t>(i) * static_cast<uint64_t>(tile)));
+      bb.CreateStore(em.value(sc.coefficient), bb.CreateGEP(f32, f->getArg(10), at));
+      bb.CreateStore(em.resolved_offset(sc.buffer, sc.indices), bb.CreateGEP(i64, f->getArg(11), at));
+    }
+    finish_loop(s, bb, f->getArg(6), nullptr);
+    names.push_back(name);
+  }
+
   std::string err;
   llvm::raw_string_ostream os(err);
   if (llvm::verifyModule(*m, &os)) throw std::logic_error("flexjit internal error: generated LLVM IR does not verify: " + os.str());
-  info_.function_names = names;  // row, col, tile, score, mask
+  info_.function_names = names;  // row, col, tile, score, mask[, grad]
   info_.loads = g.sites;
   return m;
 }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "compiler/codegen/params_layout.h"
+#include "compiler/passes/autodiff.h"
 #include "compiler/passes/range_analysis.h"
 #include "compiler/spec_ir.h"
 
@@ -26,6 +27,10 @@ struct CodeGenOptions {
   // library instead of bit for bit (docs/CPU_BACKEND.md). Off: every function is the scalar
   // C library's, exactly what the interpreter computes.
   bool vector_math = false;
+  // When set, the module also has the backward's gradient function (`<prefix>_grad`, see
+  // mod_abi.h): d_score and every scatter's coefficient and resolved target. Must be the
+  // gradient of the IR the generator is given; must outlive generate().
+  const ScoreModGradient* gradient = nullptr;
 };
 
 // A load site that can raise an error bit (a checked load), for error messages.
@@ -43,7 +48,9 @@ struct ModModuleInfo {
   int row_values = 0, col_values = 0, tile_values = 0;
   bool has_score_mod = false, has_mask_mod = false;
   std::vector<FlagSite> loads;  // checked loads only
-  std::vector<std::string> function_names;  // row, col, tile, score, mask (the JIT looks these up)
+  std::vector<std::string> function_names;  // row, col, tile, score, mask[, grad] (the JIT looks these up)
+  bool has_grad = false;                    // the module has the gradient function
+  std::vector<int> scatter_buffers;         // spec buffer index of each GradScatter (gradient modules)
 };
 
 // Where the module will run: from the JIT's target machine.
@@ -60,7 +67,8 @@ class CodeGenLLVM {
   CodeGenLLVM(const SpecIR& ir, const RangeInfo& ranges, const CodeGenOptions& options);
   ~CodeGenLLVM();
 
-  // Builds the five functions of mod_abi.h, named `<prefix>_row` ... `<prefix>_mask`.
+  // Builds the five functions of mod_abi.h, named `<prefix>_row` ... `<prefix>_mask`, and
+  // `<prefix>_grad` when options.gradient is set.
   std::unique_ptr<llvm::Module> generate(llvm::LLVMContext& ctx, const TargetInfo& target, const std::string& prefix);
   const ModModuleInfo& info() const { return info_; }
 

@@ -35,12 +35,22 @@ using ScoreRowFn = uint32_t (*)(const uint64_t* p, int64_t b, int64_t h, int64_t
 using MaskRowFn = uint32_t (*)(const uint64_t* p, int64_t b, int64_t h, int64_t hkv, int64_t q, int64_t k0, int64_t n, uint8_t* keep,
                                const void* state);
 
+// grad (backward modules only): for the n <= tile_size columns kv = k0 + j with pre-mod
+// scores[j] (scale * q.k), writes d_score[j] = d score_mod / d score and, for each scatter s
+// of differentiate_score_mod (ModModuleInfo::scatter_buffers), coef[s * tile_size + j] (the
+// amount per unit dS) and offset[s * tile_size + j] (the element of the scatter's buffer, as an
+// offset into a contiguous array of its shape, resolved as the forward load: wrap, then clamp).
+// Raises no error bits: the forward reported any bad index.
+using GradRowFn = void (*)(const uint64_t* p, int64_t b, int64_t h, int64_t hkv, int64_t q, int64_t k0, int64_t n, const float* scores,
+                           const void* state, float* d_score, float* coef, int64_t* offset);
+
 struct ModFunctions {
   RowStageFn row = nullptr;
   ColStageFn col = nullptr;
   TileStageFn tile = nullptr;
   ScoreRowFn score = nullptr;
   MaskRowFn mask = nullptr;
+  GradRowFn grad = nullptr;  // backward modules only
 };
 
 // Error bits: load site i (ModModuleInfo::loads) sets bit min(i, 30); bit 31 means an integer

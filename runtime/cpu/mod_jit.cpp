@@ -46,11 +46,12 @@ std::shared_ptr<const CompiledMods> build(const SpecIR& ir, const RangeInfo& ran
   mods->fns.tile = reinterpret_cast<TileStageFn>(addr.at(2));
   mods->fns.score = reinterpret_cast<ScoreRowFn>(addr.at(3));
   mods->fns.mask = reinterpret_cast<MaskRowFn>(addr.at(4));
+  if (mods->info.has_grad) mods->fns.grad = reinterpret_cast<GradRowFn>(addr.at(5));
   mods->jit_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   ++g_compiles;
   runtime::log_info(
-      "cpu: JIT-compiled the mods of spec `{}` for {} ({}, KV tile {}, {} row / {} col / {} tile values, {} checked loads, {}) in {:.1f} ms",
-      ir.spec().name, jit.target().cpu, jit.target().triple, options.tile_size, mods->info.row_values, mods->info.col_values,
+      "cpu: JIT-compiled the {}mods of spec `{}` for {} ({}, KV tile {}, {} row / {} col / {} tile values, {} checked loads, {}) in {:.1f} ms",
+      mods->info.has_grad ? "backward " : "", ir.spec().name, jit.target().cpu, jit.target().triple, options.tile_size, mods->info.row_values, mods->info.col_values,
       mods->info.tile_values, mods->info.loads.size(),
       options.vector_math && !jit.target().vector_math_isas.empty() ? "libmvec for tanh/log1p/pow" : "scalar libm", mods->jit_ms);
   return mods;
@@ -60,8 +61,9 @@ std::shared_ptr<const CompiledMods> build(const SpecIR& ir, const RangeInfo& ran
 
 std::shared_ptr<const CompiledMods> compile_mods(const SpecIR& ir, const RangeInfo& ranges, const CodeGenOptions& options,
                                                  const std::string& canonical_ir) {
-  std::string key = fmt::format("{}\ntile {}\nchecked {:x}\nhoist {}\nvector_math {}\n", canonical_ir.empty() ? canonical_ir_text(ir) : canonical_ir,
-                                options.tile_size, options.checked_loads, options.hoist ? 1 : 0, options.vector_math ? 1 : 0);
+  std::string key = fmt::format("{}\ntile {}\nchecked {:x}\nhoist {}\nvector_math {}\ngrad {}\n",
+                                canonical_ir.empty() ? canonical_ir_text(ir) : canonical_ir, options.tile_size, options.checked_loads,
+                                options.hoist ? 1 : 0, options.vector_math ? 1 : 0, options.gradient ? 1 : 0);
   std::shared_ptr<CacheSlot> slot;
   {
     std::lock_guard<std::mutex> lock(cache_mutex());

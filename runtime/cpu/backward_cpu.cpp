@@ -1,0 +1,186 @@
+#include "runtime/cpu/backward_cpu.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <new>
+#include <system_error>
+#include <thread>
+
+#include "dsl/error.h"
+#include "runtime/cpu/block_classifier.h"
+
+namespace flexjit::cpu {
+
+namespace {
+
+struct Kernels {
+  DeltaKernel delta;
+  KvTileKernel kv_tile;
+  QTileKernel q_tile;
+};
+
+Kernels kernels_for(Isa isa) {
+  switch (isa) {
+    case Isa::Generic: return {&isa_generic::run_delta, &isa_generic::run_backward_kv_tile, &isa_generic::run_backward_q_tile};
+#ifdef FLEXJIT_CPU_HAVE_X86_ISAS
+    case Isa::Avx2: return {&isa_avx2::run_delta, &isa_avx2::run_backward_kv_tile, &isa_avx2::run_backward_q_tile};
+    case Isa::Avx512: return {&isa_avx512::run_delta, &isa_avx512::run_backward_kv_tile, &isa_avx512::run_backward_q_tile};
+#else
+    default: break;
+#endif
+  }
+  throw Error(fmt::format("CPU backend: this build has no `{}` backward kernel", isa_name(isa)));
+}
+
+size_t align64(size_t v) { return (v + 63) / 64 * 64; }
+
+BackwardScratchLayout scratch_layout(const BackwardJob& j) {
+  BackwardScratchLayout s;
+  size_t total = 0;
+  auto take = [&](size_t bytes) {
+    size_t off = total;
+    total = align64(total + std::max<size_t>(bytes, 1));
+    return off;
+  };
+  const size_t M = static_cast<size_t>(j.block_m), N = static_cast<size_t>(j.block_n);
+  const size_t D = static_cast<size_t>(j.D), Dv = static_cast<size_t>(j.Dv), S = static_cast<size_t>(j.num_scatters);
+  const size_t MN = std::max(M, N);
+  s.q = take(M * D * 4);
+  s.d_o = take(M * Dv * 4);
+  s.k = take(N * D * 4);
+  s.v = take(N * Dv * 4);
+  s.s = take(M * N * 4);
+  s.pre = take(M * N * 4);
+  s.dp = take(M * N * 4);
+  s.d_score = take(M * N * 4);
+  s.keep = take(M * N);
+  s.ones = take(N);
+  s.coef = take(S * N * 4);
+  s.offset = take(S * N * 8);
+  s.acc_a = take(MN * D * 4);   // dK (N x D) or dQ (M x D)
+  s.acc_b = take(N * Dv * 4);   // dV
+  s.state = take(M * j.state_bytes);
+  s.total = total;
+  return s;
+}
+
+struct AlignedFree {
+  void operator()(void* p) const { ::operator delete(p, std::align_val_t{64}); }
+};
+
+// Runs fn(thread, item) for items [0, count) on `threads` threads (the caller's included).
+// Static: item i goes to thread i % threads, so what each thread sums does not depend on
+// timing. Otherwise items are handed out by an atomic counter.
+void parallel_for(int64_t threads, int64_t count, bool fixed, const std::function<void(int64_t, int64_t)>& fn) {
+  std::atomic<int64_t> next{0};
+  auto worker = [&](int64_t t) {
+    if (fixed) {
+      for (int64_t i = t; i < count; i += threads) fn(t, i);
+      return;
+    }
+    for (;;) {
+      int64_t i = next.fetch_add(1, std::memory_order_relaxed);
+      if (i >= count) break;
+      fn(t, i);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < threads; ++t) {
+    try {
+      pool.emplace_back(worker, t);
+    } catch (const std::system_error&) {
+      // Static work cannot be picked up by another thread: run it here once the others end.
+      if (fixed) {
+        for (std::thread& th : pool) th.join();
+        pool.clear();
+        for (int64_t r = t; r < threads; ++r) worker(r);
+      }
+      break;
+    }
+  }
+  worker(0);
+  for (std::thread& th : pool) th.join();
+}
+
+}  // namespace
+
+void run_backward(BackwardJob job, const BlockSparsity& sparsity, const DriverOptions& options, const std::vector<GradOutput>& grads) {
+  Kernels k = kernels_for(options.isa);
+  job.scratch = scratch_layout(job);
+  std::unique_ptr<BlockClassifier> classifier;
+  if (sparsity.ir && sparsity.ir->mask_mod && sparsity.values) {
+    BlockGrid grid{job.B, job.H, job.Hkv, job.Sq, job.Skv, job.block_m, job.block_n, 0, 0};
+    classifier = std::make_unique<BlockClassifier>(sparsity, grid);
+    job.classify = &BlockClassifier::classify;
+    job.classify_ctx = classifier.get();
+  }
+  std::vector<float> delta(static_cast<size_t>(job.B * job.H * job.Sq));
+  job.delta = delta.data();
+  const int64_t nqt = (job.Sq + job.block_m - 1) / job.block_m, nkt = (job.Skv + job.block_n - 1) / job.block_n;
+  const int64_t most = std::max({job.B * job.H, job.B * job.Hkv * nkt, job.B * job.H * nqt, int64_t{1}});
+  int64_t threads = options.threads > 0 ? options.threads : static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency()));
+  threads = std::max<int64_t>(1, std::min(threads, most));
+
+  std::vector<std::unique_ptr<void, AlignedFree>> scratch;
+  for (int64_t t = 0; t < threads; ++t) {
+    scratch.emplace_back(::operator new(job.scratch.total, std::align_val_t{64}));
+    std::memset(static_cast<char*>(scratch.back().get()) + job.scratch.ones, 1, static_cast<size_t>(job.block_n));
+  }
+
+  // Pass 0: delta = rowsum(dO * O), which every block of a row needs.
+  parallel_for(threads, job.B * job.H, false, [&](int64_t, int64_t i) { k.delta(job, i / job.H, i % job.H); });
+
+  // Pass 1: dK and dV; the counter balances tiles of uneven work (causal masks).
+  parallel_for(threads, job.B * job.Hkv * nkt, false, [&](int64_t t, int64_t i) {
+    int64_t bh = i / nkt;
+    k.kv_tile(job, scratch[static_cast<size_t>(t)].get(), bh / job.Hkv, bh % job.Hkv, i % nkt);
+  });
+
+  // Pass 2: dQ and the scatters, each thread into its own float64 gradient copies.
+  std::vector<std::vector<std::vector<double>>> partial(static_cast<size_t>(threads));
+  std::vector<int64_t> numel(grads.size());
+  for (size_t g = 0; g < grads.size(); ++g) {
+    numel[g] = 1;
+    for (int64_t e : grads[g].shape) numel[g] *= e;
+  }
+  std::vector<std::vector<double*>> grad_ptrs(static_cast<size_t>(threads));
+  for (int64_t t = 0; t < threads; ++t) {
+    partial[static_cast<size_t>(t)].resize(grads.size());
+    for (size_t g = 0; g < grads.size(); ++g) {
+      partial[static_cast<size_t>(t)][g].assign(static_cast<size_t>(numel[g]), 0.0);
+      grad_ptrs[static_cast<size_t>(t)].push_back(partial[static_cast<size_t>(t)][g].data());
+    }
+  }
+  const bool fixed = !grads.empty();
+  parallel_for(threads, job.B * job.H * nqt, fixed, [&](int64_t t, int64_t i) {
+    // Later query tiles first: under causal-like masks they have the most KV tiles.
+    int64_t qt = nqt - 1 - i / (job.B * job.H), bh = i % (job.B * job.H);
+    double* const* g = grad_ptrs[static_cast<size_t>(t)].empty() ? nullptr : grad_ptrs[static_cast<size_t>(t)].data();
+    k.q_tile(job, scratch[static_cast<size_t>(t)].get(), g, bh / job.H, bh % job.H, qt);
+  });
+
+  for (size_t g = 0; g < grads.size(); ++g) {
+    const GradOutput& out = grads[g];
+    std::vector<double>& sum = partial[0][g];
+    for (int64_t t = 1; t < threads; ++t) {
+      const std::vector<double>& p = partial[static_cast<size_t>(t)][g];
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] += p[i];
+    }
+    const size_t rank = out.shape.size();
+    for (int64_t i = 0; i < numel[g]; ++i) {
+      int64_t rest = i, at = 0;
+      for (size_t d = rank; d-- > 0;) {
+        at += (rest % out.shape[d]) * out.strides[d];
+        rest /= out.shape[d];
+      }
+      out.data[at] = static_cast<float>(sum[static_cast<size_t>(i)]);
+    }
+  }
+}
+
+}  // namespace flexjit::cpu

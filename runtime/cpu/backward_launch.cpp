@@ -1,0 +1,242 @@
+#include "runtime/cpu/backward_launch.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "compiler/codegen/kernel_source.h"
+#include "compiler/passes/dependence.h"
+#include "dsl/builtins.h"
+#include "dsl/error.h"
+#include "runtime/cpu/backward_cpu.h"
+#include "runtime/cpu/cpu_backend.h"
+#include "runtime/cpu/mod_jit.h"
+#include "runtime/forward_launch.h"
+
+namespace flexjit::cpu {
+
+namespace {
+
+constexpr int kBlockM = 64;
+constexpr int kBlockN = 64;
+
+ElemType elem_type(dsl::DType t) {
+  switch (t) {
+    case dsl::DType::F32: return ElemType::F32;
+    case dsl::DType::F16: return ElemType::F16;
+    case dsl::DType::BF16: return ElemType::BF16;
+    default: break;
+  }
+  throw Error(fmt::format("backward (CPU): q, k, v and o must be f32, f16 or bf16, not {}; set the spec's dtype", dsl::dtype_name(t)));
+}
+
+Operand operand(const Tensor& t) {
+  Operand o;
+  o.data = t.data;
+  std::vector<int64_t> s = t.effective_strides();
+  for (int i = 0; i < 4; ++i) o.stride[i] = s[i];
+  return o;
+}
+
+OutOperand out_operand(const Tensor& t) {
+  OutOperand o;
+  o.data = t.data;
+  std::vector<int64_t> s = t.effective_strides();
+  for (int i = 0; i < 4; ++i) o.stride[i] = s[i];
+  return o;
+}
+
+// d_o, dq, dk and dv: present, of the expected shape and dtype, with one stride per dimension.
+void check_operand(const Tensor& t, const char* name, const std::vector<int64_t>& want, const char* layout, dsl::DType dtype) {
+  if (!t.data)
+    throw Error(fmt::format("backward (CPU): `{}` has no data; pass a {} = [{}] {} tensor in host memory", name, layout, fmt::join(want, ", "),
+                            dsl::dtype_name(dtype)));
+  if (t.shape != want)
+    throw Error(fmt::format("backward (CPU): `{}` has shape [{}] but must be {} = [{}]", name, fmt::join(t.shape, ", "), layout, fmt::join(want, ", ")));
+  if (t.dtype != dtype)
+    throw Error(fmt::format("backward (CPU): `{}` is {} but must be {} (the spec's dtype, as q, k, v and o)", name, dsl::dtype_name(t.dtype),
+                            dsl::dtype_name(dtype)));
+  if (!t.strides.empty() && t.strides.size() != t.shape.size())
+    throw Error(fmt::format("backward (CPU): `{}` has {} strides for {} dimensions; give one per dimension or none (contiguous)", name,
+                            t.strides.size(), t.shape.size()));
+}
+
+// The gradient outputs in args.grads order, and for each scatter its output (-1: not wanted).
+std::vector<GradOutput> check_grads(const dsl::Spec& spec, const BackwardSpec& bs, const BackwardArgs& a, const std::vector<Tensor>& buffers,
+                                    std::vector<int>& scatter_target) {
+  std::vector<GradOutput> out;
+  std::vector<int> output_of(spec.buffers.size(), -1);
+  for (const auto& [name, t] : a.grads) {
+    int idx = -1;
+    for (size_t i = 0; i < spec.buffers.size(); ++i)
+      if (spec.buffers[i].name == name) idx = static_cast<int>(i);
+    if (idx < 0) {
+      std::vector<std::string> names;
+      for (const auto& b : spec.buffers) names.push_back(b.name);
+      auto guess = dsl::closest_name(name, names);
+      throw Error(fmt::format("backward (CPU): grads names buffer `{}`, which spec `{}` does not declare{}", name, spec.name,
+                              guess ? fmt::format("; did you mean `{}`?", *guess)
+                                    : names.empty() ? std::string("; it declares no buffers")
+                                                    : fmt::format("; it declares: {}", fmt::join(names, ", "))));
+    }
+    const dsl::BufferDecl& d = spec.buffers[static_cast<size_t>(idx)];
+    if (!d.requires_grad)
+      throw Error(fmt::format("backward (CPU): grads names buffer `{}`, which spec `{}` does not mark as requiring a gradient; add it to the "
+                              "spec's \"grad\" list (BufferDecl::requires_grad) or drop the entry",
+                              name, spec.name));
+    if (output_of[static_cast<size_t>(idx)] >= 0)
+      throw Error(fmt::format("backward (CPU): grads names buffer `{}` twice; give one gradient tensor per buffer", name));
+    const std::vector<int64_t>& shape = buffers[static_cast<size_t>(idx)].shape;
+    if (!t.data) throw Error(fmt::format("backward (CPU): the gradient of buffer `{}` has no data; pass an f32 tensor of shape [{}]", name, fmt::join(shape, ", ")));
+    if (t.dtype != dsl::DType::F32)
+      throw Error(fmt::format("backward (CPU): the gradient of buffer `{}` is {} but must be f32 (buffer gradients accumulate in fp32 for any "
+                              "buffer dtype; convert afterwards)",
+                              name, dsl::dtype_name(t.dtype)));
+    if (t.shape != shape)
+      throw Error(fmt::format("backward (CPU): the gradient of buffer `{}` has shape [{}] but the buffer has shape [{}]; pass a tensor of the "
+                              "buffer's shape",
+                              name, fmt::join(t.shape, ", "), fmt::join(shape, ", ")));
+    if (!t.strides.empty() && t.strides.size() != t.shape.size())
+      throw Error(fmt::format("backward (CPU): the gradient of buffer `{}` has {} strides for {} dimensions", name, t.strides.size(), t.shape.size()));
+    output_of[static_cast<size_t>(idx)] = static_cast<int>(out.size());
+    out.push_back(GradOutput{static_cast<float*>(t.data), t.shape, t.effective_strides()});
+  }
+  // A buffer with no elements has nothing to scatter into (its loads read zeros).
+  for (size_t i = 0; i < buffers.size(); ++i)
+    for (int64_t e : buffers[i].shape)
+      if (e <= 0) output_of[i] = -1;
+  for (const GradScatter& sc : bs.gradient.scatters) scatter_target.push_back(output_of[static_cast<size_t>(sc.buffer)]);
+  return out;
+}
+
+}  // namespace
+
+std::string backward_cache_key(const SpecIR& ir) {
+  std::string key = canonical_ir_text(ir) + "grad:";
+  for (const dsl::BufferDecl& b : ir.spec().buffers)
+    if (b.requires_grad) key += " " + b.name;
+  return key + "\n";
+}
+
+std::shared_ptr<const BackwardSpec> make_backward_spec(const SpecIR& ir) {
+  auto bs = std::make_shared<BackwardSpec>();
+  bs->gradient = differentiate_score_mod(ir);
+  // The generator emits each node once per function: give it the programs the derivative
+  // expressions were CSE'd with, so shared values (tanh(score / cap), a loaded bias) are the
+  // same nodes.
+  bs->ir = ir;
+  bs->ir.score_mod = bs->gradient.score_mod;
+  bs->ir.mask_mod = bs->gradient.mask_mod;
+  bs->canonical = backward_cache_key(bs->ir);
+  std::vector<ir::Expr> roots;
+  if (bs->ir.score_mod) roots.push_back(bs->ir.score_mod);
+  if (bs->ir.mask_mod) roots.push_back(bs->ir.mask_mod);
+  bs->ranges = analyze_ranges(roots, bs->ir.checked, VarDomains::forward(bs->ir.checked));
+  if (bs->ir.mask_mod) {
+    DependenceInfo deps({bs->ir.mask_mod});
+    const Dependence& d = deps.of(bs->ir.mask_mod);
+    bs->mask_uses_b = d.uses(dsl::VarId::B);
+    bs->mask_uses_h = d.uses(dsl::VarId::H) || d.uses(dsl::VarId::KvHead);
+  }
+  const ir::FloatImm* one = bs->gradient.d_score.as<ir::FloatImm>();
+  bs->d_score_is_one = one && one->value == 1.0f;
+  return bs;
+}
+
+void launch_backward(const SpecIR& ir, const BackwardSpec& bs, const BackwardArgs& a) {
+  const dsl::Spec& spec = ir.spec();
+  ElemType et = elem_type(spec.dtype);
+  if (!a.lse.data)
+    throw Error("backward (CPU): `lse` is required: pass the [B, H, Sq] f32 natural-log LSE the forward wrote (set AttentionArgs::lse on the "
+                "forward), or the merged LSE of a forward split into KV chunks");
+  AttentionArgs fa;
+  fa.q = a.q;
+  fa.k = a.k;
+  fa.v = a.v;
+  fa.o = a.o;
+  fa.lse = a.lse;
+  fa.scale = a.scale;
+  fa.buffers = a.buffers;
+  fa.params = a.params;
+  fa.device = a.device;
+  runtime::LaunchShape shape = runtime::validate_operands(spec, fa, /*gpu=*/false);
+  const int64_t B = shape.batch, H = shape.heads, Hkv = shape.kv_heads, Sq = shape.seqlen_q, Skv = shape.seqlen_kv, D = shape.head_dim,
+                Dv = shape.head_dim_v;
+  check_operand(a.d_o, "d_o", {B, H, Sq, Dv}, "[B, H, Sq, Dv]", spec.dtype);
+  check_operand(a.dq, "dq", {B, H, Sq, D}, "[B, H, Sq, D]", spec.dtype);
+  check_operand(a.dk, "dk", {B, Hkv, Skv, D}, "[B, Hkv, Skv, D]", spec.dtype);
+  check_operand(a.dv, "dv", {B, Hkv, Skv, Dv}, "[B, Hkv, Skv, Dv]", spec.dtype);
+  std::vector<Tensor> buffers = runtime::collect_buffers(spec, fa, {});
+  BoundValues values = runtime::bind_launch(ir.checked, shape, buffers, fa);
+  std::vector<int> scatter_target;
+  std::vector<GradOutput> grads = check_grads(spec, bs, a, buffers, scatter_target);
+  CpuSettings cfg = settings();
+
+  BackwardJob job;
+  job.B = B;
+  job.H = H;
+  job.Hkv = Hkv;
+  job.Sq = Sq;
+  job.Skv = Skv;
+  job.D = D;
+  job.Dv = Dv;
+  job.scale = a.scale > 0 ? a.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  job.dtype = et;
+  job.q = operand(a.q);
+  job.k = operand(a.k);
+  job.v = operand(a.v);
+  job.o = operand(a.o);
+  job.d_o = operand(a.d_o);
+  job.dq = out_operand(a.dq);
+  job.dk = out_operand(a.dk);
+  job.dv = out_operand(a.dv);
+  job.lse = static_cast<const float*>(a.lse.data);
+  std::vector<int64_t> ls = a.lse.effective_strides();
+  for (int i = 0; i < 3; ++i) job.lse_stride[i] = ls[i];
+  job.block_m = cfg.block_m > 0 ? cfg.block_m : kBlockM;
+  job.block_n = cfg.block_n > 0 ? cfg.block_n : kBlockN;
+
+  std::shared_ptr<const CompiledMods> mods;
+  std::vector<uint64_t> params;
+  if (bs.ir.score_mod || bs.ir.mask_mod) {
+    runtime::VariantChoice choice = runtime::choose_variant(bs.ranges, bs.ir.checked, values);
+    CodeGenOptions options;
+    options.tile_size = job.block_n;
+    options.checked_loads = choice.checked_loads;
+    options.vector_math = !cfg.exact_math;
+    // Nothing hoisted: the gradient expressions are not staged, and one module keeps the
+    // recomputed scores and their derivatives consistent.
+    options.hoist = false;
+    options.gradient = &bs.gradient;
+    mods = compile_mods(bs.ir, bs.ranges, options, bs.canonical);
+    // A buffer with an empty dimension is read (clamped to index 0) from zeros.
+    alignas(64) static const uint64_t zeros[8] = {};
+    std::vector<Tensor> safe = buffers;
+    for (Tensor& t : safe)
+      for (int64_t d : t.shape)
+        if (d <= 0) t.data = const_cast<uint64_t*>(zeros);
+    params = runtime::fill_variant_params(mods->info.params, safe, values, nullptr);
+    job.mods = &mods->fns;
+    job.has_score_mod = mods->info.has_score_mod;
+    job.has_mask_mod = mods->info.has_mask_mod;
+    job.row_stage = mods->info.row_values > 0;
+    job.col_stage = mods->info.col_values > 0;
+    job.tile_stage = mods->info.tile_values > 0;
+    job.params = params.data();
+    job.state_bytes = mods->info.state_bytes;
+    job.need_d_score = !bs.d_score_is_one;
+    job.num_scatters = static_cast<int>(scatter_target.size());
+    job.scatter_target = scatter_target.data();
+  }
+  BlockSparsity sparsity;
+  sparsity.ir = &bs.ir;
+  sparsity.values = &values;
+  sparsity.uses_b = bs.mask_uses_b;
+  sparsity.uses_h = bs.mask_uses_h;
+  DriverOptions driver;
+  driver.threads = cfg.threads;
+  driver.isa = choose_isa(cfg.isa);
+  run_backward(job, sparsity, driver, grads);
+}
+
+}  // namespace flexjit::cpu

@@ -1,0 +1,303 @@
+#include "runtime/cpu/ragged_launch.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "dsl/error.h"
+#include "runtime/forward_launch.h"
+
+namespace flexjit::cpu {
+
+namespace {
+
+size_t elem_bytes(dsl::DType t) { return t == dsl::DType::F32 ? 4 : 2; }
+
+const char* byte_at(const void* base, int64_t elements, dsl::DType t) {
+  return static_cast<const char*>(base) + elements * static_cast<int64_t>(elem_bytes(t));
+}
+
+void require(bool ok, const std::string& what, const std::string& message) {
+  if (!ok) throw Error(fmt::format("{} (CPU): {}", what, message));
+}
+
+// A tensor of the given rank and dtype with data and one stride per dimension (or none).
+void check_tensor(const std::string& what, const Tensor& t, const char* name, size_t rank, dsl::DType dtype) {
+  require(t.data != nullptr, what, fmt::format("`{}` has no data; pass a host-memory tensor", name));
+  require(t.shape.size() == rank, what, fmt::format("`{}` has {} dimensions but must have {}", name, t.shape.size(), rank));
+  require(t.strides.empty() || t.strides.size() == t.shape.size(), what,
+          fmt::format("`{}` has {} strides for {} dimensions; give one per dimension or none (contiguous)", name, t.strides.size(), t.shape.size()));
+  require(t.dtype == dtype, what, fmt::format("`{}` is {} but must be {}", name, dsl::dtype_name(t.dtype), dsl::dtype_name(dtype)));
+  for (int64_t e : t.shape) require(e >= 0, what, fmt::format("`{}` has a negative extent", name));
+}
+
+void expect_shape(const std::string& what, const Tensor& t, const char* name, const std::vector<int64_t>& want, const char* layout) {
+  require(t.shape == want, what, fmt::format("`{}` has shape [{}] but must be {} = [{}]", name, fmt::join(t.shape, ", "), layout, fmt::join(want, ", ")));
+}
+
+// The values of a host I32 vector of `n` entries (any stride).
+std::vector<int64_t> read_i32(const Tensor& t, int64_t n) {
+  std::vector<int64_t> out(static_cast<size_t>(n));
+  int64_t st = t.effective_strides().empty() ? 1 : t.effective_strides()[0];
+  for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = static_cast<const int32_t*>(t.data)[i * st];
+  return out;
+}
+
+void check_head_dims(const std::string& what, const dsl::Spec& spec, int64_t H, int64_t Hkv, int64_t D, int64_t Dv) {
+  require(D == spec.head_dim, what, fmt::format("q has head dim {} but the spec was compiled for {}; set head_dim in the spec", D, spec.head_dim));
+  require(Dv == spec.value_head_dim(), what, fmt::format("v has head dim {} but the spec says {}", Dv, spec.value_head_dim()));
+  require(Hkv > 0 && H % Hkv == 0, what,
+          fmt::format("q has {} heads and k/v {}: the query heads must be a multiple of the KV heads (GQA)", H, Hkv));
+  require(!spec.gqa_group || H / Hkv == spec.gqa_group, what,
+          fmt::format("the spec fixes gqa_group = {} but the launch has {} / {} heads", spec.gqa_group, H, Hkv));
+}
+
+float scale_for(const std::string& what, float scale, int64_t D) {
+  require(scale >= 0 && !std::isinf(scale), what, fmt::format("scale must be a finite number >= 0 (0 means 1/sqrt(D)), got {}", scale));
+  return scale > 0 ? scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+}
+
+// Runs one sequence's job per entry, in order; throws the mods' errors at the end.
+class SequenceRunner {
+ public:
+  SequenceRunner(const SpecState& st, const SpecIR& ir, const runtime::LaunchShape& shape, const std::vector<Tensor>& buffers,
+                 const AttentionArgs& binding)
+      : st_(st), values_(runtime::bind_launch(ir.checked, shape, buffers, binding)), cfg_(settings()) {
+    apply_tiles(cfg_, base_);
+    mods_ = attach_mods(st_, values_, buffers, cfg_, base_, params_);
+    driver_.threads = cfg_.threads;
+    driver_.isa = choose_isa(cfg_.isa);
+  }
+  // A job with the mods attached and the tile sizes set.
+  AttentionJob job() const { return base_; }
+  void run(const AttentionJob& job) { errors_ |= run_attention(job, sparsity_of(st_, values_), driver_); }
+  void finish() const {
+    if (errors_ && mods_) throw Error(describe_errors(st_.ir, mods_->info, errors_));
+  }
+
+ private:
+  const SpecState& st_;
+  BoundValues values_;
+  CpuSettings cfg_;
+  AttentionJob base_;
+  std::vector<uint64_t> params_;
+  std::shared_ptr<const CompiledMods> mods_;
+  DriverOptions driver_;
+  uint32_t errors_ = 0;
+};
+
+AttentionArgs binding_args(const std::vector<std::pair<std::string, Tensor>>& buffers, const std::vector<std::pair<std::string, double>>& params) {
+  AttentionArgs fa;
+  fa.buffers = buffers;
+  fa.params = params;
+  return fa;
+}
+
+}  // namespace
+
+void launch_varlen(const SpecState& st, const SpecIR& ir, const VarlenArgs& a) {
+  const std::string what = "ragged prefill";
+  const dsl::Spec& spec = ir.spec();
+  ElemType et = elem_type(spec.dtype);
+  check_tensor(what, a.q, "q", 3, spec.dtype);
+  check_tensor(what, a.k, "k", 3, spec.dtype);
+  check_tensor(what, a.v, "v", 3, spec.dtype);
+  check_tensor(what, a.o, "o", 3, spec.dtype);
+  const int64_t total_q = a.q.shape[0], H = a.q.shape[1], D = a.q.shape[2], total_kv = a.k.shape[0], Hkv = a.k.shape[1], Dv = a.v.shape[2];
+  check_head_dims(what, spec, H, Hkv, D, Dv);
+  expect_shape(what, a.k, "k", {total_kv, Hkv, D}, "[total_kv, Hkv, D]");
+  expect_shape(what, a.v, "v", {total_kv, Hkv, Dv}, "[total_kv, Hkv, Dv]");
+  expect_shape(what, a.o, "o", {total_q, H, Dv}, "[total_q, H, Dv]");
+  if (a.lse.data) {
+    check_tensor(what, a.lse, "lse", 2, dsl::DType::F32);
+    expect_shape(what, a.lse, "lse", {H, total_q}, "[H, total_q]");
+  }
+  check_tensor(what, a.cu_seqlens_q, "cu_seqlens_q", 1, dsl::DType::I32);
+  check_tensor(what, a.cu_seqlens_kv, "cu_seqlens_kv", 1, dsl::DType::I32);
+  const int64_t B = a.cu_seqlens_q.shape[0] - 1;
+  require(B >= 0 && a.cu_seqlens_kv.shape[0] == B + 1, what,
+          fmt::format("cu_seqlens_q has {} entries and cu_seqlens_kv {}: both must be [B + 1]", a.cu_seqlens_q.shape[0], a.cu_seqlens_kv.shape[0]));
+  std::vector<int64_t> cq = read_i32(a.cu_seqlens_q, B + 1), ck = read_i32(a.cu_seqlens_kv, B + 1);
+  for (auto [name, cu, total, bound] : {std::tuple{"cu_seqlens_q", &cq, total_q, int64_t{a.max_seqlen_q}},
+                                        std::tuple{"cu_seqlens_kv", &ck, total_kv, int64_t{a.max_seqlen_kv}}}) {
+    require((*cu)[0] == 0, what, fmt::format("{}[0] is {} but must be 0", name, (*cu)[0]));
+    for (int64_t b = 0; b < B; ++b) {
+      int64_t len = (*cu)[static_cast<size_t>(b + 1)] - (*cu)[static_cast<size_t>(b)];
+      require(len >= 0, what, fmt::format("{} decreases at sequence {} ({} then {}); it must be non-decreasing", name, b, (*cu)[static_cast<size_t>(b)],
+                                          (*cu)[static_cast<size_t>(b + 1)]));
+      require(len <= bound, what,
+              fmt::format("sequence {} has {} rows in {} but the bound (max_seqlen_{}) is {}; raise it", b, len, name, name[11] == 'q' ? "q" : "kv", bound));
+    }
+    require((*cu)[static_cast<size_t>(B)] <= total, what,
+            fmt::format("{}[B] = {} exceeds the {} rows of the packed tensor", name, (*cu)[static_cast<size_t>(B)], total));
+  }
+
+  runtime::LaunchShape shape{B, H, Hkv, a.max_seqlen_q, a.max_seqlen_kv, D, Dv};
+  AttentionArgs binding = binding_args(a.buffers, a.params);
+  std::vector<Tensor> buffers = runtime::collect_buffers(spec, binding, {});
+  SequenceRunner runner(st, ir, shape, buffers, binding);
+  const float scale = scale_for(what, a.scale, D);
+  std::vector<int64_t> qs = a.q.effective_strides(), ks = a.k.effective_strides(), vs = a.v.effective_strides(), os = a.o.effective_strides();
+  std::vector<int64_t> ls = a.lse.data ? a.lse.effective_strides() : std::vector<int64_t>{0, 0};
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t q0 = cq[static_cast<size_t>(b)], k0 = ck[static_cast<size_t>(b)];
+    AttentionJob job = runner.job();
+    job.B = 1;
+    job.H = H;
+    job.Hkv = Hkv;
+    job.Sq = cq[static_cast<size_t>(b + 1)] - q0;
+    job.Skv = ck[static_cast<size_t>(b + 1)] - k0;
+    job.D = D;
+    job.Dv = Dv;
+    job.b_offset = b;
+    job.scale = scale;
+    job.dtype = et;
+    if (job.Sq == 0) continue;
+    // [rows, heads, d] slices as [1, heads, rows, d] operands.
+    job.q = Operand{byte_at(a.q.data, q0 * qs[0], spec.dtype), {0, qs[1], qs[0], qs[2]}};
+    job.k = Operand{byte_at(a.k.data, k0 * ks[0], spec.dtype), {0, ks[1], ks[0], ks[2]}};
+    job.v = Operand{byte_at(a.v.data, k0 * vs[0], spec.dtype), {0, vs[1], vs[0], vs[2]}};
+    job.o = OutOperand{const_cast<char*>(byte_at(a.o.data, q0 * os[0], spec.dtype)), {0, os[1], os[0], os[2]}};
+    if (a.lse.data) {
+      job.lse = static_cast<float*>(a.lse.data) + q0 * ls[1];
+      job.lse_stride[0] = 0;
+      job.lse_stride[1] = ls[0];
+      job.lse_stride[2] = ls[1];
+    }
+    runner.run(job);
+  }
+  runner.finish();
+}
+
+void launch_decode(const SpecState& st, const SpecIR& ir, const DecodePlanOptions& plan, const DecodeArgs& a) {
+  const std::string what = "decode";
+  const dsl::Spec& spec = ir.spec();
+  ElemType et = elem_type(spec.dtype);
+  check_tensor(what, a.q, "q", 4, spec.dtype);
+  check_tensor(what, a.k, "k", 4, spec.dtype);
+  check_tensor(what, a.v, "v", 4, spec.dtype);
+  check_tensor(what, a.o, "o", 4, spec.dtype);
+  const int64_t B = a.q.shape[0], H = a.q.shape[1], Sq = a.q.shape[2], D = a.q.shape[3], Dv = a.v.shape[3];
+  const bool paged = plan.page_size > 0;
+  const int64_t P = plan.page_size;
+  const int64_t Hkv = paged ? (plan.head_major_pages ? a.k.shape[1] : a.k.shape[2]) : a.k.shape[1];
+  check_head_dims(what, spec, H, Hkv, D, Dv);
+  require(plan.batch <= 0 || B <= plan.batch, what, fmt::format("q has batch {} but the plan was made for at most {}", B, plan.batch));
+  require(plan.heads <= 0 || H == plan.heads, what, fmt::format("q has {} heads but the plan was made for {}", H, plan.heads));
+  require(plan.kv_heads <= 0 || Hkv == plan.kv_heads, what, fmt::format("k has {} heads but the plan was made for {}", Hkv, plan.kv_heads));
+  require(Sq >= 1 && Sq <= plan.max_seqlen_q, what,
+          fmt::format("q has {} rows per sequence but the plan allows 1..{} (max_seqlen_q)", Sq, plan.max_seqlen_q));
+  require(plan.page_size >= 0 && plan.page_size <= 256, what, fmt::format("the plan's page_size {} is outside 0..256", plan.page_size));
+  expect_shape(what, a.o, "o", {B, H, Sq, Dv}, "[B, H, Sq, Dv]");
+  if (a.lse.data) {
+    check_tensor(what, a.lse, "lse", 3, dsl::DType::F32);
+    expect_shape(what, a.lse, "lse", {B, H, Sq}, "[B, H, Sq]");
+  }
+  check_tensor(what, a.kv_lens, "kv_lens", 1, dsl::DType::I32);
+  expect_shape(what, a.kv_lens, "kv_lens", {B}, "[B]");
+  std::vector<int64_t> kv_lens = read_i32(a.kv_lens, B), q_lens(static_cast<size_t>(B), Sq);
+  if (a.q_lens.data) {
+    check_tensor(what, a.q_lens, "q_lens", 1, dsl::DType::I32);
+    expect_shape(what, a.q_lens, "q_lens", {B}, "[B]");
+    q_lens = read_i32(a.q_lens, B);
+  }
+  int64_t num_pages = 0, max_pages = 0, cap = 0;
+  std::vector<int64_t> table;
+  if (paged) {
+    num_pages = a.k.shape[0];
+    if (plan.head_major_pages) {
+      expect_shape(what, a.k, "k", {num_pages, Hkv, P, D}, "[num_pages, Hkv, page_size, D] (head-major pages)");
+      expect_shape(what, a.v, "v", {num_pages, Hkv, P, Dv}, "[num_pages, Hkv, page_size, Dv] (head-major pages)");
+    } else {
+      expect_shape(what, a.k, "k", {num_pages, P, Hkv, D}, "[num_pages, page_size, Hkv, D]");
+      expect_shape(what, a.v, "v", {num_pages, P, Hkv, Dv}, "[num_pages, page_size, Hkv, Dv]");
+    }
+    check_tensor(what, a.page_table, "page_table", 2, dsl::DType::I32);
+    require(a.page_table.shape[0] == B, what, fmt::format("page_table has {} rows but the batch is {}", a.page_table.shape[0], B));
+    max_pages = a.page_table.shape[1];
+    std::vector<int64_t> pts = a.page_table.effective_strides();
+    table.resize(static_cast<size_t>(B * max_pages));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < max_pages; ++i)
+        table[static_cast<size_t>(b * max_pages + i)] = static_cast<const int32_t*>(a.page_table.data)[b * pts[0] + i * pts[1]];
+  } else {
+    cap = a.k.shape[2];
+    expect_shape(what, a.k, "k", {B, Hkv, cap, D}, "[B, Hkv, Skv_cap, D]");
+    expect_shape(what, a.v, "v", {B, Hkv, cap, Dv}, "[B, Hkv, Skv_cap, Dv]");
+  }
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t ql = q_lens[static_cast<size_t>(b)], kl = kv_lens[static_cast<size_t>(b)];
+    require(ql >= 1 && ql <= Sq, what, fmt::format("q_lens[{}] is {} but must be in 1..{} (the rows of q)", b, ql, Sq));
+    require(kl >= ql && kl <= plan.max_seqlen_kv, what,
+            fmt::format("kv_lens[{}] is {} but must be in {}..{} (at least the sequence's new query rows, at most the plan's max_seqlen_kv)", b,
+                        kl, ql, plan.max_seqlen_kv));
+    if (!paged) require(kl <= cap, what, fmt::format("kv_lens[{}] is {} but the KV cache holds {} positions per sequence", b, kl, cap));
+    if (paged) {
+      const int64_t pages = (kl + P - 1) / P;
+      require(pages <= max_pages, what, fmt::format("sequence {} needs {} pages for {} positions but page_table has {} per row", b, pages, kl, max_pages));
+      for (int64_t i = 0; i < pages; ++i) {
+        int64_t pg = table[static_cast<size_t>(b * max_pages + i)];
+        require(pg >= 0 && pg < num_pages, what, fmt::format("page_table[{}, {}] is {} but there are {} pages", b, i, pg, num_pages));
+      }
+    }
+  }
+
+  runtime::LaunchShape shape{B, H, Hkv, plan.max_seqlen_q, plan.max_seqlen_kv, D, Dv};
+  AttentionArgs binding = binding_args(a.buffers, a.params);
+  std::vector<Tensor> buffers = runtime::collect_buffers(spec, binding, {});
+  SequenceRunner runner(st, ir, shape, buffers, binding);
+  const float scale = scale_for(what, a.scale, D);
+  std::vector<int64_t> qs = a.q.effective_strides(), ks = a.k.effective_strides(), vs = a.v.effective_strides(), os = a.o.effective_strides();
+  std::vector<int64_t> ls = a.lse.data ? a.lse.effective_strides() : std::vector<int64_t>{0, 0, 0};
+  const size_t esize = elem_bytes(spec.dtype);
+  std::vector<char> k_copy, v_copy;  // a paged sequence's K and V as [Hkv, len, d]
+  // Copies positions [0, len) of sequence b out of the pages into dense [Hkv, len, d].
+  auto gather = [&](const Tensor& t, const std::vector<int64_t>& s, int64_t b, int64_t len, int64_t d, std::vector<char>& out) {
+    out.resize(static_cast<size_t>(Hkv * len * d) * esize);
+    for (int64_t p = 0; p < len; ++p) {
+      const int64_t page = table[static_cast<size_t>(b * max_pages + p / P)], slot = p % P;
+      for (int64_t h = 0; h < Hkv; ++h) {
+        int64_t base = page * s[0] + (plan.head_major_pages ? h * s[1] + slot * s[2] : slot * s[1] + h * s[2]);
+        char* dst = out.data() + static_cast<size_t>((h * len + p) * d) * esize;
+        for (int64_t c = 0; c < d; ++c) std::memcpy(dst + static_cast<size_t>(c) * esize, byte_at(t.data, base + c * s[3], spec.dtype), esize);
+      }
+    }
+  };
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t ql = q_lens[static_cast<size_t>(b)], kl = kv_lens[static_cast<size_t>(b)];
+    AttentionJob job = runner.job();
+    job.B = 1;
+    job.H = H;
+    job.Hkv = Hkv;
+    job.Sq = ql;
+    job.Skv = kl;
+    job.D = D;
+    job.Dv = Dv;
+    job.b_offset = b;
+    job.q_offset = kl - ql;  // query row i sits at position kv_lens[b] - q_len(b) + i
+    job.scale = scale;
+    job.dtype = et;
+    job.q = Operand{byte_at(a.q.data, b * qs[0], spec.dtype), {0, qs[1], qs[2], qs[3]}};
+    job.o = OutOperand{const_cast<char*>(byte_at(a.o.data, b * os[0], spec.dtype)), {0, os[1], os[2], os[3]}};
+    if (a.lse.data) {
+      job.lse = static_cast<float*>(a.lse.data) + b * ls[0];
+      job.lse_stride[0] = 0;
+      job.lse_stride[1] = ls[1];
+      job.lse_stride[2] = ls[2];
+    }
+    if (paged) {
+      gather(a.k, ks, b, kl, D, k_copy);
+      gather(a.v, vs, b, kl, Dv, v_copy);
+      job.k = Operand{k_copy.data(), {0, kl * D, D, 1}};
+      job.v = Operand{v_copy.data(), {0, kl * Dv, Dv, 1}};
+    } else {
+      job.k = Operand{byte_at(a.k.data, b * ks[0], spec.dtype), {0, ks[1], ks[2], ks[3]}};
+      job.v = Operand{byte_at(a.v.data, b * vs[0], spec.dtype), {0, vs[1], vs[2], vs[3]}};
+    }
+    runner.run(job);
+  }
+  runner.finish();
+}
+
+}  // namespace flexjit::cpu

@@ -1,0 +1,14 @@
+// Ragged prefill (VarlenArgs) and decode (DecodeArgs) on the CPU: argument checks, binding
+// (Sq / Skv bind to the launch's bounds), then the forward driver once per sequence on
+// strided slices, with b = the sequence index and the query positions offset for decode.
+// Paged KV caches are gathered into a contiguous copy per sequence.
+#pragma once
+#include "runtime/cpu/forward_common.h"
+
+namespace flexjit::cpu {
+
+// Both throw flexjit::Error (arguments, or the mods' load errors after writing the outputs).
+void launch_varlen(const SpecState& st, const SpecIR& ir, const VarlenArgs& args);
+void launch_decode(const SpecState& st, const SpecIR& ir, const DecodePlanOptions& plan, const DecodeArgs& args);
+
+}  // namespace flexjit::cpu

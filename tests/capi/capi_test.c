@@ -19,6 +19,133 @@ static int passed = 0, failed = 0;
     }                                                                    \
   } while (0)
 
+static float* filled(int n, int seed) {
+  float* p = malloc(sizeof(float) * (size_t)n);
+  for (int i = 0; i < n; ++i) p[i] = (float)(((i + seed) * 2654435761u) % 1000u) / 500.0f - 1.0f;
+  return p;
+}
+
+static float max_abs_diff(const float* a, const float* b, int n) {
+  float m = 0;
+  for (int i = 0; i < n; ++i) {
+    float d = fabsf(a[i] - b[i]);
+    if (!(d <= m)) m = d; /* NaN propagates */
+  }
+  return m;
+}
+
+#ifdef FLEXJIT_HAVE_CPU_BACKEND
+/* The backward on the CPU backend with one key per row: softmax is 1, so O = V, dV is the sum
+ * of dO over the rows, dQ = dK = 0, and a per-head bias gets zero gradient. */
+static void test_backward(flexjit_runtime* rt) {
+  enum { B = 1, H = 2, Sq = 6, Skv = 1, D = 16 };
+  flexjit_kernel* k = NULL;
+  CHECK(flexjit_compile(rt, "{\"score_mod\": \"score + bias[h]\", \"buffers\": [\"bias: f32[H]\"], \"grad\": [\"bias\"], "
+                            "\"dtype\": \"f32\", \"head_dim\": 16}",
+                        &k) == FLEXJIT_OK);
+  float *q = filled(B * H * Sq * D, 1), *kk = filled(B * H * Skv * D, 2), *v = filled(B * H * Skv * D, 3);
+  float *o = filled(B * H * Sq * D, 4), *d_o = filled(B * H * Sq * D, 5), *lse = filled(B * H * Sq, 6);
+  float *dq = filled(B * H * Sq * D, 7), *dk = filled(B * H * Skv * D, 8), *dv = filled(B * H * Skv * D, 9);
+  float bias[H] = {0.25f, -1.0f}, dbias[H] = {NAN, NAN};
+  int64_t bias_shape[1] = {H};
+  flexjit_args* a = NULL;
+  CHECK(flexjit_args_create(&a) == FLEXJIT_OK);
+  CHECK(flexjit_args_set_qkvo(a, q, kk, v, o, FLEXJIT_F32, B, H, H, Sq, Skv, D) == FLEXJIT_OK);
+  CHECK(flexjit_args_set_buffer(a, "bias", bias, FLEXJIT_F32, 1, bias_shape, NULL) == FLEXJIT_OK);
+  CHECK(flexjit_args_set_lse(a, lse) == FLEXJIT_OK);
+  CHECK(flexjit_args_set_stream(a, NULL, -2) == FLEXJIT_OK);
+  /* The backward needs dO and the gradient outputs. */
+  CHECK(flexjit_backward(k, a) == FLEXJIT_ERROR_USER);
+  CHECK(strstr(flexjit_last_error(), "flexjit_args_set_backward") != NULL);
+  CHECK(flexjit_forward(k, a) == FLEXJIT_OK);
+  CHECK(flexjit_args_set_backward(a, d_o, dq, dk, dv) == FLEXJIT_OK);
+  CHECK(flexjit_args_set_grad(a, "bias", dbias) == FLEXJIT_OK);
+  CHECK(flexjit_backward(k, a) == FLEXJIT_OK);
+  float want[H * D];
+  for (int h = 0; h < H; ++h)
+    for (int d = 0; d < D; ++d) {
+      float sum = 0;
+      for (int r = 0; r < Sq; ++r) sum += d_o[(h * Sq + r) * D + d];
+      want[h * D + d] = sum;
+    }
+  CHECK(max_abs_diff(dv, want, H * D) < 1e-4f);
+  float zeros[B * H * Sq * D] = {0};
+  CHECK(max_abs_diff(dq, zeros, B * H * Sq * D) < 1e-5f);
+  CHECK(max_abs_diff(dk, zeros, B * H * Skv * D) < 1e-5f);
+  CHECK(max_abs_diff(dbias, zeros, H) < 1e-5f);
+  /* A gradient for a buffer the spec does not declare. */
+  CHECK(flexjit_args_set_grad(a, "bais", dbias) == FLEXJIT_OK);
+  CHECK(flexjit_backward(k, a) != FLEXJIT_OK);
+  flexjit_args_destroy(a);
+  flexjit_kernel_destroy(k);
+  free(q), free(kk), free(v), free(o), free(d_o), free(lse), free(dq), free(dk), free(dv);
+}
+
+/* Decode and ragged prefill on the CPU backend agree with plain forward launches: a decode
+ * step over a paged cache (pages in shuffled order) equals the forward of its last query row,
+ * and each sequence of a packed batch equals its own forward. */
+static void test_decode_and_varlen(flexjit_runtime* rt) {
+  enum { H = 2, Skv = 12, D = 16, P = 4 };
+  flexjit_kernel* k = NULL;
+  CHECK(flexjit_compile(rt, "{\"mask_mod\": \"q >= kv\", \"dtype\": \"f32\", \"head_dim\": 16}", &k) == FLEXJIT_OK);
+  /* Forward with Sq = Skv (causal): the last row is what decode computes for q = Skv - 1. */
+  float *q = filled(H * Skv * D, 11), *kk = filled(H * Skv * D, 12), *v = filled(H * Skv * D, 13), *o = filled(H * Skv * D, 14);
+  flexjit_args* a = NULL;
+  CHECK(flexjit_args_create(&a) == FLEXJIT_OK);
+  CHECK(flexjit_args_set_qkvo(a, q, kk, v, o, FLEXJIT_F32, 1, H, H, Skv, Skv, D) == FLEXJIT_OK);
+  CHECK(flexjit_args_set_stream(a, NULL, -2) == FLEXJIT_OK);
+  CHECK(flexjit_forward(k, a) == FLEXJIT_OK);
+
+  /* The same keys in pages of P positions, [num_pages, P, H, D], stored in reverse page order. */
+  enum { Pages = Skv / P };
+  float *kp = malloc(sizeof(float) * Skv * H * D), *vp = malloc(sizeof(float) * Skv * H * D);
+  int32_t table[Pages], kv_len[1] = {Skv};
+  for (int pg = 0; pg < Pages; ++pg) table[pg] = Pages - 1 - pg;
+  for (int pos = 0; pos < Skv; ++pos)
+    for (int h = 0; h < H; ++h)
+      for (int d = 0; d < D; ++d) {
+        int dst = ((table[pos / P] * P + pos % P) * H + h) * D + d;
+        kp[dst] = kk[(h * Skv + pos) * D + d];
+        vp[dst] = v[(h * Skv + pos) * D + d];
+      }
+  float qd[H * D], od[H * D];
+  for (int h = 0; h < H; ++h)
+    for (int d = 0; d < D; ++d) qd[h * D + d] = q[(h * Skv + Skv - 1) * D + d], od[h * D + d] = NAN;
+  flexjit_decode_plan* plan = NULL;
+  CHECK(flexjit_plan_decode(k, -2, 1, H, H, 1, Skv, P, 0, &plan) == FLEXJIT_OK);
+  CHECK(flexjit_decode_plan_num_splits(plan) == 1);
+  int64_t cache_shape[4] = {Pages, P, H, D};
+  CHECK(flexjit_args_set_decode(a, qd, kp, vp, od, FLEXJIT_F32, 1, H, 1, D, cache_shape, table, Pages, kv_len, NULL) == FLEXJIT_OK);
+  CHECK(flexjit_decode(k, plan, a) == FLEXJIT_OK);
+  float last[H * D];
+  for (int h = 0; h < H; ++h)
+    for (int d = 0; d < D; ++d) last[h * D + d] = o[(h * Skv + Skv - 1) * D + d];
+  CHECK(max_abs_diff(od, last, H * D) < 1e-5f);
+  flexjit_decode_plan_destroy(plan);
+
+  /* Two packed sequences of 5 and 7 rows ([total, H, D]) against one forward each. */
+  int32_t cu[3] = {0, 5, 12};
+  float *qv = filled(Skv * H * D, 21), *kv = filled(Skv * H * D, 22), *vv = filled(Skv * H * D, 23), *ov = filled(Skv * H * D, 24);
+  CHECK(flexjit_args_set_varlen(a, qv, kv, vv, ov, FLEXJIT_F32, Skv, Skv, H, H, D, 2, cu, cu, 7, 7) == FLEXJIT_OK);
+  CHECK(flexjit_forward_varlen(k, a) == FLEXJIT_OK);
+  for (int s = 0; s < 2; ++s) {
+    int len = cu[s + 1] - cu[s];
+    int64_t strides[4] = {0, D, H * D, 1}; /* [1, H, len, D] views of the packed rows */
+    float* os = malloc(sizeof(float) * (size_t)(len * H * D));
+    int64_t o_strides[4] = {0, D, H * D, 1};
+    CHECK(flexjit_args_set_qkvo(a, qv + cu[s] * H * D, kv + cu[s] * H * D, vv + cu[s] * H * D, os, FLEXJIT_F32, 1, H, H, len, len, D) ==
+          FLEXJIT_OK);
+    CHECK(flexjit_args_set_strides(a, strides, strides, strides, o_strides) == FLEXJIT_OK);
+    CHECK(flexjit_forward(k, a) == FLEXJIT_OK);
+    CHECK(max_abs_diff(os, ov + cu[s] * H * D, len * H * D) < 1e-5f);
+    free(os);
+  }
+  flexjit_args_destroy(a);
+  flexjit_kernel_destroy(k);
+  free(q), free(kk), free(v), free(o), free(kp), free(vp), free(qv), free(kv), free(vv), free(ov);
+}
+#endif
+
 int main(void) {
 #ifdef FLEXJIT_HAVE_CPU_BACKEND
   CHECK(flexjit_enable_cpu_backend() == FLEXJIT_OK);
@@ -80,6 +207,10 @@ int main(void) {
   CHECK(flexjit_forward(NULL, a) == FLEXJIT_ERROR_INVALID_ARGUMENT);
 
   flexjit_args_destroy(a);
+#ifdef FLEXJIT_HAVE_CPU_BACKEND
+  test_backward(rt);
+  test_decode_and_varlen(rt);
+#endif
   flexjit_kernel_destroy(k);
   flexjit_runtime_destroy(rt);
   free(q);

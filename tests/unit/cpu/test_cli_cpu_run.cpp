@@ -7,6 +7,7 @@
 
 #include "runtime/npy.h"
 #include "support/attention_reference.h"
+#include "support/attention_reference_backward.h"
 #include "support/spec_loading.h"
 
 using namespace flexjit;
@@ -86,5 +87,55 @@ TEST_CASE("flexjit run --device cpu matches a float64 reference", "[cpu][cli]") 
     for (int d = 0; d < 32; ++d) CHECK(o.as<float>()[r * 32 + d] == 0.f);
   }
   CHECK(std::isfinite(lse.as<float>()[5]));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("flexjit run --backward --device cpu writes gradients that match a float64 reference", "[cpu][cli][backward]") {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / ("flexjit-cpu-bwd-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const int64_t B = 1, H = 4, Hkv = 2, Sq = 37, Skv = 45, D = 32;
+  std::mt19937 rng(11);
+  NpyArray q = random_f32({B, H, Sq, D}, rng), k = random_f32({B, Hkv, Skv, D}, rng), v = random_f32({B, Hkv, Skv, D}, rng),
+           d_o = random_f32({B, H, Sq, D}, rng), slope = random_f32({H}, rng);
+  for (auto& [name, a] : std::vector<std::pair<const char*, NpyArray*>>{{"q", &q}, {"k", &k}, {"v", &v}, {"do", &d_o}, {"slope", &slope}})
+    write_npy((dir / (std::string(name) + ".npy")).string(), *a);
+  auto file = [&](const char* name) { return (dir / name).string(); };
+  fs::path spec_path = test::gallery_dir() / "alibi_causal.json";
+  std::string cmd = test::cli_path() + " run " + spec_path.string() + " --device cpu --q " + file("q.npy") + " --k " + file("k.npy") +
+                    " --v " + file("v.npy") + " --load slope=" + file("slope.npy") + " --out " + file("o.npy") + " --backward --do " +
+                    file("do.npy") + " --dq " + file("dq.npy") + " --dk " + file("dk.npy") + " --dv " + file("dv.npy") +
+                    " --grad slope=" + file("dslope.npy");
+  REQUIRE(std::system(cmd.c_str()) == 0);
+
+  dsl::Spec spec = test::load_spec(spec_path);
+  spec.dtype = dsl::DType::F32;
+  spec.head_dim = static_cast<int>(D);
+  spec.buffers[0].requires_grad = true;
+  SpecIR ir = build_spec_ir(spec);
+  EvalEnv env;
+  env.symbols = {B, H, Hkv, Sq, Skv, D};
+  env.symbols.resize(ir.checked.symbols.size(), 1);
+  env.buffers = {BufferView{dsl::DType::F32, slope.data.data(), {H}, {1}}};
+  const test::RefShape shape{B, H, Hkv, Sq, Skv, D, D};
+  const double scale = 1.0 / std::sqrt(double(D));
+  test::RefResult fwd = test::reference_attention(ir, shape, floats(q), floats(k), floats(v), env, scale);
+  test::RefBackward ref = test::reference_backward(ir, shape, floats(q), floats(k), floats(v), floats(d_o), fwd.o, fwd.lse, env, scale);
+  for (const auto& [name, want] : std::vector<std::pair<const char*, const std::vector<double>*>>{
+           {"dq.npy", &ref.dq}, {"dk.npy", &ref.dk}, {"dv.npy", &ref.dv}, {"dslope.npy", &ref.grads[0]}}) {
+    NpyArray got = read_npy(file(name));
+    test::Comparison c = test::compare(floats(got), *want);
+    INFO(name << ": rel " << c.rel_l2 << " bad " << c.bad);
+    CHECK(got.numel() == static_cast<int64_t>(want->size()));
+    CHECK(c.bad == 0);
+    CHECK(c.rel_l2 <= 1e-4);
+  }
+  // --grad without --backward, and a gradient for a buffer the spec lacks, are errors.
+  std::string bad = test::cli_path() + " run " + spec_path.string() + " --device cpu --q " + file("q.npy") + " --k " + file("k.npy") +
+                    " --v " + file("v.npy") + " --load slope=" + file("slope.npy") + " --out " + file("o.npy");
+  CHECK(std::system((bad + " --grad slope=" + file("x.npy") + " 2>/dev/null").c_str()) != 0);
+  CHECK(std::system((bad + " --backward --do " + file("do.npy") + " --dq " + file("dq.npy") + " --dk " + file("dk.npy") + " --dv " +
+                     file("dv.npy") + " --grad slop=" + file("x.npy") + " 2>/dev/null")
+                        .c_str()) != 0);
   fs::remove_all(dir);
 }

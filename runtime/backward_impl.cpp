@@ -91,63 +91,11 @@ KernelImpl::BackwardState& KernelImpl::backward_state() {
   return *backward_state_;
 }
 
-std::unique_ptr<Workspace> KernelImpl::allocate_backward_workspace(int device, const runtime::LaunchShape& s, size_t backward_bytes) {
-  const runtime::CudaDriver& d = require_driver();
-  ForwardConfig cfg = forward_config(static_cast<int>(s.head_dim));
-  std::unique_ptr<Workspace> ws(new Workspace());
-  ws->device_ = device;
-  ws->mask_.reset(new BlockMask());
-  geometry(*ws->mask_, s, cfg, device);
-  ws->bytes_ = kErrorWordBytes + block_mask_bytes(s.batch, s.heads, ws->mask_->num_q_tiles_, ws->mask_->max_kv_tiles_);
-  const size_t front = align_up(ws->bytes_);
-  CUdeviceptr mem = 0;
-  // One allocation (Workspace's destructor frees memory_): the forward part, then the backward scratch.
-  check_cu(d.cuMemAlloc_v2(&mem, front + backward_bytes), "allocating a backward workspace");
-  check_cu(d.cuMemsetD8_v2(mem, 0, front + backward_bytes), "clearing a backward workspace");
-  ws->memory_ = mem;
-  ws->mask_->memory_ = mem + kErrorWordBytes;
-  ws->mask_->owns_ = false;
-  ws->backward_memory_ = mem + front;
-  ws->backward_bytes_ = backward_bytes;
-  return ws;
-}
-
 std::unique_ptr<Workspace> KernelImpl::make_backward_workspace(int device, int batch, int heads, int seqlen_q, int seqlen_kv) {
   runtime::ScopedDevice scope(device);
   runtime::LaunchShape s{batch, heads, heads, seqlen_q, seqlen_kv, spec().head_dim, spec().value_head_dim()};
   BackwardLayout l = backward_layout(batch, heads, seqlen_q, seqlen_kv, spec().head_dim, 0);
-  return allocate_backward_workspace(device, s, l.total);
-}
-
-Workspace& KernelImpl::backward_workspace_for(const BackwardArgs& a, int device, const runtime::LaunchShape& s, size_t backward_bytes) {
-  ForwardConfig cfg = forward_config(static_cast<int>(s.head_dim));
-  const size_t mask_need = kErrorWordBytes + block_mask_bytes(mask_batch(s), mask_heads(s), (s.seqlen_q + cfg.block_m - 1) / cfg.block_m,
-                                                              (s.seqlen_kv + cfg.block_n - 1) / cfg.block_n);
-  auto fits = [&](const Workspace& w) { return w.bytes_ >= mask_need && w.backward_bytes_ >= backward_bytes; };
-  if (a.workspace) {
-    if (!fits(*a.workspace))
-      throw Error(fmt::format("the workspace is too small for this backward launch (it needs {} bytes of backward scratch, it has {}); make it "
-                              "with Kernel::make_backward_workspace for these sizes (deterministic buffer gradients need 8 bytes per "
-                              "gradient element more: leave workspace null to use the kernel's own)",
-                              backward_bytes, a.workspace->backward_bytes_));
-    geometry(*a.workspace->mask_, s, cfg, device);
-    return *a.workspace;
-  }
-  // The kernel's one workspace per device, shared with the forward, so check_errors reads the
-  // error word both wrote.
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto& ws = workspaces_[device];
-  if (!ws || !fits(*ws)) {
-    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-    require_driver().cuStreamIsCapturing(a.stream, &status);
-    if (status != CU_STREAM_CAPTURE_STATUS_NONE)
-      throw Error("this backward launch needs a larger workspace, which cannot be allocated during CUDA graph capture; launch once "
-                  "before capturing, or pass a workspace from Kernel::make_backward_workspace");
-    if (ws) check_cu(require_driver().cuCtxSynchronize(), "synchronising before growing the backward workspace");
-    ws = allocate_backward_workspace(device, s, backward_bytes);
-  }
-  geometry(*ws->mask_, s, cfg, device);
-  return *ws;
+  return allocate_workspace(device, s, forward_config(spec().head_dim), l.total);
 }
 
 void KernelImpl::backward(const BackwardArgs& a) {
@@ -285,7 +233,7 @@ void KernelImpl::backward(const BackwardArgs& a) {
   // ---- workspace, parameters ----
   runtime::ScopedDevice scope(device);
   BackwardLayout lay = backward_layout(shape.batch, shape.heads, shape.seqlen_q, shape.seqlen_kv, shape.head_dim, grad_bytes);
-  Workspace& ws = backward_workspace_for(a, device, shape, lay.total);
+  Workspace& ws = workspace_for(a.workspace, a.stream, device, shape, forward_config(static_cast<int>(shape.head_dim)), lay.total);
   unsigned int* error_word = reinterpret_cast<unsigned int*>(ws.memory_);
   std::vector<uint64_t> vparams =
       runtime::fill_variant_params(mod->source.grad.layout, buffers, values, options_.checked ? error_word : nullptr);

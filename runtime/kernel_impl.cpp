@@ -140,7 +140,7 @@ void KernelImpl::forward(const AttentionArgs& a) {
   timer.lap(2);
 
   runtime::ScopedDevice scope(device);
-  Workspace& ws = workspace_for(a, device, shape, cfg);
+  Workspace& ws = workspace_for(a.workspace, a.stream, device, shape, cfg);
   unsigned int* error_word = reinterpret_cast<unsigned int*>(ws.memory_);
   std::vector<uint64_t> vparams = runtime::fill_variant_params(var.source.variant.layout, buffers, values, options_.checked ? error_word : nullptr);
 
@@ -401,42 +401,51 @@ void KernelImpl::geometry(BlockMask& m, const runtime::LaunchShape& s, const For
   m.max_kv_tiles_ = static_cast<int>((s.seqlen_kv + cfg.block_n - 1) / cfg.block_n);
 }
 
-std::unique_ptr<Workspace> KernelImpl::allocate_workspace(int device, const runtime::LaunchShape& s, const ForwardConfig& cfg) {
+std::unique_ptr<Workspace> KernelImpl::allocate_workspace(int device, const runtime::LaunchShape& s, const ForwardConfig& cfg,
+                                                          size_t backward_bytes) {
   std::unique_ptr<Workspace> ws(new Workspace());
   ws->device_ = device;
   ws->mask_.reset(new BlockMask());
   geometry(*ws->mask_, s, cfg, device);
   int64_t bm = s.batch, hm = s.heads;  // room for a mask that depends on b and h
   ws->bytes_ = kErrorWordBytes + block_mask_bytes(bm, hm, ws->mask_->num_q_tiles_, ws->mask_->max_kv_tiles_);
+  const size_t front = backward_bytes ? (ws->bytes_ + kErrorWordBytes - 1) / kErrorWordBytes * kErrorWordBytes : ws->bytes_;
   CUdeviceptr mem = 0;
-  check_cu(drv().cuMemAlloc_v2(&mem, ws->bytes_), "allocating a workspace");
-  check_cu(drv().cuMemsetD8_v2(mem, 0, ws->bytes_), "clearing a workspace");
+  check_cu(drv().cuMemAlloc_v2(&mem, front + backward_bytes), "allocating a workspace");
+  check_cu(drv().cuMemsetD8_v2(mem, 0, front + backward_bytes), "clearing a workspace");
   ws->memory_ = mem;
   ws->mask_->memory_ = mem + kErrorWordBytes;
   ws->mask_->owns_ = false;
+  if (backward_bytes) {
+    ws->backward_memory_ = mem + front;
+    ws->backward_bytes_ = backward_bytes;
+  }
   return ws;
 }
 
-Workspace& KernelImpl::workspace_for(const AttentionArgs& a, int device, const runtime::LaunchShape& s, const ForwardConfig& cfg) {
-  auto fits = [&](const Workspace& w) {
-    return w.bytes_ >= kErrorWordBytes + block_mask_bytes(mask_batch(s), mask_heads(s), (s.seqlen_q + cfg.block_m - 1) / cfg.block_m,
-                                                          (s.seqlen_kv + cfg.block_n - 1) / cfg.block_n);
-  };
-  if (a.workspace) {
-    if (!fits(*a.workspace)) throw Error("the workspace is too small for this launch; make it with the launch's sizes or larger");
-    geometry(*a.workspace->mask_, s, cfg, device);
-    return *a.workspace;
+Workspace& KernelImpl::workspace_for(Workspace* given, CUstream stream, int device, const runtime::LaunchShape& s, const ForwardConfig& cfg,
+                                     size_t backward_bytes) {
+  const size_t mask_need = kErrorWordBytes + block_mask_bytes(mask_batch(s), mask_heads(s), (s.seqlen_q + cfg.block_m - 1) / cfg.block_m,
+                                                              (s.seqlen_kv + cfg.block_n - 1) / cfg.block_n);
+  auto fits = [&](const Workspace& w) { return w.bytes_ >= mask_need && w.backward_bytes_ >= backward_bytes; };
+  if (given) {
+    if (!fits(*given))
+      throw Error(fmt::format("the workspace is too small for this launch (it holds {} + {} bytes, the launch needs {} + {}); make it with "
+                              "Kernel::make_workspace (make_backward_workspace for backward launches) for these sizes or larger",
+                              given->bytes_, given->backward_bytes_, mask_need, backward_bytes));
+    geometry(*given->mask_, s, cfg, device);
+    return *given;
   }
   std::lock_guard<std::mutex> lock(mutex_);
   auto& ws = workspaces_[device];
   if (!ws || !fits(*ws)) {
     CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-    drv().cuStreamIsCapturing(a.stream, &status);
+    drv().cuStreamIsCapturing(stream, &status);
     if (status != CU_STREAM_CAPTURE_STATUS_NONE)
       throw Error("this launch needs a larger workspace, which cannot be allocated during CUDA graph capture; launch once before "
-                  "capturing, or pass a workspace from Kernel::make_workspace");
+                  "capturing, or pass a workspace from Kernel::make_workspace (make_backward_workspace for backward launches)");
     if (ws) check_cu(drv().cuCtxSynchronize(), "synchronising before growing the workspace");
-    ws = allocate_workspace(device, s, cfg);
+    ws = allocate_workspace(device, s, cfg, backward_bytes);
   }
   geometry(*ws->mask_, s, cfg, device);
   return *ws;

@@ -136,11 +136,16 @@ class KernelImpl : public Kernel {
 
   void geometry(BlockMask& m, const runtime::LaunchShape& s, const ForwardConfig& cfg, int device) const;
 
-  std::unique_ptr<Workspace> allocate_workspace(int device, const runtime::LaunchShape& s, const ForwardConfig& cfg);
+  // A workspace for launches up to these sizes: the error word and a block mask, then (when
+  // backward_bytes > 0) the backward's scratch, in one allocation.
+  std::unique_ptr<Workspace> allocate_workspace(int device, const runtime::LaunchShape& s, const ForwardConfig& cfg, size_t backward_bytes = 0);
 
   // The launch's workspace: the caller's, or this kernel's for the device, grown (outside
   // graph capture) when a launch is larger than any before.
-  Workspace& workspace_for(const AttentionArgs& a, int device, const runtime::LaunchShape& s, const ForwardConfig& cfg);
+  // `given` (the caller's, checked for size) or this kernel's own on the device; the forward,
+  // decode and backward share the latter, so check_errors reads the one error word they write.
+  Workspace& workspace_for(Workspace* given, CUstream stream, int device, const runtime::LaunchShape& s, const ForwardConfig& cfg,
+                           size_t backward_bytes = 0);
 
   void check_mask(const BlockMask& m, const runtime::LaunchShape& s, const ForwardConfig& cfg, int device) const;
 
@@ -164,12 +169,8 @@ class KernelImpl : public Kernel {
   // State of the other launch kinds, defined (and created on first use) by their files.
   struct BackwardState;
   std::shared_ptr<BackwardState> backward_state_;
-  // backward_impl.cpp: the backward's state (created on first use), its workspace (the caller's, or
-  // this kernel's per device, grown outside graph capture) and one allocation holding a forward
-  // workspace followed by `backward_bytes` of backward scratch.
+  // backward_impl.cpp: the backward's state, created on first use.
   BackwardState& backward_state();
-  Workspace& backward_workspace_for(const BackwardArgs& a, int device, const runtime::LaunchShape& s, size_t backward_bytes);
-  std::unique_ptr<Workspace> allocate_backward_workspace(int device, const runtime::LaunchShape& s, size_t backward_bytes);
   struct DecodeState;
   std::shared_ptr<DecodeState> decode_state_;
   // decode_impl.cpp: the decode module for a variant choice and configuration, compiled and loaded on first use.

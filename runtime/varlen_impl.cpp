@@ -138,7 +138,7 @@ void KernelImpl::forward_varlen(const VarlenArgs& a) {
 
   runtime::ScopedDevice scope(device);
   // Only the error word is used: a one-tile shape keeps the workspace minimal.
-  Workspace& ws = workspace_for(shim, device, runtime::LaunchShape{1, 1, 1, 1, 1, D, Dv}, cfg);
+  Workspace& ws = workspace_for(shim.workspace, shim.stream, device, runtime::LaunchShape{1, 1, 1, 1, 1, D, Dv}, cfg);
   unsigned int* error_word = reinterpret_cast<unsigned int*>(ws.memory_);
   std::vector<uint64_t> vparams = runtime::fill_variant_params(var.source.variant.layout, buffers, values, options_.checked ? error_word : nullptr);
 

@@ -1,0 +1,86 @@
+// Hopper (sm_90a) tensor-core building blocks: swizzled shared-memory tiles, wgmma matrix descriptors, fences.
+#pragma once
+#include "flex_wgmma_ops.cuh"
+
+namespace flex {
+
+// A [kRows][kCols] tile of 16-bit elements in shared memory, laid out as the wgmma descriptors expect:
+// the columns are cut into regions of kSwizzleBytes / 2 elements; each region is a [kRows][kSwizzleBytes]
+// block (regions one after another), and inside every 8-row atom of a region the 16-byte chunk c of row r
+// sits at chunk c ^ (r's swizzle phase) (CUTLASS's Swizzle<B, 4, 3> on the byte offset, B = log2 of the
+// chunks per row). The hardware applies the same XOR to absolute address bits, so the tile must start on a
+// 1024-byte boundary. kSwizzleBytes is 128, 64 or 32; a narrower swizzle lets head dims 80 and 96 be stored
+// without padding (80 = 5 x 16 elements, 96 = 3 x 32).
+// The same tile serves both as a K-major operand (rows are M or N, the columns are K: Q and K in S = Q K^T)
+// and as an MN-major operand (rows are K, the columns are N: V in O = P V).
+template <int kRows, int kCols, int kSwizzle>
+struct SwizzledTile {
+  static constexpr int kSwizzleBytes = kSwizzle;
+  static constexpr int kRegionCols = kSwizzleBytes / 2;        // elements per region row
+  static constexpr int kRegions = kCols / kRegionCols;
+  static constexpr int kRegionBytes = kRows * kSwizzleBytes;
+  static constexpr int kBytes = kRegions * kRegionBytes;
+  static constexpr int kChunksPerRegionRow = kSwizzleBytes / 16;
+  static constexpr int kChunksPerRow = kCols / 8;
+  static constexpr int kAtomBytes = 8 * kSwizzleBytes;           // 8 rows: the period of the XOR pattern
+  // Descriptor swizzle mode: 1 = 128 B, 2 = 64 B, 3 = 32 B.
+  static constexpr unsigned long long kMode = kSwizzleBytes == 128 ? 1ull : kSwizzleBytes == 64 ? 2ull : 3ull;
+
+  static_assert(kSwizzleBytes == 128 || kSwizzleBytes == 64 || kSwizzleBytes == 32, "SwizzledTile: swizzle must be 32, 64 or 128 bytes");
+  static_assert(kCols % kRegionCols == 0, "SwizzledTile: the columns must fill whole swizzle regions");
+  static_assert(kRows % 8 == 0, "SwizzledTile: rows must fill whole 8-row swizzle atoms");
+
+  // Byte offset of the 16-byte chunk `chunk` (columns 8 * chunk .. + 7) of row `row`.
+  static __device__ __forceinline__ unsigned chunk_offset(int row, int chunk) {
+    const unsigned region = chunk / kChunksPerRegionRow;
+    const unsigned c = chunk % kChunksPerRegionRow;
+    const unsigned o = region * kRegionBytes + row * kSwizzleBytes + c * 16;
+    return o ^ ((o >> 3) & ((kChunksPerRegionRow - 1) << 4));
+  }
+};
+
+// Matrix descriptor fields (PTX ISA, "Matrix Descriptor Format" of wgmma): start address, leading- and
+// stride-dimension byte offsets (all >> 4), swizzle mode in bits 62-63. Base offset 0: tiles are
+// 1024-byte aligned and starts move by whole atoms or along a swizzled row.
+__device__ __forceinline__ unsigned long long make_desc(unsigned start, unsigned lbo, unsigned sbo, unsigned long long mode) {
+  return (unsigned long long)((start & 0x3FFFF) >> 4) | ((unsigned long long)((lbo & 0x3FFFF) >> 4) << 16) |
+         ((unsigned long long)((sbo & 0x3FFFF) >> 4) << 32) | (mode << 62);
+}
+
+// K-major operand: 64 (A) or N (B) rows starting at `row0`, the 16 K columns starting at `k0` (multiple of 16).
+// Along a swizzled row the start simply moves by 32 bytes per k-step; the 8-row groups are one atom apart.
+template <class Tile>
+__device__ __forceinline__ unsigned long long desc_k_major(unsigned tile_base, int row0, int k0) {
+  const unsigned start = tile_base + (k0 / Tile::kRegionCols) * Tile::kRegionBytes + row0 * Tile::kSwizzleBytes +
+                         (k0 % Tile::kRegionCols) * 2;
+  return make_desc(start, 16, Tile::kAtomBytes, Tile::kMode);
+}
+
+// MN-major operand: the 16 K rows starting at `k0` (multiple of 16), M/N columns from `col0` (a region boundary).
+// Consecutive regions (kSwizzleBytes / 2 columns each) are the leading-dimension step, 8-row groups the stride.
+template <class Tile>
+__device__ __forceinline__ unsigned long long desc_mn_major(unsigned tile_base, int k0, int col0) {
+  const unsigned start = tile_base + (col0 / Tile::kRegionCols) * Tile::kRegionBytes + k0 * Tile::kSwizzleBytes;
+  return make_desc(start, Tile::kRegionBytes, Tile::kAtomBytes, Tile::kMode);
+}
+
+// Orders this warpgroup's earlier register writes (accumulators, A fragments) before the next wgmma.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Waits until at most kPending committed wgmma groups of this warpgroup are in flight.
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Pins accumulator registers at this point of the program: without it the compiler may read or write them
+// between a wgmma and the wait that makes them valid.
+template <int N>
+__device__ __forceinline__ void fence_operands(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// Shared memory written through the generic proxy (st.shared, cp.async) becomes visible to the tensor cores'
+// async proxy only after this fence in each writing thread (then a barrier).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+}  // namespace flex

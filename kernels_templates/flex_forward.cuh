@@ -135,6 +135,199 @@ struct ForwardKernel {
       }
     }
   }
+
+  // Online softmax, base 2:  m' = max(m, rowmax(S));  P = exp2((S - m') * mult);
+  //                          l' = l * exp2((m - m') * mult) + rowsum(P);  O' = O * exp2((m - m') * mult)
+  // This step takes the new row maxima and rescales l; the caller rescales O by alpha when the warp-wide
+  // result is true, then exponentiates with exp_pack.
+  // Lazy rescaling: a row keeps its stale max m unless the tile's max exceeds it by more than
+  // kRescaleLog2 in exp2 units, so P <= 2^kRescaleLog2 (harmless in fp32 sums and in bf16/fp16 P) and the
+  // O *= alpha pass runs only when some row of the warp jumped. The final O / l and LSE use the same m,
+  // so the result is unchanged. A row with every element -inf so far keeps m = -inf and subtracts 0,
+  // so P = exp2(-inf) = 0 instead of NaN from (-inf) - (-inf).
+  static __device__ __forceinline__ bool softmax_rescale(const float (&s)[kMTiles][kNTiles][4], float (&row_max)[kRowsPerThread],
+                                                         float (&row_sum)[kRowsPerThread], float mult,
+                                                         float (&max_scaled)[kRowsPerThread], float (&alpha)[kRowsPerThread]) {
+    constexpr float kRescaleLog2 = 8.f;
+    bool rescale = false;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = mt * 2 + half;
+        float t[kNTiles];  // tree reduction: depth log2(kNTiles) instead of a kNTiles-long dependency chain
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) t[nt] = fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]);
+#pragma unroll
+        for (int stride = 1; stride < kNTiles; stride *= 2)
+#pragma unroll
+          for (int i = 0; i + stride < kNTiles; i += 2 * stride) t[i] = fmaxf(t[i], t[i + stride]);
+        const float mx = flex::quad_max(fmaxf(row_max[r], t[0]));
+        // (mx - m) * mult is +inf when m = -inf < mx, NaN (false) when both are -inf.
+        const bool jump = (mx - row_max[r]) * mult > kRescaleLog2;
+        const float m_new = jump ? mx : row_max[r];
+        max_scaled[r] = m_new == neg_inf() ? 0.f : m_new * mult;
+        alpha[r] = flex::ex2(row_max[r] * mult - max_scaled[r]);
+        row_max[r] = m_new;
+        row_sum[r] *= alpha[r];
+        rescale |= jump;
+      }
+    }
+    return rescale;
+  }
+
+  // P for the 16 columns kk of m-tile mt: exponentials, row sums, and the packed 16x16 A fragment of P @ V
+  // (two n8 accumulator tiles of S form one A fragment).
+  static __device__ __forceinline__ void exp_pack(const float (&s)[kMTiles][kNTiles][4], int mt, int kk, float mult,
+                                                  const float (&max_scaled)[kRowsPerThread], float (&row_sum)[kRowsPerThread],
+                                                  unsigned (&pa)[4]) {
+    float pr[2][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) pr[i][e] = flex::ex2(fmaf(s[mt][2 * kk + i][e], mult, -max_scaled[mt * 2 + e / 2]));
+    row_sum[mt * 2] += (pr[0][0] + pr[0][1]) + (pr[1][0] + pr[1][1]);
+    row_sum[mt * 2 + 1] += (pr[0][2] + pr[0][3]) + (pr[1][2] + pr[1][3]);
+    pa[0] = Mma::pack(pr[0][0], pr[0][1]);
+    pa[1] = Mma::pack(pr[0][2], pr[0][3]);
+    pa[2] = Mma::pack(pr[1][0], pr[1][1]);
+    pa[3] = Mma::pack(pr[1][2], pr[1][3]);
+  }
+
+  // O = O / l;  LSE = max * score_unit + ln(l). A fully masked row has l = 0: O = 0 and LSE = -inf.
+  static __device__ __forceinline__ void normalize(float (&acc_o)[kMTiles][kDTiles][4], const float (&row_max)[kRowsPerThread],
+                                                   const float (&row_sum)[kRowsPerThread], float score_unit,
+                                                   float (&lse)[kRowsPerThread]) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = mt * 2 + half;
+        const float l = flex::quad_sum(row_sum[r]);
+        const bool empty = !(l > 0.f);
+        const float inv = empty ? 0.f : 1.f / l;
+        lse[r] = empty ? neg_inf() : row_max[r] * score_unit + logf(l);
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          acc_o[mt][dt][2 * half] *= inv;
+          acc_o[mt][dt][2 * half + 1] *= inv;
+        }
+      }
+    }
+  }
+
+  // Writes the normalised O tile (staged through shared memory `stage`, at least kBlockM x kSmemStride
+  // elements and free of other readers, so the global stores are 16-byte and row-contiguous) and the LSE.
+  // Every thread of the CTA calls it; it synchronises.
+  static __device__ __forceinline__ void store_o_lse(const FlexForwardParams& p, unsigned char* stage,
+                                                     const float (&acc_o)[kMTiles][kDTiles][4], const float (&lse)[kRowsPerThread],
+                                                     int b, int h, int m0, int seqlen_q, long long o_row0, int tid, int warp, int lane) {
+    unsigned* s_o = reinterpret_cast<unsigned*>(stage);
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = row_in_tile(warp, lane, mt * 2 + half);
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          const int col = dt * 8 + 2 * (lane % 4);
+          s_o[(row * kSmemStride + col) / 2] = Mma::pack(acc_o[mt][dt][2 * half], acc_o[mt][dt][2 * half + 1]);
+        }
+      }
+    }
+    __syncthreads();
+    Element* g_o = static_cast<Element*>(p.o) + b * p.o_stride_b + h * p.o_stride_h + o_row0 * p.o_stride_s;
+#pragma unroll
+    for (int i = 0; i < kBlockM * kChunksPerRow / kNThreads; ++i) {
+      const int chunk = tid + i * kNThreads;
+      const int row = chunk / kChunksPerRow;
+      const int c = chunk % kChunksPerRow;
+      if (m0 + row < seqlen_q) {
+        const uint4 val = *reinterpret_cast<const uint4*>(stage + (row * kSmemStride + c * 8) * 2);
+        *reinterpret_cast<uint4*>(g_o + (long long)(m0 + row) * p.o_stride_s + c * 8) = val;
+      }
+    }
+    if (p.lse != nullptr && lane % 4 == 0) {
+      float* g_lse = p.lse + b * p.lse_stride_b + h * p.lse_stride_h + o_row0;
+#pragma unroll
+      for (int r = 0; r < kRowsPerThread; ++r) {
+        const int q = m0 + row_in_tile(warp, lane, r);
+        if (q < seqlen_q) g_lse[q] = lse[r];
+      }
+    }
+  }
+
+  // Hoisted variant state of the thread's rows and tile columns (Row per query row, Col per row and column).
+  static __device__ __forceinline__ void hoist_rows(const VParams& vp, Row (&row_st)[kRowsPerThread],
+                                                    Col (&col_st)[kRowsPerThread][kColsPerThread], int b, int h, int hkv, int m0,
+                                                    int warp, int lane, int seqlen_q, int seqlen_kv) {
+#pragma unroll
+    for (int r = 0; r < kRowsPerThread; ++r) {
+      const int q = m0 + row_in_tile(warp, lane, r);
+      if (q < seqlen_q) {
+        Variant::row(vp, row_st[r], b, h, hkv, q);
+#pragma unroll
+        for (int c = 0; c < kColsPerThread; ++c) {
+          const int j = col_in_tile(lane, c);
+          if (j < seqlen_kv) Variant::col(vp, row_st[r], col_st[r][c], b, h, hkv, q, j);
+        }
+      }
+    }
+  }
+
+  // Per-tile variant state (Tile) of the thread's rows for the KV tile at k0.
+  static __device__ __forceinline__ void hoist_tile(const VParams& vp, const Row (&row_st)[kRowsPerThread], Tile (&tile_st)[kRowsPerThread],
+                                                    int b, int h, int hkv, int m0, int k0, int warp, int lane, int seqlen_q,
+                                                    int seqlen_kv) {
+    if (k0 < seqlen_kv) {
+#pragma unroll
+      for (int r = 0; r < kRowsPerThread; ++r) {
+        const int q = m0 + row_in_tile(warp, lane, r);
+        if (q < seqlen_q) Variant::tile(vp, row_st[r], tile_st[r], b, h, hkv, q, k0);
+      }
+    }
+  }
+
+  // score_mod and mask_mod of one S tile, choosing the instantiation: mask_mod on the masked (partial)
+  // tiles only, bounds checks only on tiles that cross Sq or Skv, nothing at all on interior full tiles
+  // without a score_mod.
+  static __device__ __forceinline__ void mods(float (&s)[kMTiles][kNTiles][4], bool masked_tile, bool check_bounds, const VParams& vp,
+                                              const Row (&row)[kRowsPerThread], const Col (&col)[kRowsPerThread][kColsPerThread],
+                                              const Tile (&tile)[kRowsPerThread], int b, int h, int hkv, int m0, int warp, int lane,
+                                              int k0, int seqlen_q, int seqlen_kv, float scale) {
+    if constexpr (Variant::kHasMaskMod) {
+      if (masked_tile) {
+        if (check_bounds)
+          apply_mods</*kPartial=*/true, /*kCheckBounds=*/true>(s, vp, row, col, tile, b, h, hkv, m0, warp, lane, k0, seqlen_q, seqlen_kv,
+                                                               scale);
+        else
+          apply_mods</*kPartial=*/true, /*kCheckBounds=*/false>(s, vp, row, col, tile, b, h, hkv, m0, warp, lane, k0, seqlen_q, seqlen_kv,
+                                                                scale);
+        return;
+      }
+    }
+    if (check_bounds)
+      apply_mods</*kPartial=*/false, /*kCheckBounds=*/true>(s, vp, row, col, tile, b, h, hkv, m0, warp, lane, k0, seqlen_q, seqlen_kv,
+                                                            scale);
+    else if (Variant::kHasScoreMod)
+      apply_mods</*kPartial=*/false, /*kCheckBounds=*/false>(s, vp, row, col, tile, b, h, hkv, m0, warp, lane, k0, seqlen_q, seqlen_kv,
+                                                             scale);
+  }
+};
+
+// The work of one forward CTA: its (b, h, query tile), sequence lengths, row offsets of a ragged batch, and
+// the KV tiles to visit in order (partial tiles, which run mask_mod, first; then full ones).
+struct ForwardTiles {
+  int b, h, hkv, m_block, m0, seqlen_q, seqlen_kv;
+  long long q_row0, kv_row0;  // first row of this sequence in packed (ragged) tensors; 0 when dense
+  const int* partial_idx;
+  const int* full_idx;
+  int n_partial, n_full;
+  __device__ __forceinline__ int count() const { return n_partial + n_full; }
+  __device__ __forceinline__ int at(int t) const {
+    if (t < n_partial) return partial_idx != nullptr ? partial_idx[t] : t;
+    return full_idx != nullptr ? full_idx[t - n_partial] : t - n_partial;
+  }
 };
 
 // Which (query tile, head) this CTA computes: heaviest query tiles first, so that the last wave holds the
@@ -176,6 +369,7 @@ __device__ __forceinline__ void schedule_cta(const FlexBlockMask& bm, int b, int
     scratch[t] = w;
   }
   __syncthreads();
+  int mine = -1;
   for (int t = tid; t < nq; t += kNThreads) {
     const int wt = scratch[t];
     int r = 0;
@@ -183,11 +377,64 @@ __device__ __forceinline__ void schedule_cta(const FlexBlockMask& bm, int b, int
       const int wu = scratch[u];
       r += (wu > wt || (wu == wt && u > t)) ? 1 : 0;
     }
-    if (r == rank) scratch[nq] = t;
+    if (r == rank) mine = t;
   }
+  // The winner is published only after every thread's reads: the compiler reads the counts with vector loads
+  // that may cover scratch[nq] too (harmless, but a write there beside them is a hazard to racecheck).
+  __syncthreads();
+  if (mine >= 0) scratch[nq] = mine;
   __syncthreads();
   m_block = scratch[nq];
   __syncthreads();
+}
+
+// Fills the CTA's work. `scratch` (scratch_ints ints of shared memory, free until the Q copy is issued) is
+// used by the ranked schedule. Returns false when a ragged batch's CTA lies past its sequence's end.
+template <int kNThreads, int kBlockM, int kBlockN, bool kHasMaskMod, bool kVarlen, bool kRankTiles>
+__device__ __forceinline__ bool forward_tiles(const FlexForwardParams& p, int tid, int* scratch, int scratch_ints, ForwardTiles& w) {
+  w.b = blockIdx.z;
+  if constexpr (kVarlen || !kRankTiles) {
+    // Heaviest query tiles (most KV tiles under causal-like masks) first: they start in the first wave.
+    w.m_block = gridDim.x - 1 - blockIdx.x;
+    w.h = blockIdx.y;
+  } else {
+    schedule_cta<kNThreads>(p.block_mask, w.b, tid, scratch, scratch_ints, w.m_block, w.h);
+  }
+  w.hkv = w.h / (p.heads / p.kv_heads);
+  w.m0 = w.m_block * kBlockM;
+  w.seqlen_q = p.seqlen_q;
+  w.seqlen_kv = p.seqlen_kv;
+  w.q_row0 = 0;
+  w.kv_row0 = 0;
+  if constexpr (kVarlen) {
+    w.q_row0 = p.cu_seqlens_q[w.b];
+    w.kv_row0 = p.cu_seqlens_kv[w.b];
+    w.seqlen_q = p.cu_seqlens_q[w.b + 1] - (int)w.q_row0;
+    w.seqlen_kv = p.cu_seqlens_kv[w.b + 1] - (int)w.kv_row0;
+    if (w.m0 >= w.seqlen_q) return false;
+  }
+  const FlexBlockMask& bm = p.block_mask;
+  w.partial_idx = nullptr;
+  w.full_idx = nullptr;
+  w.n_partial = 0;
+  w.n_full = 0;
+  if (bm.kv_num_partial != nullptr || bm.kv_num_full != nullptr) {
+    const long long off = w.b * bm.stride_b + w.h * bm.stride_h + w.m_block;
+    if (bm.kv_num_partial != nullptr) {
+      w.n_partial = bm.kv_num_partial[off];
+      w.partial_idx = bm.kv_partial_idx + off * bm.max_kv_tiles;
+    }
+    if (bm.kv_num_full != nullptr) {
+      w.n_full = bm.kv_num_full[off];
+      w.full_idx = bm.kv_full_idx + off * bm.max_kv_tiles;
+    }
+  } else {
+    // Without a mask_mod a "partial" tile needs no masking: every tile is full.
+    const int n_blocks = (w.seqlen_kv + kBlockN - 1) / kBlockN;
+    if (kHasMaskMod) w.n_partial = n_blocks;
+    else w.n_full = n_blocks;
+  }
+  return true;
 }
 
 }  // namespace flex
@@ -212,9 +459,7 @@ __device__ __forceinline__ void flex_forward(const FlexForwardParams& p, const t
   constexpr int kRowsPerThread = Traits::kRowsPerThread;
   constexpr int kColsPerThread = Traits::kColsPerThread;
   constexpr int kSmemStride = Traits::kSmemStride;
-  constexpr int kChunksPerRow = Traits::kChunksPerRow;
   constexpr float kLog2e = 1.4426950408889634f;
-  constexpr float kRescaleLog2 = 8.f;  // lazy rescaling threshold, see the online softmax
 
   extern __shared__ __align__(128) unsigned char flex_smem[];
 
@@ -222,33 +467,16 @@ __device__ __forceinline__ void flex_forward(const FlexForwardParams& p, const t
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
-  const int b = blockIdx.z;
-  int m_block, h;
-  if constexpr (kVarlen || !kRankTiles) {
-    // Heaviest query tiles (most KV tiles under causal-like masks) first: they start in the first wave.
-    m_block = gridDim.x - 1 - blockIdx.x;
-    h = blockIdx.y;
-  } else {
-    flex::schedule_cta<Traits::kNThreads>(p.block_mask, b, tid, reinterpret_cast<int*>(flex_smem),
-                                          Traits::kSmemQElems * 2 / 4, m_block, h);
-  }
-  const int hkv = h / (p.heads / p.kv_heads);
-  const int m0 = m_block * kBlockM;
-  int seqlen_q = p.seqlen_q;
-  int seqlen_kv = p.seqlen_kv;
-  // Ragged batch: this sequence's rows start at q_row0 / kv_row0 of the packed tensors.
-  long long q_row0 = 0, kv_row0 = 0;
-  if constexpr (kVarlen) {
-    q_row0 = p.cu_seqlens_q[b];
-    kv_row0 = p.cu_seqlens_kv[b];
-    seqlen_q = p.cu_seqlens_q[b + 1] - (int)q_row0;
-    seqlen_kv = p.cu_seqlens_kv[b + 1] - (int)kv_row0;
-    if (m0 >= seqlen_q) return;
-  }
+  flex::ForwardTiles w;
+  if (!flex::forward_tiles<Traits::kNThreads, kBlockM, kBlockN, Variant::kHasMaskMod, kVarlen, kRankTiles>(
+          p, tid, reinterpret_cast<int*>(flex_smem), Traits::kSmemQElems * 2 / 4, w))
+    return;
+  const int b = w.b, h = w.h, hkv = w.hkv, m0 = w.m0;
+  const int seqlen_q = w.seqlen_q, seqlen_kv = w.seqlen_kv;
 
-  const Element* g_q = static_cast<const Element*>(p.q) + b * p.q_stride_b + h * p.q_stride_h + q_row0 * p.q_stride_s;
-  const Element* g_k = static_cast<const Element*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h + kv_row0 * p.k_stride_s;
-  const Element* g_v = static_cast<const Element*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h + kv_row0 * p.v_stride_s;
+  const Element* g_q = static_cast<const Element*>(p.q) + b * p.q_stride_b + h * p.q_stride_h + w.q_row0 * p.q_stride_s;
+  const Element* g_k = static_cast<const Element*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h + w.kv_row0 * p.k_stride_s;
+  const Element* g_v = static_cast<const Element*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h + w.kv_row0 * p.v_stride_s;
 
   // Shared memory: Q [kBlockM][kSmemStride], then K[stage], V[stage] [kBlockN][kSmemStride] each.
   const unsigned s_q = flex::smem_addr(flex_smem);
@@ -256,38 +484,12 @@ __device__ __forceinline__ void flex_forward(const FlexForwardParams& p, const t
   const unsigned s_v = s_k + Traits::kStages * Traits::kSmemKVElems * 2;
   constexpr unsigned kStageBytes = Traits::kSmemKVElems * 2;
 
-  // KV tile schedule: partial tiles (mask_mod) first, then full tiles (mask-free).
-  const FlexBlockMask& bm = p.block_mask;
-  const int* partial_idx = nullptr;
-  const int* full_idx = nullptr;
-  int n_partial = 0;
-  int n_full = 0;
-  if (bm.kv_num_partial != nullptr || bm.kv_num_full != nullptr) {
-    const long long off = b * bm.stride_b + h * bm.stride_h + m_block;
-    if (bm.kv_num_partial != nullptr) {
-      n_partial = bm.kv_num_partial[off];
-      partial_idx = bm.kv_partial_idx + off * bm.max_kv_tiles;
-    }
-    if (bm.kv_num_full != nullptr) {
-      n_full = bm.kv_num_full[off];
-      full_idx = bm.kv_full_idx + off * bm.max_kv_tiles;
-    }
-  } else {
-    const int n_blocks = (seqlen_kv + kBlockN - 1) / kBlockN;
-    if (Variant::kHasMaskMod) n_partial = n_blocks;
-    else n_full = n_blocks;
-  }
-  // Without a mask_mod a "partial" tile needs no masking: it is treated as full.
-  const int n_masked = n_partial;
-  const int n_tiles = n_partial + n_full;
-  auto tile_at = [&](int t) -> int {
-    if (t < n_partial) return partial_idx != nullptr ? partial_idx[t] : t;
-    return full_idx != nullptr ? full_idx[t - n_partial] : t - n_partial;
-  };
+  const int n_masked = w.n_partial;
+  const int n_tiles = w.count();
 
   // Q and the first two K/V tiles in flight: group 0 = {Q, K0, V0}, group 1 = {K1, V1} (possibly empty).
-  int idx_cur = n_tiles > 0 ? tile_at(0) : 0;
-  int idx_next = n_tiles > 1 ? tile_at(1) : 0;
+  int idx_cur = n_tiles > 0 ? w.at(0) : 0;
+  int idx_next = n_tiles > 1 ? w.at(1) : 0;
   K::template load_rows<kBlockM>(s_q, g_q, p.q_stride_s, m0, seqlen_q, tid);
   if (n_tiles > 0) {
     K::template load_rows<kBlockN>(s_k, g_k, p.k_stride_s, idx_cur * kBlockN, seqlen_kv, tid);
@@ -300,21 +502,10 @@ __device__ __forceinline__ void flex_forward(const FlexForwardParams& p, const t
   }
   flex::cp_async_commit();
 
-  // Hoisted variant state, while the copies fly. Row per query row, Col per (row, tile column).
+  // Hoisted variant state, while the copies fly.
   typename Variant::Row row_st[kRowsPerThread];
   typename Variant::Col col_st[kRowsPerThread][kColsPerThread];
-#pragma unroll
-  for (int r = 0; r < kRowsPerThread; ++r) {
-    const int q = m0 + K::row_in_tile(warp, lane, r);
-    if (q < seqlen_q) {
-      Variant::row(vp, row_st[r], b, h, hkv, q);
-#pragma unroll
-      for (int c = 0; c < kColsPerThread; ++c) {
-        const int j = K::col_in_tile(lane, c);
-        if (j < seqlen_kv) Variant::col(vp, row_st[r], col_st[r][c], b, h, hkv, q, j);
-      }
-    }
-  }
+  K::hoist_rows(vp, row_st, col_st, b, h, hkv, m0, warp, lane, seqlen_q, seqlen_kv);
 
   // Per-lane ldmatrix byte offsets (see flex_mma.cuh for the fragment layouts).
   //   Q (A, 16x16): matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15) -> a0..a3.
@@ -351,17 +542,11 @@ __device__ __forceinline__ void flex_forward(const FlexForwardParams& p, const t
   // ============================================ Mainloop ============================================
   for (int it = 0; it < n_tiles; ++it) {
     const unsigned stage_off = (it & 1) * kStageBytes;
-    const int idx_pf = it + 2 < n_tiles ? tile_at(it + 2) : 0;  // read early: latency hides behind the GEMMs
+    const int idx_pf = it + 2 < n_tiles ? w.at(it + 2) : 0;  // read early: latency hides behind the GEMMs
     const int k0 = idx_cur * kBlockN;
 
     typename Variant::Tile tile_st[kRowsPerThread];
-    if (k0 < seqlen_kv) {
-#pragma unroll
-      for (int r = 0; r < kRowsPerThread; ++r) {
-        const int q = m0 + K::row_in_tile(warp, lane, r);
-        if (q < seqlen_q) Variant::tile(vp, row_st[r], tile_st[r], b, h, hkv, q, k0);
-      }
-    }
+    K::hoist_tile(vp, row_st, tile_st, b, h, hkv, m0, k0, warp, lane, seqlen_q, seqlen_kv);
 
     flex::cp_async_wait<1>();  // this tile's K and V have landed (the next tile's may still fly)
     __syncthreads();
@@ -393,64 +578,33 @@ __device__ __forceinline__ void flex_forward(const FlexForwardParams& p, const t
     }
 
     // S = mask(score_mod(scale * S)); -inf outside [0, Sq) x [0, Skv)
+    // (K::mods dispatches the same way; calling it here instead costs this loop 40-130 bytes of extra spills
+    // under ptxas's register allocation, measured on the harness variants.)
     const bool check_bounds = q_tail || k0 + kBlockN > seqlen_kv;
     bool masked_tile = false;
     if constexpr (Variant::kHasMaskMod) {
       masked_tile = it < n_masked;
       if (masked_tile) {
         if (check_bounds)
-          K::template apply_mods</*kPartial=*/true, /*kCheckBounds=*/true>(acc_s, vp, row_st, col_st, tile_st, b, h,
-                                                                            hkv, m0, warp, lane, k0, seqlen_q, seqlen_kv,
-                                                                            p.scale);
+          K::template apply_mods</*kPartial=*/true, /*kCheckBounds=*/true>(acc_s, vp, row_st, col_st, tile_st, b, h, hkv, m0, warp, lane,
+                                                                            k0, seqlen_q, seqlen_kv, p.scale);
         else
-          K::template apply_mods</*kPartial=*/true, /*kCheckBounds=*/false>(acc_s, vp, row_st, col_st, tile_st, b, h,
-                                                                             hkv, m0, warp, lane, k0, seqlen_q, seqlen_kv,
-                                                                             p.scale);
+          K::template apply_mods</*kPartial=*/true, /*kCheckBounds=*/false>(acc_s, vp, row_st, col_st, tile_st, b, h, hkv, m0, warp, lane,
+                                                                             k0, seqlen_q, seqlen_kv, p.scale);
       }
     }
     if (!masked_tile) {
       if (check_bounds)
-        K::template apply_mods</*kPartial=*/false, /*kCheckBounds=*/true>(acc_s, vp, row_st, col_st, tile_st, b, h, hkv,
-                                                                           m0, warp, lane, k0, seqlen_q, seqlen_kv, p.scale);
+        K::template apply_mods</*kPartial=*/false, /*kCheckBounds=*/true>(acc_s, vp, row_st, col_st, tile_st, b, h, hkv, m0, warp, lane,
+                                                                           k0, seqlen_q, seqlen_kv, p.scale);
       else if (Variant::kHasScoreMod)
-        K::template apply_mods</*kPartial=*/false, /*kCheckBounds=*/false>(acc_s, vp, row_st, col_st, tile_st, b, h,
-                                                                            hkv, m0, warp, lane, k0, seqlen_q, seqlen_kv,
-                                                                            p.scale);
+        K::template apply_mods</*kPartial=*/false, /*kCheckBounds=*/false>(acc_s, vp, row_st, col_st, tile_st, b, h, hkv, m0, warp, lane,
+                                                                            k0, seqlen_q, seqlen_kv, p.scale);
     }
 
-    // Online softmax, base 2:  m' = max(m, rowmax(S));  P = exp2((S - m') * mult);
-    //                          l' = l * exp2((m - m') * mult) + rowsum(P);  O' = O * exp2((m - m') * mult)
-    // Lazy rescaling: a row keeps its stale max m unless the tile's max exceeds it by more than
-    // kRescaleLog2 in exp2 units, so P <= 2^kRescaleLog2 (harmless in fp32 sums and in bf16/fp16 P) and the
-    // O *= alpha pass runs only when some row of the warp jumped. The final O / l and LSE use the same m,
-    // so the result is unchanged. A row with every element -inf so far keeps m = -inf and subtracts 0,
-    // so P = exp2(-inf) = 0 instead of NaN from (-inf) - (-inf).
-    bool rescale = false;
     float alpha[kRowsPerThread];
     float max_scaled[kRowsPerThread];
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int r = mt * 2 + half;
-        float t[kNTiles];  // tree reduction: depth log2(kNTiles) instead of a kNTiles-long dependency chain
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) t[nt] = fmaxf(acc_s[mt][nt][2 * half], acc_s[mt][nt][2 * half + 1]);
-#pragma unroll
-        for (int stride = 1; stride < kNTiles; stride *= 2)
-#pragma unroll
-          for (int i = 0; i + stride < kNTiles; i += 2 * stride) t[i] = fmaxf(t[i], t[i + stride]);
-        const float mx = flex::quad_max(fmaxf(row_max[r], t[0]));
-        // (mx - m) * mult is +inf when m = -inf < mx, NaN (false) when both are -inf.
-        const bool jump = (mx - row_max[r]) * mult > kRescaleLog2;
-        const float m_new = jump ? mx : row_max[r];
-        max_scaled[r] = m_new == K::neg_inf() ? 0.f : m_new * mult;
-        alpha[r] = flex::ex2(row_max[r] * mult - max_scaled[r]);
-        row_max[r] = m_new;
-        row_sum[r] *= alpha[r];
-        rescale |= jump;
-      }
-    }
+    const bool rescale = K::softmax_rescale(acc_s, row_max, row_sum, mult, max_scaled, alpha);
     // Rows that did not jump have alpha = 1 exactly (or O = 0 while still empty), so the skip is exact.
     if (__any_sync(0xffffffffu, rescale)) {
 #pragma unroll
@@ -461,27 +615,14 @@ __device__ __forceinline__ void flex_forward(const FlexForwardParams& p, const t
           for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] *= alpha[mt * 2 + e / 2];
     }
 
-    // O += P @ V, 16 columns of P at a time: P stays in registers (two n8 accumulator tiles of S form one
-    // 16x16 A fragment), and the exponentials of one chunk overlap the mmas of the previous one.
+    // O += P @ V, 16 columns of P at a time: P stays in registers, and the exponentials of one chunk
+    // overlap the mmas of the previous one.
     const unsigned v_base = s_v + stage_off + v_lane;
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       unsigned pa[kMTiles][4];
 #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        float p[2][4];
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            p[i][e] = flex::ex2(fmaf(acc_s[mt][2 * kk + i][e], mult, -max_scaled[mt * 2 + e / 2]));
-        row_sum[mt * 2] += (p[0][0] + p[0][1]) + (p[1][0] + p[1][1]);
-        row_sum[mt * 2 + 1] += (p[0][2] + p[0][3]) + (p[1][2] + p[1][3]);
-        pa[mt][0] = Mma::pack(p[0][0], p[0][1]);
-        pa[mt][1] = Mma::pack(p[0][2], p[0][3]);
-        pa[mt][2] = Mma::pack(p[1][0], p[1][1]);
-        pa[mt][3] = Mma::pack(p[1][2], p[1][3]);
-      }
+      for (int mt = 0; mt < kMTiles; ++mt) K::exp_pack(acc_s, mt, kk, mult, max_scaled, row_sum, pa[mt]);
 #pragma unroll
       for (int dp = 0; dp < kHeadDim / 16; ++dp) {
         unsigned bv[4];
@@ -506,63 +647,11 @@ __device__ __forceinline__ void flex_forward(const FlexForwardParams& p, const t
   }
 
   // ============================================ Epilogue ============================================
-  // O = O / l;  LSE = max * score_unit + ln(l). A fully masked row has l = 0: O = 0 and LSE = -inf.
-  const float score_unit = Variant::kHasScoreMod ? 1.f : p.scale;
   float lse[kRowsPerThread];
-#pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = mt * 2 + half;
-      const float l = flex::quad_sum(row_sum[r]);
-      const bool empty = !(l > 0.f);
-      const float inv = empty ? 0.f : 1.f / l;
-      lse[r] = empty ? K::neg_inf() : row_max[r] * score_unit + logf(l);
-#pragma unroll
-      for (int dt = 0; dt < kDTiles; ++dt) {
-        acc_o[mt][dt][2 * half] *= inv;
-        acc_o[mt][dt][2 * half + 1] *= inv;
-      }
-    }
-  }
-
-  // Stage O through the Q tile's shared memory so the global stores are 16-byte and row-contiguous.
+  K::normalize(acc_o, row_max, row_sum, Variant::kHasScoreMod ? 1.f : p.scale, lse);
+  // O is staged through the Q tile's shared memory once every copy has landed and every warp is done.
   flex::cp_async_wait<0>();
   __syncthreads();
-  unsigned* s_o = reinterpret_cast<unsigned*>(flex_smem);
-#pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = K::row_in_tile(warp, lane, mt * 2 + half);
-#pragma unroll
-      for (int dt = 0; dt < kDTiles; ++dt) {
-        const int col = dt * 8 + 2 * (lane % 4);
-        s_o[(row * kSmemStride + col) / 2] = Mma::pack(acc_o[mt][dt][2 * half], acc_o[mt][dt][2 * half + 1]);
-      }
-    }
-  }
-  __syncthreads();
-  // Read again rather than kept live across the mainloop (registers are the limit there).
-  long long o_row0 = 0;
-  if constexpr (kVarlen) o_row0 = p.cu_seqlens_q[b];
-  Element* g_o = static_cast<Element*>(p.o) + b * p.o_stride_b + h * p.o_stride_h + o_row0 * p.o_stride_s;
-#pragma unroll
-  for (int i = 0; i < kBlockM * kChunksPerRow / Traits::kNThreads; ++i) {
-    const int chunk = tid + i * Traits::kNThreads;
-    const int row = chunk / kChunksPerRow;
-    const int c = chunk % kChunksPerRow;
-    if (m0 + row < seqlen_q) {
-      const uint4 val = *reinterpret_cast<const uint4*>(flex_smem + (row * kSmemStride + c * 8) * 2);
-      *reinterpret_cast<uint4*>(g_o + (long long)(m0 + row) * p.o_stride_s + c * 8) = val;
-    }
-  }
-  if (p.lse != nullptr && lane % 4 == 0) {
-    float* g_lse = p.lse + b * p.lse_stride_b + h * p.lse_stride_h + o_row0;
-#pragma unroll
-    for (int r = 0; r < kRowsPerThread; ++r) {
-      const int q = m0 + K::row_in_tile(warp, lane, r);
-      if (q < seqlen_q) g_lse[q] = lse[r];
-    }
-  }
+  // The ragged row offset is read again rather than kept live across the mainloop (registers are the limit there).
+  K::store_o_lse(p, flex_smem, acc_o, lse, b, h, m0, seqlen_q, kVarlen ? p.cu_seqlens_q[b] : 0, tid, warp, lane);
 }

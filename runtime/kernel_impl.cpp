@@ -310,13 +310,7 @@ KernelImpl::VariantState& KernelImpl::variant(const runtime::VariantChoice& choi
   auto& slot = variants_[key];
   if (!slot) {
     auto v = std::make_unique<VariantState>();
-    ForwardKernelOptions fo;
-    fo.dtype = spec().dtype;
-    fo.head_dim = spec().head_dim;
-    fo.variant.int32 = choice.int32;
-    fo.variant.checked_loads = choice.checked_loads;
-    fo.variant.error_flags = options_.checked;
-    v->source = forward_kernel_source(ir_, ranges_, fo);
+    v->source = forward_kernel_source(ir_, ranges_, forward_options(choice, info.arch));
     load_library(*v, info.arch);
     slot = std::move(v);
   }
@@ -341,6 +335,17 @@ KernelImpl::VariantState& KernelImpl::variant(const runtime::VariantChoice& choi
     if (ir_.mask_mod) v.mask_fn[device] = get(kBlockMaskEntry);
   }
   return v;
+}
+
+ForwardKernelOptions KernelImpl::forward_options(const runtime::VariantChoice& choice, const std::string& arch) const {
+  ForwardKernelOptions fo;
+  fo.dtype = spec().dtype;
+  fo.head_dim = spec().head_dim;
+  fo.arch = arch;
+  fo.variant.int32 = choice.int32;
+  fo.variant.checked_loads = choice.checked_loads;
+  fo.variant.error_flags = options_.checked;
+  return fo;
 }
 
 void KernelImpl::load_library(VariantState& v, const std::string& arch) {

@@ -126,6 +126,8 @@ class KernelImpl : public Kernel {
   LaunchMemo memo_;
 
   void load_library(VariantState& v, const std::string& arch);
+  // Kernel options of the forward (dense or ragged) module for a variant choice on an architecture.
+  ForwardKernelOptions forward_options(const runtime::VariantChoice& choice, const std::string& arch) const;
 
   void fill_forward_params(FlexForwardParams& p, const AttentionArgs& a, const runtime::LaunchShape& s) const;
 

@@ -47,13 +47,7 @@ KernelImpl::VariantState& KernelImpl::varlen_variant(const runtime::VariantChoic
   auto& slot = varlen_state_->modules[fmt::format("{}_{}", choice.key(), info.arch)];
   if (!slot) {
     auto v = std::make_unique<VariantState>();
-    ForwardKernelOptions fo;
-    fo.dtype = spec().dtype;
-    fo.head_dim = spec().head_dim;
-    fo.variant.int32 = choice.int32;
-    fo.variant.checked_loads = choice.checked_loads;
-    fo.variant.error_flags = options_.checked;
-    v->source = forward_varlen_kernel_source(ir_, ranges_, fo);
+    v->source = forward_varlen_kernel_source(ir_, ranges_, forward_options(choice, info.arch));
     load_library(*v, info.arch);
     slot = std::move(v);
   }

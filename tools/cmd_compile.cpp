@@ -23,7 +23,7 @@ int run_compile(const CompileOptions& o) {
   dsl::Spec spec = o.spec.load();
   SpecIR ir = build_spec_ir(spec);
   for (const std::string& arch : o.archs) {
-    for (const KernelSource& ks : kernels_for_launch(ir, spec.dtype, spec.head_dim)) {
+    for (const KernelSource& ks : kernels_for_launch(ir, spec.dtype, spec.head_dim, arch)) {
       runtime::CacheLookup r = runtime::compile_kernel(ks, canonical_ir_text(ir), arch);
       fmt::print("{} {} {}: {} ({:.2f} s)\n", arch, ks.name, fmt::join(ks.entries, ","), runtime::cache_source_name(r.source), r.seconds);
     }

@@ -64,6 +64,7 @@ int run_dump(const DumpOptions& o) {
   ForwardKernelOptions fo;
   fo.dtype = spec.dtype;
   fo.head_dim = spec.head_dim;
+  fo.arch = o.arch;
   KernelSource ks = forward_kernel_source(ir, ranges, fo);
   if (o.emit == "cuda") {
     fmt::print("{}", ks.source);
@@ -87,7 +88,7 @@ void add_dump_command(CLI::App& app, Action& action) {
   o->spec.add_to(cmd);
   cmd->add_option("--emit", o->emit, "What to print: ast, ir, grad (score_mod derivatives), cuda or ptx")->check(CLI::IsMember({"ast", "ir", "grad", "cuda", "ptx"}))->capture_default_str();
   cmd->add_option("--dump-after", o->dump_after, "With --emit=ir: print the IR right after this pass (lower, fold, simplify, cse)");
-  cmd->add_option("--arch", o->arch, "With --emit=ptx: target architecture, e.g. sm_80, sm_90a")->capture_default_str();
+  cmd->add_option("--arch", o->arch, "With --emit=cuda or ptx: target architecture, e.g. sm_80, sm_90a (the Hopper main loop)")->capture_default_str();
   cmd->callback([o, &action] { action = [o] { return run_dump(*o); }; });
 }
 

@@ -13,15 +13,22 @@ struct ForwardConfig {
   int block_m;  // query rows per CTA
   int block_n;  // KV rows per tile (the tile size the staging pass and block masks use)
   int warps;
+  // The Hopper main loop (kernels_templates/flex_forward_sm90.cuh: wgmma, two warpgroups) instead of the
+  // mma.sync one. Same block_m x block_n, so block masks and the staging pass do not depend on it.
+  bool hopper = false;
   std::string str() const;
-  // Dynamic shared memory of the forward kernel: Q tile plus two stages of K and V tiles,
-  // rows padded by 8 elements (flex_forward.cuh's FlexForwardTraits::kSmemBytes).
-  int shared_bytes() const { return (block_m + 4 * block_n) * (head_dim + 8) * 2; }
+  // Dynamic shared memory of the forward kernel (the generated source static_asserts that it equals the
+  // template's Traits::kSmemBytes).
+  int shared_bytes() const;
   int threads() const { return warps * 32; }
 };
 
-// Throws flexjit::Error naming the supported dims for an unsupported head dim.
-ForwardConfig forward_config(int head_dim);
+// Throws flexjit::Error naming the supported dims for an unsupported head dim. `arch` is the NVRTC target
+// ("sm_90a", "sm_80"); empty means the portable mma.sync kernel.
+ForwardConfig forward_config(int head_dim, const std::string& arch = "");
+
+// True for the architectures the Hopper main loops compile for (wgmma needs exactly sm_90a).
+bool is_hopper_arch(const std::string& arch);
 
 // Configuration of the decode kernel (kernels_templates/flex_decode.cuh, FlexDecodeTraits): 16 * m_tiles
 // packed query rows per CTA, 64-row KV tiles, `stages` K/V stages, 4 warps.

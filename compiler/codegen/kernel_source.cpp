@@ -18,20 +18,41 @@ std::string canonical_ir_text(const SpecIR& ir) {
   return s;
 }
 
-KernelSource forward_kernel_source(const SpecIR& ir, const RangeInfo& ranges, const ForwardKernelOptions& options) {
+namespace {
+
+// The traits alias, the kernel entry and its body for the configuration: the Hopper main loop or the mma.sync
+// one. For the Hopper loop the host's shared-memory figure is checked against the template's at compile time.
+std::string forward_entry(const ForwardConfig& c, const char* element, const char* entry, const std::string& template_args) {
+  std::string traits, body;
+  if (c.hopper) {
+    traits = fmt::format("using FlexTraits = FlexForwardTraitsSm90</*kHeadDim=*/{}, {}>;\n"
+                         "static_assert(FlexTraits::kSmemBytes == {}, \"host and template disagree on the forward's shared memory\");\n",
+                         c.head_dim, element, c.shared_bytes());
+    body = fmt::format("  flex_forward_sm90<FlexTraits, FlexVariant{}>(p, vp);\n", template_args);
+  } else {
+    traits = fmt::format("using FlexTraits = FlexForwardTraits</*kHeadDim=*/{}, /*kBlockM=*/{}, /*kBlockN=*/{}, /*kNWarps=*/{}, {}>;\n",
+                         c.head_dim, c.block_m, c.block_n, c.warps, element);
+    body = fmt::format("  flex_forward<FlexTraits, FlexVariant{}>(p, vp);\n", template_args);
+  }
+  return fmt::format("{}\nextern \"C\" __global__ void __launch_bounds__(FlexTraits::kNThreads, 1)\n"
+                     "{}(const FlexForwardParams p, const FlexVariant::Params vp) {{\n{}}}\n",
+                     traits, entry, body);
+}
+
+// A forward module: the variant, the kernel entry and, for the dense kernel of a masked spec, the block-mask
+// builder (one compile, one cache entry).
+KernelSource forward_module(const SpecIR& ir, const RangeInfo& ranges, const ForwardKernelOptions& options, bool varlen) {
   KernelSource ks;
-  ks.config = forward_config(options.head_dim);
+  ks.config = forward_config(options.head_dim, options.arch);
   VariantOptions vo = options.variant;
   vo.tile_size = ks.config.block_n;
   ks.variant = generate_cuda_variant(ir, ranges, vo, "FlexVariant");
   const char* element = cuda_element_type(options.dtype);
-  ks.name = fmt::format("{}_fwd_{}_{}", ir.spec().name, dsl::dtype_name(options.dtype), ks.config.str());
-  ks.entries = {kForwardEntry};
+  ks.name = fmt::format("{}_fwd{}_{}_{}", ir.spec().name, varlen ? "_varlen" : "", dsl::dtype_name(options.dtype), ks.config.str());
+  ks.entries = {varlen ? kForwardVarlenEntry : kForwardEntry};
   std::string block_mask;
-  // Data-dependent masks (built by the dense path) give query tiles irregular amounts of work: the kernel
-  // then ranks its CTAs by the block mask's tile counts, heaviest first (flex::schedule_cta).
-  bool rank_tiles = false;
-  if (ir.mask_mod) {
+  std::string template_args = varlen ? ", /*kVarlen=*/true" : "";
+  if (ir.mask_mod && !varlen) {
     ks.entries.push_back(kBlockMaskEntry);
     if (mask_is_interval_classifiable(ir)) {
       block_mask = generate_cuda_interval_classifier(ir, "FlexVariant", "FlexMaskBox") +
@@ -40,7 +61,9 @@ KernelSource forward_kernel_source(const SpecIR& ir, const RangeInfo& ranges, co
                                "  flex_build_block_mask_interval<FlexVariant, FlexMaskBox>(p, vp);\n}}\n",
                                kBlockMaskEntry);
     } else {
-      rank_tiles = true;
+      // Data-dependent masks (built by the dense path) give query tiles irregular amounts of work: the kernel
+      // then ranks its CTAs by the block mask's tile counts, heaviest first (flex::schedule_cta).
+      template_args = ", /*kVarlen=*/false, /*kRankTiles=*/true";
       block_mask = fmt::format("\nextern \"C\" __global__ void __launch_bounds__(flex_blockmask::kThreads)\n"
                                "{}(const FlexBlockMaskBuildParams p, const FlexVariant::Params vp) {{\n"
                                "  flex_build_block_mask_dense<FlexVariant>(p, vp);\n}}\n",
@@ -48,50 +71,37 @@ KernelSource forward_kernel_source(const SpecIR& ir, const RangeInfo& ranges, co
     }
   }
   ks.source = fmt::format(
-      "// flexjit forward kernel for spec `{}`: {} x {} tiles, {} warps, head dim {}, {}.\n"
-      "#include \"flex_forward.cuh\"\n"
+      "// flexjit {} kernel for spec `{}`: {} x {} tiles, {} warps, head dim {}, {}{}.\n"
+      "#include \"{}\"\n"
       "#include \"flex_ops.cuh\"\n"
       "{}\n"
       "{}\n"
-      "using FlexTraits = FlexForwardTraits</*kHeadDim=*/{}, /*kBlockM=*/{}, /*kBlockN=*/{}, /*kNWarps=*/{}, {}>;\n\n"
-      "extern \"C\" __global__ void __launch_bounds__(FlexTraits::kNThreads, 1)\n"
-      "{}(const FlexForwardParams p, const FlexVariant::Params vp) {{\n"
-      "  flex_forward<FlexTraits, FlexVariant{}>(p, vp);\n"
-      "}}\n{}",
-      ir.spec().name, ks.config.block_m, ks.config.block_n, ks.config.warps, options.head_dim, element,
-      ir.mask_mod ? "#include \"flex_blockmask.cuh\"\n" : "", ks.variant.code, options.head_dim, ks.config.block_m, ks.config.block_n,
-      ks.config.warps, element, kForwardEntry, rank_tiles ? ", /*kVarlen=*/false, /*kRankTiles=*/true" : "", block_mask);
-  ks.key_text = fmt::format("kind=forward\ndtype={}\nconfig={}\nint32={}\nchecked_loads={:x}\nerror_flags={}\nhoist={}\nfast_tanh={}\n",
-                            dsl::dtype_name(options.dtype), ks.config.str(), vo.int32, vo.checked_loads, vo.error_flags, vo.hoist,
-                            vo.fast_tanh);
+      "{}{}",
+      varlen ? "ragged-prefill forward" : "forward", ir.spec().name, ks.config.block_m, ks.config.block_n, ks.config.warps,
+      options.head_dim, element, ks.config.hopper ? ", Hopper main loop" : "",
+      ks.config.hopper ? "flex_forward_sm90.cuh" : "flex_forward.cuh", !block_mask.empty() ? "#include \"flex_blockmask.cuh\"\n" : "",
+      ks.variant.code, forward_entry(ks.config, element, ks.entries[0].c_str(), template_args), block_mask);
+  ks.key_text = fmt::format("kind={}\ndtype={}\nconfig={}\nint32={}\nchecked_loads={:x}\nerror_flags={}\nhoist={}\nfast_tanh={}\n",
+                            varlen ? "forward_varlen" : "forward", dsl::dtype_name(options.dtype), ks.config.str(), vo.int32,
+                            vo.checked_loads, vo.error_flags, vo.hoist, vo.fast_tanh);
   return ks;
+}
+
+}  // namespace
+
+KernelSource forward_kernel_source(const SpecIR& ir, const RangeInfo& ranges, const ForwardKernelOptions& options) {
+  return forward_module(ir, ranges, options, /*varlen=*/false);
 }
 
 KernelSource forward_varlen_kernel_source(const SpecIR& ir, const RangeInfo& ranges, const ForwardKernelOptions& options) {
-  KernelSource ks = forward_kernel_source(ir, ranges, options);
-  const char* element = cuda_element_type(options.dtype);
-  ks.name = fmt::format("{}_fwd_varlen_{}_{}", ir.spec().name, dsl::dtype_name(options.dtype), ks.config.str());
-  ks.entries = {kForwardVarlenEntry};
-  ks.source = fmt::format(
-      "// flexjit ragged-prefill forward kernel for spec `{}`: {} x {} tiles, {} warps, head dim {}, {}.\n"
-      "#include \"flex_forward.cuh\"\n"
-      "#include \"flex_ops.cuh\"\n"
-      "{}\n"
-      "using FlexTraits = FlexForwardTraits</*kHeadDim=*/{}, /*kBlockM=*/{}, /*kBlockN=*/{}, /*kNWarps=*/{}, {}>;\n\n"
-      "extern \"C\" __global__ void __launch_bounds__(FlexTraits::kNThreads, 1)\n"
-      "{}(const FlexForwardParams p, const FlexVariant::Params vp) {{\n"
-      "  flex_forward<FlexTraits, FlexVariant, /*kVarlen=*/true>(p, vp);\n"
-      "}}\n",
-      ir.spec().name, ks.config.block_m, ks.config.block_n, ks.config.warps, options.head_dim, element, ks.variant.code,
-      options.head_dim, ks.config.block_m, ks.config.block_n, ks.config.warps, element, kForwardVarlenEntry);
-  ks.key_text = "kind=forward_varlen\n" + ks.key_text.substr(ks.key_text.find('\n') + 1);
-  return ks;
+  return forward_module(ir, ranges, options, /*varlen=*/true);
 }
 
-std::vector<KernelSource> kernels_for_launch(const SpecIR& ir, dsl::DType dtype, int head_dim) {
+std::vector<KernelSource> kernels_for_launch(const SpecIR& ir, dsl::DType dtype, int head_dim, const std::string& arch) {
   ForwardKernelOptions fo;
   fo.dtype = dtype;
   fo.head_dim = head_dim;
+  fo.arch = arch;
   std::vector<ir::Expr> roots;
   if (ir.score_mod) roots.push_back(ir.score_mod);
   if (ir.mask_mod) roots.push_back(ir.mask_mod);

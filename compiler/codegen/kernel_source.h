@@ -28,6 +28,9 @@ struct KernelSource {
 struct ForwardKernelOptions {
   dsl::DType dtype = dsl::DType::BF16;
   int head_dim = 128;
+  // The NVRTC target the source is for: "sm_90a" selects the Hopper main loop (flex_forward_sm90.cuh) for
+  // head dims up to 128; anything else, or empty, the portable mma.sync one.
+  std::string arch;
   VariantOptions variant;
 };
 
@@ -38,8 +41,8 @@ KernelSource forward_kernel_source(const SpecIR& ir, const RangeInfo& ranges, co
 // kVarlen instantiation (cu_seqlens), no block-mask builder. Its own module, compiled on first use.
 KernelSource forward_varlen_kernel_source(const SpecIR& ir, const RangeInfo& ranges, const ForwardKernelOptions& options);
 
-// Every kernel module a launch of the spec needs (what `flexjit compile` warms).
-std::vector<KernelSource> kernels_for_launch(const SpecIR& ir, dsl::DType dtype, int head_dim);
+// Every kernel module a launch of the spec needs on `arch` (what `flexjit compile --arch` warms).
+std::vector<KernelSource> kernels_for_launch(const SpecIR& ir, dsl::DType dtype, int head_dim, const std::string& arch);
 
 // The canonical text of a spec's optimized IR (part of every cache key).
 std::string canonical_ir_text(const SpecIR& ir);

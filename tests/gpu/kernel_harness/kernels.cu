@@ -1,5 +1,7 @@
 // Instantiates the forward template for one head dim (FLEX_HEAD_DIM) with every harness variant and dtype.
+// -DFLEX_HARNESS_SM90 builds the Hopper main loop (flex_forward_sm90.cuh) for head dims up to 128 instead.
 #include "flex_forward.cuh"
+#include "flex_forward_sm90.cuh"
 #include "harness.h"
 #include "variants.cuh"
 
@@ -15,8 +17,21 @@ constexpr int kBlockM = 128;
 constexpr int kBlockN = 64;
 constexpr int kNWarps = kHeadDim <= 128 ? 4 : 8;
 
+#if defined(FLEX_HARNESS_SM90)
+constexpr bool kSm90 = kHeadDim <= 128;
+#else
+constexpr bool kSm90 = false;
+#endif
+template <class Element, bool kHopper = kSm90>
+struct TraitsFor {
+  using type = FlexForwardTraits<kHeadDim, kBlockM, kBlockN, kNWarps, Element>;
+};
 template <class Element>
-using Traits = FlexForwardTraits<kHeadDim, kBlockM, kBlockN, kNWarps, Element>;
+struct TraitsFor<Element, true> {
+  using type = FlexForwardTraitsSm90<kHeadDim, Element>;
+};
+template <class Element>
+using Traits = typename TraitsFor<Element>::type;
 
 // What generated code writes, templated here instead of spelled out per variant. FLEX_HARNESS_MIN_BLOCKS
 // (default 1, as generated code) lets an experiment cap registers for more CTAs per SM.
@@ -36,7 +51,10 @@ struct RankTiles<DocVariant<kCheck>> {
 template <class T, class Variant>
 __global__ void __launch_bounds__(T::kNThreads, FLEX_HARNESS_MIN_BLOCKS)
     harness_forward(const FlexForwardParams p, const typename Variant::Params vp) {
-  flex_forward<T, Variant, /*kVarlen=*/false, RankTiles<Variant>::value>(p, vp);
+  if constexpr (kSm90)
+    flex_forward_sm90<T, Variant, /*kVarlen=*/false, RankTiles<Variant>::value>(p, vp);
+  else
+    flex_forward<T, Variant, /*kVarlen=*/false, RankTiles<Variant>::value>(p, vp);
 }
 
 template <class Element, class Variant>

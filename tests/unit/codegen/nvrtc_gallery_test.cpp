@@ -10,16 +10,18 @@
 
 using namespace flexjit;
 
-TEST_CASE("every gallery forward kernel compiles for sm_80 and sm_90a", "[nvrtc]") {
+TEST_CASE("every gallery forward kernel compiles for sm_80 and for sm_90a with the Hopper main loop", "[nvrtc]") {
   for (const auto& path : test::gallery_specs()) {
     dsl::Spec spec = test::load_spec(path);
     SpecIR ir = build_spec_ir(spec);
     ForwardKernelOptions fo;
     fo.dtype = spec.dtype;
     fo.head_dim = spec.head_dim;
-    KernelSource ks = forward_kernel_source(ir, analyze_ir_ranges(ir), fo);
     for (const char* arch : {"sm_80", "sm_90a"}) {
       INFO(spec.name << " for " << arch);
+      fo.arch = arch;  // sm_90a: the Hopper main loop
+      KernelSource ks = forward_kernel_source(ir, analyze_ir_ranges(ir), fo);
+      CHECK(ks.config.hopper == (std::string(arch) == "sm_90a" && spec.head_dim <= 128 && spec.head_dim != 80));
       runtime::CacheLookup r = runtime::compile_kernel(ks, canonical_ir_text(ir), arch);
       REQUIRE(r.artefact);
       REQUIRE(r.artefact->binary.size() > 1000);

@@ -1,0 +1,232 @@
+// The Hopper (sm_90a) forward main loop: wgmma on swizzled shared-memory tiles, two warpgroups.
+#pragma once
+#include "flex_forward.cuh"
+#include "flex_wgmma.cuh"
+
+// Tile configuration (head dims up to 128; 192 and 256 keep the mma.sync loop of flex_forward.cuh):
+//
+//   CTA = 2 warpgroups (8 warps, 256 threads); warpgroup w owns query rows 64w..64w+63 of the 128-row tile,
+//   so warp `warp` owns rows 16*warp..+15, exactly as the mma.sync loop's 8-warp configuration.
+//   kBlockM x kBlockN = 128 x 64 as on sm_80: block masks, the staging pass (SAM's kv // 64 per tile) and the
+//   host geometry are shared by both main loops.
+//   Shared memory: a Q region (the swizzled Q tile, later the O staging tile), then kKVStages stages of
+//   {K, V} swizzled [64][D] tiles. K/V tile i + 2 is copied while tile i is consumed.
+//
+// Per KV tile and warpgroup: S = Q K^T is D/16 wgmma m64n64k16 with both operands in shared memory (Q as a
+// register operand measured 2% faster on full attention and 2% slower on causal, and at head dim 64, where
+// S and P V are the same m64n64k16 shape, ptxas 13.0 gave the P fragments the live Q registers: wrong results);
+// then score_mod / mask_mod / online softmax on the accumulators
+// (the same code as the mma.sync loop: the wgmma accumulator layout per warp is the m16n8 C layout), and
+// O += P V as 4 wgmma m64nDk16 with P packed in registers and V read MN-major. The P V of tile i runs on the
+// tensor cores while the same warpgroup issues S of tile i + 1, and while the other warpgroup does its softmax.
+
+// Widest swizzle whose row (kSwizzle / 2 elements) divides the head dim: 80 = 5 x 16 and 96 = 3 x 32 fit
+// without padding.
+template <int kHeadDim>
+struct FlexSm90Swizzle {
+  static constexpr int value = kHeadDim % 64 == 0 ? 128 : kHeadDim % 32 == 0 ? 64 : 32;
+};
+
+template <int kHeadDim_, class Element_>
+struct FlexForwardTraitsSm90 : FlexForwardTraits<kHeadDim_, 128, 64, 8, Element_> {
+  using Base = FlexForwardTraits<kHeadDim_, 128, 64, 8, Element_>;
+  static constexpr int kSwizzle = FlexSm90Swizzle<kHeadDim_>::value;
+  using QTile = flex::SwizzledTile<128, kHeadDim_, kSwizzle>;
+  using KVTile = flex::SwizzledTile<64, kHeadDim_, kSwizzle>;
+  static constexpr int kKVStages = 4;
+  static constexpr int kLookahead = 2;  // K/V tiles in flight beyond the one being consumed
+  static constexpr int kOStageBytes = Base::kBlockM * Base::kSmemStride * 2;  // ForwardKernel::store_o_lse's layout
+  static constexpr int kQRegionBytes =
+      ((QTile::kBytes > kOStageBytes ? QTile::kBytes : kOStageBytes) + 1023) / 1024 * 1024;
+  static constexpr int kStageBytes = 2 * KVTile::kBytes;  // K then V
+  // +1024: the dynamic shared memory base is rounded up to the 1024-byte alignment the swizzle needs.
+  static constexpr int kSmemBytes = kQRegionBytes + kKVStages * kStageBytes + 1024;
+
+  static_assert(kHeadDim_ <= 128, "FlexForwardTraitsSm90: head dims above 128 use the mma.sync loop (registers)");
+  static_assert(kKVStages == 2 * kLookahead,
+                "FlexForwardTraitsSm90: a stage is refilled two tiles after its last reader's wait (see the mainloop)");
+  static_assert(kSmemBytes <= 232448, "FlexForwardTraitsSm90: shared memory exceeds the 227 KB an sm_90 block may opt into");
+};
+
+namespace flex {
+
+// Async copy of rows [row0, row0 + kRows) of a [S, D] slice into a swizzled tile; rows at or past seqlen are
+// zero-filled without reading global memory (masked anyway, and 0 * 0 is no NaN in P V).
+template <class Tile, int kRows, int kNThreads, class Element>
+__device__ __forceinline__ void load_swizzled_rows(unsigned smem, const Element* g, long long stride_s, int row0, int seqlen, int tid) {
+  constexpr int kChunks = Tile::kChunksPerRow;
+  constexpr int kRowsPerPass = kNThreads / kChunks;
+  constexpr int kPasses = (kRows + kRowsPerPass - 1) / kRowsPerPass;
+  const int r = tid / kChunks;
+  const int c = tid % kChunks;
+  if (r >= kRowsPerPass) return;
+  const Element* src = g + (long long)(row0 + r) * stride_s + c * 8;
+#pragma unroll
+  for (int i = 0; i < kPasses; ++i) {
+    const int row = r + i * kRowsPerPass;
+    if (kRows % kRowsPerPass == 0 || row < kRows) {
+      const bool valid = row0 + row < seqlen;
+      cp_async_16(smem + Tile::chunk_offset(row, c), valid ? src : g, valid);
+    }
+    src += kRowsPerPass * stride_s;
+  }
+}
+
+}  // namespace flex
+
+// One CTA computes O and LSE for kBlockM query rows of one (b, h): the same contract, grid and block mask as
+// flex_forward (flex_forward.cuh), block = 256 threads, dynamic shared memory = Traits::kSmemBytes.
+template <class Traits, class Variant, bool kVarlen = false, bool kRankTiles = false>
+__device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, const typename Variant::Params& vp) {
+  using K = flex::ForwardKernel<Traits, Variant>;
+  using Element = typename Traits::Element;
+  using QTile = typename Traits::QTile;
+  using KVTile = typename Traits::KVTile;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kNThreads = Traits::kNThreads;
+  constexpr int kNTiles = Traits::kNTiles;
+  constexpr int kDTiles = Traits::kDTiles;
+  constexpr int kD16 = kHeadDim / 16;
+  constexpr int kRowsPerThread = Traits::kRowsPerThread;
+  constexpr int kColsPerThread = Traits::kColsPerThread;
+  constexpr int kKVStages = Traits::kKVStages;
+  constexpr int kLookahead = Traits::kLookahead;
+  constexpr float kLog2e = 1.4426950408889634f;
+  static_assert(Traits::kMTiles == 1 && kNTiles * 8 == 64, "flex_forward_sm90: one m16 row block per warp, 64-column S tiles");
+
+  extern __shared__ __align__(1024) unsigned char flex_smem_raw[];
+  unsigned char* smem = flex_smem_raw + ((1024 - (flex::smem_addr(flex_smem_raw) & 1023)) & 1023);
+
+  // ============================================ Prologue ============================================
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  flex::ForwardTiles w;
+  if (!flex::forward_tiles<kNThreads, kBlockM, kBlockN, Variant::kHasMaskMod, kVarlen, kRankTiles>(
+          p, tid, reinterpret_cast<int*>(smem), Traits::kQRegionBytes / 4, w))
+    return;
+  const int b = w.b, h = w.h, hkv = w.hkv, m0 = w.m0;
+  const int seqlen_q = w.seqlen_q, seqlen_kv = w.seqlen_kv;
+
+  const Element* g_q = static_cast<const Element*>(p.q) + b * p.q_stride_b + h * p.q_stride_h + w.q_row0 * p.q_stride_s;
+  const Element* g_k = static_cast<const Element*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h + w.kv_row0 * p.k_stride_s;
+  const Element* g_v = static_cast<const Element*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h + w.kv_row0 * p.v_stride_s;
+
+  const unsigned s_q = flex::smem_addr(smem);
+  const unsigned s_kv = s_q + Traits::kQRegionBytes;
+  auto k_stage = [&](int t) { return s_kv + (unsigned)((t % kKVStages) * Traits::kStageBytes); };
+
+  const int n_masked = w.n_partial;
+  const int n_tiles = w.count();
+  auto load_kv = [&](int t) {
+    const int row0 = w.at(t) * kBlockN;
+    flex::load_swizzled_rows<KVTile, kBlockN, kNThreads>(k_stage(t), g_k, p.k_stride_s, row0, seqlen_kv, tid);
+    flex::load_swizzled_rows<KVTile, kBlockN, kNThreads>(k_stage(t) + KVTile::kBytes, g_v, p.v_stride_s, row0, seqlen_kv, tid);
+  };
+
+  // Copy groups: {Q, KV 0}, then one group per K/V tile, kLookahead tiles ahead (empty groups keep the count).
+  flex::load_swizzled_rows<QTile, kBlockM, kNThreads>(s_q, g_q, p.q_stride_s, m0, seqlen_q, tid);
+#pragma unroll
+  for (int t = 0; t < kLookahead; ++t) {
+    if (t < n_tiles) load_kv(t);
+    flex::cp_async_commit();
+  }
+
+  // Hoisted variant state, while the copies fly.
+  typename Variant::Row row_st[kRowsPerThread];
+  typename Variant::Col col_st[kRowsPerThread][kColsPerThread];
+  K::hoist_rows(vp, row_st, col_st, b, h, hkv, m0, warp, lane, seqlen_q, seqlen_kv);
+
+  float acc_o[1][kDTiles][4];
+#pragma unroll
+  for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_o[0][dt][e] = 0.f;
+  float(&o_flat)[kHeadDim / 2] = reinterpret_cast<float(&)[kHeadDim / 2]>(acc_o);
+  float row_max[kRowsPerThread];
+  float row_sum[kRowsPerThread];
+#pragma unroll
+  for (int r = 0; r < kRowsPerThread; ++r) {
+    row_max[r] = K::neg_inf();
+    row_sum[r] = 0.f;
+  }
+  const float mult = Variant::kHasScoreMod ? kLog2e : p.scale * kLog2e;
+  const bool q_tail = m0 + kBlockM > seqlen_q;
+
+  const int wg_row0 = (warp / 4) * 64;  // the warpgroup's first Q row: the A rows of its S wgmma
+
+  // Per-tile variant state is computed one tile ahead: its loads (SAM's rel_h[b, h, q, kv // 64]) then have a
+  // whole iteration to land instead of stalling the softmax of a short wgmma iteration.
+  typename Variant::Tile tile_next[kRowsPerThread];
+  if (n_tiles > 0) K::hoist_tile(vp, row_st, tile_next, b, h, hkv, m0, w.at(0) * kBlockN, warp, lane, seqlen_q, seqlen_kv);
+
+  // ============================================ Mainloop ============================================
+  // A stage is refilled at the barrier two iterations after its tile was consumed: every thread passing the
+  // barrier of iteration it has finished iteration it - 1, whose wgmma_wait<0> retired the P V of tile it - 2.
+  for (int it = 0; it < n_tiles; ++it) {
+    const int k0 = w.at(it) * kBlockN;
+    typename Variant::Tile tile_st[kRowsPerThread];
+#pragma unroll
+    for (int r = 0; r < kRowsPerThread; ++r) tile_st[r] = tile_next[r];
+    if (it + 1 < n_tiles)
+      K::hoist_tile(vp, row_st, tile_next, b, h, hkv, m0, w.at(it + 1) * kBlockN, warp, lane, seqlen_q, seqlen_kv);
+
+    flex::cp_async_wait<kLookahead - 1>();  // tile it has landed (tile it + 1 may still fly)
+    flex::fence_proxy_async();              // cp.async wrote through the generic proxy; wgmma reads through the async one
+    __syncthreads();
+    if (it + kLookahead < n_tiles) load_kv(it + kLookahead);
+    flex::cp_async_commit();
+
+    const unsigned sk = k_stage(it);
+    const unsigned sv = sk + KVTile::kBytes;
+
+    // S = Q @ K^T   (per warpgroup: [64 x kBlockN], fp32)
+    float acc_s[1][kNTiles][4];
+    float(&s_flat)[kNTiles * 4] = reinterpret_cast<float(&)[kNTiles * 4]>(acc_s);
+    flex::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kD16; ++kk)
+      flex::Wgmma<kBlockN>::template ss<Element, /*kTransA=*/0, /*kTransB=*/0>(
+          s_flat, flex::desc_k_major<QTile>(s_q, wg_row0, kk * 16), flex::desc_k_major<KVTile>(sk, 0, kk * 16), kk > 0 ? 1 : 0);
+    flex::wgmma_commit();
+    flex::wgmma_wait<0>();  // S of this tile and P V of the previous one
+    flex::fence_operands(s_flat);
+    flex::fence_operands(o_flat);
+
+    // S = mask(score_mod(scale * S)); -inf outside [0, Sq) x [0, Skv)
+    K::mods(acc_s, it < n_masked, q_tail || k0 + kBlockN > seqlen_kv, vp, row_st, col_st, tile_st, b, h, hkv, m0, warp, lane, k0,
+            seqlen_q, seqlen_kv, p.scale);
+
+    float alpha[kRowsPerThread];
+    float max_scaled[kRowsPerThread];
+    const bool rescale = K::softmax_rescale(acc_s, row_max, row_sum, mult, max_scaled, alpha);
+    if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_o[0][dt][e] *= alpha[e / 2];
+    }
+
+    // O += P @ V: P packed into the A fragments of 4 k-steps of 16 KV rows; left running on the tensor cores.
+    unsigned pa[kBlockN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) K::exp_pack(acc_s, 0, kk, mult, max_scaled, row_sum, pa[kk]);
+    flex::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+      flex::Wgmma<kHeadDim>::template rs<Element, /*kTransB=*/1>(o_flat, pa[kk], flex::desc_mn_major<KVTile>(sv, kk * 16, 0), 1);
+    flex::wgmma_commit();
+  }
+  flex::wgmma_wait<0>();
+  flex::fence_operands(o_flat);
+
+  // ============================================ Epilogue ============================================
+  float lse[kRowsPerThread];
+  K::normalize(acc_o, row_max, row_sum, Variant::kHasScoreMod ? 1.f : p.scale, lse);
+  // O is staged through the Q region once every copy has landed and every warpgroup's last S wgmma has read Q.
+  flex::cp_async_wait<0>();
+  __syncthreads();
+  K::store_o_lse(p, smem, acc_o, lse, b, h, m0, seqlen_q, kVarlen ? p.cu_seqlens_q[b] : 0, tid, warp, lane);
+}

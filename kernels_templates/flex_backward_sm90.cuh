@@ -1,0 +1,456 @@
+// The Hopper (sm_90a) backward main kernel: flex_backward_main's algorithm with warpgroup MMA (wgmma) on swizzled tiles.
+#pragma once
+#include "flex_backward.cuh"
+#include "flex_wgmma.cuh"
+
+// Drop-in replacement of flex_backward_main for head dims 32..128 on sm_90a (docs/BACKWARD_SM90.md): the same
+// FlexBackwardParams, variant contract, grid (ceil(Skv / 128), Hkv, B), 256 threads, tile classes, schedule and
+// preprocess / dQ-conversion kernels; shared memory flex_bwd_sm90::Smem<Traits>::kAllocBytes.
+//
+// Two warpgroups; warpgroup w owns KV rows 64w..64w+63 of the CTA's 128, so warp `warp` owns rows 16 warp..+15
+// as in the mma.sync kernel, and a wgmma accumulator of a warp is the m16n8 C layout of those rows repeated per
+// 8 columns (d[4i + e] is the old kernel's acc[i][e]): the elementwise code and the scatter reductions of
+// flex_backward.cuh are shared unchanged. Per (head, query tile of 64 rows) and warpgroup:
+//   S^T  = K Q^T     ss, A = K rows 64w.. (K-major), B = Q (K-major)         -> 64 x 64, 32 floats per thread
+//   dP^T = V dO^T    the same with V and dO
+//   P^T, dS^T        elementwise (mask, bounds, score_mod, lse2 / delta from shared memory)
+//   dV  += P^T dO    rs, A = P^T packed from the S^T accumulator, B = dO (MN-major)
+//   dK  += dS^T Q    rs, A = dS^T packed, B = Q (MN-major)
+//   dQ   = dS K      ss, A = dS^T tile in shared memory (MN-major), B = K (MN-major) from column col0_w:
+//                    warpgroup w computes dQ columns [col0_w, col0_w + N_w) over all 128 KV rows, then atomics.
+
+namespace flex_bwd_sm90 {
+
+// Shared-memory tiles and their offsets. Swizzle: 128 B at D = 128, 64 B at 64 and 96, 32 B at 32 and 80, so D
+// has at least two swizzle regions and the dQ column split lands on a region boundary.
+template <class Traits>
+struct Smem {
+  static constexpr int kHeadDim = Traits::kHeadDim;
+  static constexpr int kBlockM = Traits::kBlockM;
+  static constexpr int kBlockN = Traits::kBlockN;
+  static constexpr int kSwizzle = kHeadDim == 128 ? 128 : (kHeadDim == 64 || kHeadDim == 96) ? 64 : 32;
+  using TileKV = flex::SwizzledTile<kBlockN, kHeadDim, kSwizzle>;  // K, V: [128 kv][D]
+  using TileQ = flex::SwizzledTile<kBlockM, kHeadDim, kSwizzle>;   // Q, dO: [64 q][D] per stage
+  using TileDS = flex::SwizzledTile<kBlockN, kBlockM, 128>;        // dS^T: [128 kv][64 q]
+  static constexpr int kStages = 2;
+  static constexpr int kOffK = 0;
+  static constexpr int kOffV = kOffK + TileKV::kBytes;
+  static constexpr int kOffQ = kOffV + TileKV::kBytes;
+  static constexpr int kOffDO = kOffQ + kStages * TileQ::kBytes;
+  static constexpr int kOffDS = kOffDO + kStages * TileQ::kBytes;
+  static constexpr int kOffLse = kOffDS + TileDS::kBytes;
+  static constexpr int kOffDelta = kOffLse + kStages * kBlockM * 4;
+  static constexpr int kOffRed = kOffDelta + kStages * kBlockM * 4;     // [kNWarps][kBlockM] 8-byte slots
+  static constexpr int kOffDiag = kOffRed + Traits::kNWarps * kBlockM * 8;  // [kBlockM + kBlockN] 8-byte slots
+  static constexpr int kOffSched = kOffDiag + (kBlockM + kBlockN) * 8;  // tile classes of the CTA's column
+  static constexpr int kBytes = kOffSched + Traits::kMaxSched;
+  // What the launch must give: 1 KB of slack, so the tiles can start on a 1024-byte boundary (the swizzle
+  // XOR acts on absolute address bits) whatever the base of dynamic shared memory.
+  static constexpr int kAllocBytes = kBytes + 1024;
+
+  // dQ columns of each warpgroup: the first takes half of D rounded up to whole swizzle regions
+  // (D128: 64 + 64, D96: 64 + 32, D80: 48 + 32, D64: 32 + 32, D32: 16 + 16).
+  static constexpr int kDqN0 = (kHeadDim / 2 + TileKV::kRegionCols - 1) / TileKV::kRegionCols * TileKV::kRegionCols;
+  static constexpr int kDqN1 = kHeadDim - kDqN0;
+
+  static_assert(kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 80 || kHeadDim == 96 || kHeadDim == 128,
+                "flex_backward_main_sm90: head dims 32, 64, 80, 96 and 128 only (192 and 256 use flex_backward_main)");
+  static_assert(kBlockM == 64 && kBlockN == 128 && Traits::kNWarps == 8, "flex_backward_main_sm90: 64 x 128 tiles, 8 warps");
+  static_assert(TileKV::kBytes % 1024 == 0 && TileQ::kBytes % 1024 == 0 && TileDS::kBytes % 1024 == 0,
+                "flex_backward_main_sm90: every tile must keep the next one 1024-byte aligned");
+  static_assert(kDqN1 > 0 && kDqN0 % TileKV::kRegionCols == 0, "flex_backward_main_sm90: dQ split must land on a region boundary");
+};
+
+// Rows [row0, row0 + kRows) of a [S, D] slice into a swizzled tile with 16-byte cp.async; rows past seqlen are
+// zero-filled (no global read).
+template <class Tile, int kRows, int kNThreads, class Element>
+__device__ __forceinline__ void load_tile(unsigned s_tile, const Element* g, long long stride_s, int row0, int seqlen, int tid) {
+  constexpr int kChunks = Tile::kChunksPerRow;
+  constexpr int kTotal = kRows * kChunks;
+#pragma unroll
+  for (int i = 0; i < (kTotal + kNThreads - 1) / kNThreads; ++i) {
+    const int chunk = tid + i * kNThreads;
+    if (kTotal % kNThreads == 0 || chunk < kTotal) {
+      const int r = chunk / kChunks, c = chunk % kChunks;
+      const bool valid = row0 + r < seqlen;
+      const Element* src = valid ? g + (long long)(row0 + r) * stride_s + c * 8 : g;
+      flex::cp_async_16(s_tile + Tile::chunk_offset(r, c), src, valid);
+    }
+  }
+}
+
+// x, through an instruction the compiler cannot look through. Used at the top of the query-tile loop for the
+// shared-memory bases and the lane: everything derived from them (some fifty wgmma descriptors, swizzled dS^T
+// offsets, lse / delta addresses) is then recomputed per tile with a few integer ops instead of being hoisted out
+// of the loop, where it would stay live across the whole loop and push the accumulators (dK, dV, S^T, dP^T: 192
+// registers at D = 128) into spills.
+__device__ __forceinline__ unsigned opaque(unsigned x) {
+  unsigned r;
+  asm volatile("mov.b32 %0, %1;\n" : "=r"(r) : "r"(x));
+  return r;
+}
+
+// A [M][N] register array seen as the flat [M * N] array the wgmma wrappers take (the same registers).
+template <int M, int N>
+__device__ __forceinline__ float (&flat(float (&a)[M][N]))[M * N] {
+  return reinterpret_cast<float(&)[M * N]>(a);
+}
+
+// dQ (unscaled) += dS K for this warpgroup's kN columns from kCol0 (the caller has fenced dS^T into the async
+// proxy and synchronised the CTA); waits for every wgmma group of the warpgroup, then adds into the accumulator.
+template <int kN, class Layout, class Element, bool kDeterministic>
+__device__ __forceinline__ void dq_block(const FlexBackwardParams& p, unsigned s_ds, unsigned s_k, int col0, long long row_base,
+                                         int q_row0, int t4) {
+  constexpr int kHeadDim = Layout::kHeadDim;
+  float acc[kN / 2];
+  flex::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Layout::kBlockN / 16; ++kk)
+    flex::Wgmma<kN>::template ss<Element, 1, 1>(acc, flex::desc_mn_major<typename Layout::TileDS>(s_ds, kk * 16, 0),
+                                                flex::desc_mn_major<typename Layout::TileKV>(s_k, kk * 16, col0), kk > 0 ? 1 : 0);
+  flex::wgmma_commit();
+  flex::wgmma_wait<0>();
+  flex::fence_operands(acc);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int q = q_row0 + half * 8;
+    if (q < p.seqlen_q) {
+#pragma unroll
+      for (int i = 0; i < kN / 8; ++i) {
+        const long long off = (row_base + q) * kHeadDim + col0 + i * 8 + 2 * t4;
+        if constexpr (kDeterministic) {
+          flex_bwd::accumulate<true>(p.dq_accum, off, acc[4 * i + 2 * half]);
+          flex_bwd::accumulate<true>(p.dq_accum, off + 1, acc[4 * i + 2 * half + 1]);
+        } else {
+          flex_bwd::add_pair(static_cast<float*>(p.dq_accum) + off, acc[4 * i + 2 * half], acc[4 * i + 2 * half + 1]);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace flex_bwd_sm90
+
+// The main backward kernel for sm_90a. grid = (ceil(Skv / 128), Hkv, B), block = 256,
+// dynamic shared memory = flex_bwd_sm90::Smem<Traits>::kAllocBytes. Traits = FlexBackwardTraits<D, Element>.
+// kDq = false: dQ is left to another pass (no dS^T store, no dQ GEMM, no dQ atomics).
+template <class Traits, class Variant, bool kDeterministic, bool kDq = true>
+__device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams& p, const typename Variant::Params& vp) {
+  using Element = typename Traits::Element;
+  using Mma = flex::Mma16816<Element>;  // fragment packing only
+  using S = flex_bwd_sm90::Smem<Traits>;
+  using TileKV = typename S::TileKV;
+  using TileQ = typename S::TileQ;
+  using TileDS = typename S::TileDS;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kNThreads = Traits::kNThreads;
+  constexpr int kD16 = kHeadDim / 16;
+  constexpr int kMT = kBlockM / 8;  // n8 column tiles of S^T (query columns)
+  constexpr float kLog2e = 1.4426950408889634f;
+  constexpr int kNumScatters = Variant::kNumScatters;
+  // Without scatters, d_score is folded into P before dS (no score kept across the dP wait).
+  constexpr bool kFoldDScore = !Variant::kDScoreIsOne && kNumScatters == 0;
+
+  extern __shared__ __align__(1024) unsigned char flex_smem_sm90[];
+  const unsigned raw_base = flex::smem_addr(flex_smem_sm90);
+  const unsigned pad = ((raw_base + 1023u) & ~1023u) - raw_base;
+  unsigned char* smem = flex_smem_sm90 + pad;
+  const unsigned s_base = raw_base + pad;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int wg = warp / 4;  // warpgroup: KV rows 64 wg .. 64 wg + 63
+  // Launch order: groups of kHeadGroup (KV head, batch) pairs, and inside a group every pair's KV block n before
+  // block n + 1. Under causal-like masks the low KV blocks see the most query tiles, so each group's heaviest
+  // CTAs start first and the last wave holds light ones (with the KV block fastest, the heavy CTAs of the last
+  // heads ran in the tail). The groups keep the Q / dO tiles streamed at once to about kHeadGroup heads, which
+  // L2 holds: ordering all heads by KV block (no groups) took causal from 2.78 to 2.68 ms but made full
+  // attention 28% slower (H100, B4 H16 S4096 D128).
+  constexpr int kHeadGroup = 8;
+  const int lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const int pairs = gridDim.y * gridDim.z;
+  const int group_ctas = kHeadGroup * gridDim.x;
+  const int pair_group = lin / group_ctas;
+  const int in_group = lin - pair_group * group_ctas;
+  const int group_pairs = min(kHeadGroup, pairs - pair_group * kHeadGroup);
+  const int pair = pair_group * kHeadGroup + in_group % group_pairs;
+  const int n_block = in_group / group_pairs;
+  const int hkv = pair % gridDim.y, b = pair / gridDim.y;
+  const int n0 = n_block * kBlockN;
+  const int seqlen_q = p.seqlen_q, seqlen_kv = p.seqlen_kv;
+  const int group = p.heads / p.kv_heads;
+  const int num_m = (seqlen_q + kBlockM - 1) / kBlockM;
+  const bool kv_tail = n0 + kBlockN > seqlen_kv;
+
+  const unsigned s_k0 = s_base + S::kOffK, s_v0 = s_base + S::kOffV;
+  const unsigned s_q0 = s_base + S::kOffQ, s_do0 = s_base + S::kOffDO;
+  float* sh_lse = reinterpret_cast<float*>(smem + S::kOffLse);
+  float* sh_delta = reinterpret_cast<float*>(smem + S::kOffDelta);
+  float* sh_red = reinterpret_cast<float*>(smem + S::kOffRed);
+  unsigned long long* sh_red64 = reinterpret_cast<unsigned long long*>(smem + S::kOffRed);
+  float* sh_diag = reinterpret_cast<float*>(smem + S::kOffDiag);
+  unsigned long long* sh_diag64 = reinterpret_cast<unsigned long long*>(smem + S::kOffDiag);
+
+  const Element* g_k = static_cast<const Element*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
+  const Element* g_v = static_cast<const Element*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
+
+  // Tile class of (head h, query tile m) for this KV tile: 0 skip, 1 full, 2 partial (as flex_backward_main).
+  auto tile_class = [&](int h, int m) -> int {
+    if (p.tile_state == nullptr) return 1;
+    const unsigned char* st = p.tile_state + b * p.ts_stride_b + h * p.ts_stride_h;
+    const int mf = (m * kBlockM) / p.ts_q_tile;
+    const int f0 = n0 / p.ts_kv_tile;
+    const int f1 = min((n0 + kBlockN - 1) / p.ts_kv_tile, p.ts_nkv - 1);
+    bool any_full = false, any_skip = false, any_partial = false;
+    for (int f = f0; f <= f1; ++f) {
+      const int c = st[(long long)mf * p.ts_nkv + f];
+      any_full |= c == 1;
+      any_partial |= c == 2;
+      any_skip |= c == 0;
+    }
+    if (any_partial || (any_full && any_skip)) return 2;
+    return any_full ? 1 : 0;
+  };
+  // Flat schedule over (head of the group, query tile); the column's classes cached in shared memory.
+  const int total = group * num_m;
+  unsigned char* sh_sched = smem + S::kOffSched;
+  const bool sched_cached = total <= Traits::kMaxSched;
+  if (sched_cached) {
+    for (int i = tid; i < total; i += kNThreads) sh_sched[i] = (unsigned char)tile_class(hkv * group + i / num_m, i % num_m);
+    __syncthreads();
+  }
+  auto class_at = [&](int pos) -> int { return sched_cached ? sh_sched[pos] : tile_class(hkv * group + pos / num_m, pos % num_m); };
+  auto next_pos = [&](int pos) -> int {
+    while (pos < total && class_at(pos) == 0) ++pos;
+    return pos;
+  };
+
+  auto load_q_tile = [&](int pos, int stage) {
+    const int h = hkv * group + pos / num_m;
+    const int m0 = (pos % num_m) * kBlockM;
+    const Element* g_q = static_cast<const Element*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
+    const Element* g_do = static_cast<const Element*>(p.d_o) + b * p.do_stride_b + h * p.do_stride_h;
+    flex_bwd_sm90::load_tile<TileQ, kBlockM, kNThreads>(s_q0 + stage * TileQ::kBytes, g_q, p.q_stride_s, m0, seqlen_q, tid);
+    flex_bwd_sm90::load_tile<TileQ, kBlockM, kNThreads>(s_do0 + stage * TileQ::kBytes, g_do, p.do_stride_s, m0, seqlen_q, tid);
+    if (tid < kBlockM) {
+      // Rows past Sq: lse2 = +inf (P = 0) by a plain store, delta zero-filled.
+      const long long row = ((long long)b * p.heads + h) * seqlen_q + m0 + tid;
+      const bool valid = m0 + tid < seqlen_q;
+      if (valid) flex_bwd::cp_async_4(flex::smem_addr(sh_lse + stage * kBlockM + tid), p.lse2 + row, true);
+      else sh_lse[stage * kBlockM + tid] = flex_bwd::pos_inf();
+      flex_bwd::cp_async_4(flex::smem_addr(sh_delta + stage * kBlockM + tid), valid ? p.delta + row : p.delta, valid);
+    }
+  };
+
+  int pos = next_pos(0);
+  // K and V once, with the first Q / dO tile.
+  flex_bwd_sm90::load_tile<TileKV, kBlockN, kNThreads>(s_k0, g_k, p.k_stride_s, n0, seqlen_kv, tid);
+  flex_bwd_sm90::load_tile<TileKV, kBlockN, kNThreads>(s_v0, g_v, p.v_stride_s, n0, seqlen_kv, tid);
+  if (pos < total) load_q_tile(pos, 0);
+  flex::cp_async_commit();
+
+  // dK, dV: this warp's 16 KV rows x D, in the wgmma accumulator layout (d[4i + e]: row g + 8 (e / 2), column 8i + 2t + e % 2).
+  float acc_dk[kHeadDim / 2];
+  float acc_dv[kHeadDim / 2];
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
+
+  float acc_uniform[kNumScatters > 0 ? kNumScatters : 1];
+  float acc_kvrow[kNumScatters > 0 ? kNumScatters : 1][2];
+#pragma unroll
+  for (int i = 0; i < (kNumScatters > 0 ? kNumScatters : 1); ++i) acc_uniform[i] = acc_kvrow[i][0] = acc_kvrow[i][1] = 0.f;
+
+  const float scale_log2 = p.scale * kLog2e;
+  int stage = 0;
+  while (pos < total) {
+    const int h = hkv * group + pos / num_m;
+    const int m_block = pos % num_m;
+    const int m0 = m_block * kBlockM;
+    const int cls = class_at(pos);
+    const int pos_next = next_pos(pos + 1);
+
+    // This stage's cp.async data visible to the tensor cores (async proxy) of every warp.
+    flex::cp_async_wait<0>();
+    flex::fence_proxy_async();
+    __syncthreads();
+    if (pos_next < total) load_q_tile(pos_next, stage ^ 1);
+    flex::cp_async_commit();
+    const int ln = (int)flex_bwd_sm90::opaque(lane);
+    const int g = ln / 4, t4 = ln % 4;
+    const int kv_r0 = n0 + warp * 16 + g;  // the thread's KV rows: kv_r0, kv_r0 + 8
+    const unsigned s_k = flex_bwd_sm90::opaque(s_k0), s_v = flex_bwd_sm90::opaque(s_v0);
+    const unsigned s_ds = flex_bwd_sm90::opaque(s_base + S::kOffDS);
+    const unsigned sq = flex_bwd_sm90::opaque(s_q0) + stage * TileQ::kBytes;
+    const unsigned sdo = flex_bwd_sm90::opaque(s_do0) + stage * TileQ::kBytes;
+    const float* lse_st = sh_lse + stage * kBlockM;
+    const float* delta_st = sh_delta + stage * kBlockM;
+
+    // S^T = K Q^T, then dP^T = V dO^T, as two groups: P is computed while dP^T is still running.
+    float acc_s[kMT][4], acc_dp[kMT][4];
+    flex::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kD16; ++kk)
+      flex::Wgmma<kBlockM>::template ss<Element, 0, 0>(flex_bwd_sm90::flat(acc_s), flex::desc_k_major<TileKV>(s_k, wg * 64, kk * 16),
+                                                       flex::desc_k_major<TileQ>(sq, 0, kk * 16), kk > 0 ? 1 : 0);
+    flex::wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < kD16; ++kk)
+      flex::Wgmma<kBlockM>::template ss<Element, 0, 0>(flex_bwd_sm90::flat(acc_dp), flex::desc_k_major<TileKV>(s_v, wg * 64, kk * 16),
+                                                       flex::desc_k_major<TileQ>(sdo, 0, kk * 16), kk > 0 ? 1 : 0);
+    flex::wgmma_commit();
+    flex::wgmma_wait<1>();
+    flex::fence_operands(flex_bwd_sm90::flat(acc_s));
+
+    // P^T = exp(score_mod(scale * S) - lse), masked and out-of-range elements 0, packed per n8 tile into the A
+    // fragments of dV += P^T dO (pa[kk] = columns 16 kk .. 16 kk + 15: a0 (g, 2t..), a1 (g + 8, 2t..), a2 / a3 the
+    // same 8 columns on). acc_s keeps P, or P * d_score when that is folded in.
+    const bool check_bounds = kv_tail || m0 + kBlockM > seqlen_q;
+    float score_v[kMT][4];  // kept only for the scatters / a late d_score (dead code otherwise)
+    unsigned pa[kBlockM / 16][4];
+#pragma unroll
+    for (int nt = 0; nt < kMT; ++nt) {
+      const float2 lse2 = *reinterpret_cast<const float2*>(lse_st + nt * 8 + 2 * t4);
+      float pv[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int q = m0 + nt * 8 + 2 * t4 + (e % 2);
+        const int kv = kv_r0 + (e / 2) * 8;
+        const float score = acc_s[nt][e] * p.scale;
+        score_v[nt][e] = score;
+        bool keep = !check_bounds || (q < seqlen_q && kv < seqlen_kv);
+        float z = score;
+        if (keep) {
+          typename Variant::Row rs{};
+          typename Variant::Col cs{};
+          typename Variant::Tile ts{};
+          if constexpr (Variant::kHasScoreMod) z = Variant::score_mod(vp, rs, cs, ts, b, h, hkv, q, kv, 0, score);
+          if constexpr (Variant::kHasMaskMod) {
+            if (cls == 2 && !Variant::mask_mod(vp, rs, cs, ts, b, h, hkv, q, kv, 0)) keep = false;
+          }
+        }
+        // Without a score_mod, scale and log2(e) fold into one FFMA on the raw q.k.
+        const float x2 = Variant::kHasScoreMod ? z * kLog2e : acc_s[nt][e] * scale_log2;
+        pv[e] = keep ? flex::ex2(x2 - (e % 2 ? lse2.y : lse2.x)) : 0.f;
+        // dS_pre = P d_score (dP - delta): d_score only where P != 0, so it sees in-range (q, kv) only.
+        float pd = pv[e];
+        if constexpr (kFoldDScore) {
+          if (pv[e] != 0.f) pd = pv[e] * Variant::d_score(vp, b, h, hkv, q, kv, score);
+        }
+        acc_s[nt][e] = pd;
+      }
+      pa[nt / 2][(nt % 2) * 2 + 0] = Mma::pack(pv[0], pv[1]);
+      pa[nt / 2][(nt % 2) * 2 + 1] = Mma::pack(pv[2], pv[3]);
+    }
+
+    // dV += P^T dO (A = P^T from registers, B = dO MN-major), running while dS is computed.
+    flex::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+      flex::Wgmma<kHeadDim>::template rs<Element, 1>(acc_dv, pa[kk], flex::desc_mn_major<TileQ>(sdo, kk * 16, 0), 1);
+    flex::wgmma_commit();
+
+    // dS = P (dP - delta) in place of dP^T (the dS_pre directly when d_score was folded in).
+    flex::wgmma_wait<1>();
+    flex::fence_operands(flex_bwd_sm90::flat(acc_dp));
+#pragma unroll
+    for (int nt = 0; nt < kMT; ++nt) {
+      const float2 dl = *reinterpret_cast<const float2*>(delta_st + nt * 8 + 2 * t4);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pr = acc_s[nt][e];
+        const float dsv = pr * (acc_dp[nt][e] - (e % 2 ? dl.y : dl.x));
+        acc_dp[nt][e] = pr != 0.f ? dsv : 0.f;
+      }
+    }
+
+    // Scatters (buffer gradients) from dS, then dS_pre = dS * d_score.
+    if constexpr (kNumScatters > 0)
+      flex_bwd::scatter_one<Traits, Variant, kDeterministic, 0>(p, vp, acc_dp, score_v, acc_uniform, acc_kvrow, sh_red, sh_red64, sh_diag,
+                                                                sh_diag64, b, h, hkv, m0, n0, kv_r0, warp, lane, true);
+    if constexpr (!Variant::kDScoreIsOne && !kFoldDScore) {
+#pragma unroll
+      for (int nt = 0; nt < kMT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (acc_dp[nt][e] != 0.f) {
+            const int q = m0 + nt * 8 + 2 * t4 + (e % 2);
+            const int kv = kv_r0 + (e / 2) * 8;
+            acc_dp[nt][e] *= Variant::d_score(vp, b, h, hkv, q, kv, score_v[nt][e]);
+          }
+        }
+    }
+
+    // dK += dS^T Q (A = dS^T from registers, B = Q MN-major); dS^T into shared memory for dQ.
+    unsigned da[kBlockM / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      da[kk][0] = Mma::pack(acc_dp[2 * kk][0], acc_dp[2 * kk][1]);
+      da[kk][1] = Mma::pack(acc_dp[2 * kk][2], acc_dp[2 * kk][3]);
+      da[kk][2] = Mma::pack(acc_dp[2 * kk + 1][0], acc_dp[2 * kk + 1][1]);
+      da[kk][3] = Mma::pack(acc_dp[2 * kk + 1][2], acc_dp[2 * kk + 1][3]);
+    }
+    if constexpr (kDq) {
+      // Element (kv row r, query column c) of the [128][64] tile; each quad writes 4-byte pairs of one chunk.
+      const int r = warp * 16 + g;
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk) {
+        *reinterpret_cast<unsigned*>(smem + S::kOffDS + TileDS::chunk_offset(r, 2 * kk) + 4 * t4) = da[kk][0];
+        *reinterpret_cast<unsigned*>(smem + S::kOffDS + TileDS::chunk_offset(r + 8, 2 * kk) + 4 * t4) = da[kk][1];
+        *reinterpret_cast<unsigned*>(smem + S::kOffDS + TileDS::chunk_offset(r, 2 * kk + 1) + 4 * t4) = da[kk][2];
+        *reinterpret_cast<unsigned*>(smem + S::kOffDS + TileDS::chunk_offset(r + 8, 2 * kk + 1) + 4 * t4) = da[kk][3];
+      }
+    }
+    flex::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+      flex::Wgmma<kHeadDim>::template rs<Element, 1>(acc_dk, da[kk], flex::desc_mn_major<TileQ>(sq, kk * 16, 0), 1);
+    flex::wgmma_commit();
+
+    if constexpr (kDq) {
+      // dQ needs the dS^T rows of both warpgroups.
+      flex::fence_proxy_async();
+      __syncthreads();
+      const long long row_base = ((long long)b * p.heads + h) * seqlen_q;
+      const int q_row0 = m0 + (warp % 4) * 16 + g;
+      if constexpr (S::kDqN0 == S::kDqN1) {
+        flex_bwd_sm90::dq_block<S::kDqN0, S, Element, kDeterministic>(p, s_ds, s_k, wg * S::kDqN0, row_base, q_row0, t4);
+      } else {
+        if (wg == 0) flex_bwd_sm90::dq_block<S::kDqN0, S, Element, kDeterministic>(p, s_ds, s_k, 0, row_base, q_row0, t4);
+        else flex_bwd_sm90::dq_block<S::kDqN1, S, Element, kDeterministic>(p, s_ds, s_k, S::kDqN0, row_base, q_row0, t4);
+      }
+    } else {
+      flex::wgmma_wait<0>();
+    }
+    flex::fence_operands(acc_dk);
+    flex::fence_operands(acc_dv);
+
+    // End of a head: flush the per-head scatter accumulators.
+    if constexpr (kNumScatters > 0) {
+      const bool head_done = pos_next >= total || (pos_next / num_m) != (pos / num_m);
+      if (head_done) flex_bwd::flush_one<Traits, Variant, kDeterministic, 0>(p, vp, acc_uniform, acc_kvrow, sh_red, b, h, hkv, kv_r0, warp, lane, true);
+    }
+    pos = pos_next;
+    stage ^= 1;
+  }
+  flex::cp_async_wait<0>();
+
+  // dK = scale * acc_dk, dV = acc_dv: registers -> global (rows past Skv dropped).
+  const int g = lane / 4, t4 = lane % 4;
+  const int kv_r0 = n0 + warp * 16 + g;
+  Element* g_dk = static_cast<Element*>(p.dk) + b * p.dk_stride_b + hkv * p.dk_stride_h;
+  Element* g_dv = static_cast<Element*>(p.dv) + b * p.dv_stride_b + hkv * p.dv_stride_h;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int kv = kv_r0 + half * 8;
+    if (kv < seqlen_kv) {
+#pragma unroll
+      for (int i = 0; i < kHeadDim / 8; ++i) {
+        const int d = i * 8 + 2 * t4;
+        *reinterpret_cast<unsigned*>(g_dk + kv * p.dk_stride_s + d) =
+            Mma::pack(acc_dk[4 * i + 2 * half] * p.scale, acc_dk[4 * i + 2 * half + 1] * p.scale);
+        *reinterpret_cast<unsigned*>(g_dv + kv * p.dv_stride_s + d) = Mma::pack(acc_dv[4 * i + 2 * half], acc_dv[4 * i + 2 * half + 1]);
+      }
+    }
+  }
+}

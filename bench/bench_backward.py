@@ -1,7 +1,10 @@
 """Forward+backward benchmarks on one GPU in one run: flexjit (`flexjit bench-backward`) against PyTorch
 FlexAttention (torch.compile(flex_attention)) and SDPA, same shapes, bf16. FLOPs of forward+backward =
 3.5 * 4 * B * H * Sq * Skv * D * density (forward 1, backward 2.5: five GEMMs against two).
-Writes backward.json and backward_table.md (date, GPU, commit) to --out, for bench/RESULTS.md."""
+The causal and SAM cases also run each dQ strategy (`--dq atomic`: the KV-major kernel's atomics; `--dq qmajor`:
+the query-major pass), plain and deterministic, for the "dQ strategy" table.
+Writes backward.json and backward_table.md (date, GPU, commit) to --out, for bench/RESULTS.md.
+--no-torch skips FlexAttention and SDPA (flexjit only)."""
 import argparse
 import datetime
 import json
@@ -32,10 +35,16 @@ def bench(fn, rep=100):
     return tt.do_bench(fn, warmup=10, rep=rep, return_mode="median")
 
 
-def run_flexjit(flexjit, flags, shape, deterministic=False):
+# Cases whose rows also compare the dQ strategies.
+DQ_CASES = ("causal", "sam_vitb_rel_grads")
+
+
+def run_flexjit(flexjit, flags, shape, deterministic=False, dq=None):
     cmd = [flexjit, "bench-backward", *flags, "--shape", ",".join(map(str, shape)), "--json", "--iters", "30", "--warmup", "5"]
     if deterministic:
         cmd.append("--deterministic")
+    if dq:
+        cmd += ["--dq", dq]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         return {"error": (p.stderr or p.stdout).strip()[-400:]}
@@ -48,6 +57,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", nargs="*", default=None)
     ap.add_argument("--flex-learnable", action="store_true", help="also run FlexAttention on the learnable slope / bias cases")
+    ap.add_argument("--no-torch", action="store_true", help="flexjit only: skip FlexAttention and SDPA")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     torch.manual_seed(0)
@@ -85,6 +95,18 @@ def main():
             row["flexjit_ms"] = ours["fwd_bwd_ms"]
         det = run_flexjit(args.flexjit, flags + ["--head-dim", str(d)], [b, h, h, s, s, d], deterministic=True)
         row["flexjit_det"] = det
+        if name in DQ_CASES:
+            row["flexjit_dq"] = {}
+            for dq in ("atomic", "qmajor"):
+                for deterministic in (False, True):
+                    key = dq + ("_det" if deterministic else "")
+                    row["flexjit_dq"][key] = run_flexjit(args.flexjit, flags + ["--head-dim", str(d)], [b, h, h, s, s, d], deterministic, dq)
+        if args.no_torch:
+            if "flexjit_ms" in row:
+                row["flexjit_tflops"] = flops / row["flexjit_ms"] / 1e9
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+            continue
         q, k, v = [torch.randn(b, h, s, d, device=dev, dtype=dt, requires_grad=True) for _ in range(3)]
         do = torch.randn(b, h, s, d, device=dev, dtype=dt)
         sm = None
@@ -152,6 +174,22 @@ def main():
         sf = f"{r['sdpa_flash_ms']:.3f} · {r['sdpa_flash_tflops']:.0f}" if "sdpa_flash_ms" in r else "–"
         sc = f"{r['sdpa_cudnn_ms']:.3f} · {r['sdpa_cudnn_tflops']:.0f}" if "sdpa_cudnn_ms" in r else "–"
         lines.append(f"| {r['case']} | {ours} | {tf} | {det} | {fl} | {ratio} | {sf} | {sc} |")
+    dq_rows = [r for r in rows if "flexjit_dq" in r]
+    if dq_rows:
+        lines += ["", "dQ strategy (`--dq`): atomic = fp32 (or fixed-point) atomics in the KV-major kernel; qmajor = the query-major pass "
+                  "(dq without atomics; also the row-owned buffer gradients). ms, forward / backward / both; deterministic backward.",
+                  "", "| case | atomic fwd / bwd / fwd+bwd | atomic det bwd | qmajor fwd / bwd / fwd+bwd | qmajor det bwd |",
+                  "| --- | --- | --- | --- | --- |"]
+
+        def cell(res):
+            return f"{res['fwd_ms']:.3f} / {res['bwd_ms']:.3f} / {res['fwd_bwd_ms']:.3f}" if "fwd_ms" in res else "fails: " + res.get("error", "")[:60]
+
+        def det_cell(res):
+            return f"{res['bwd_ms']:.3f}" if "bwd_ms" in res else "fails: " + res.get("error", "")[:60]
+
+        for r in dq_rows:
+            m = r["flexjit_dq"]
+            lines.append(f"| {r['case']} | {cell(m['atomic'])} | {det_cell(m['atomic_det'])} | {cell(m['qmajor'])} | {det_cell(m['qmajor_det'])} |")
     table = "\n".join(lines) + "\n"
     open(f"{args.out}/backward_table.md", "w").write(table)
     print(table)

@@ -36,6 +36,7 @@ enum : int {
   kScatterKvOnly = 2,    // kv, not q: reduced over all query tiles of a head, one atomic per KV row
   kScatterDiagonal = 3,  // q and kv only through q - kv: reduced per diagonal of the tile in shared memory
   kScatterGeneral = 4,   // anything else: one atomic per nonzero score element
+  kScatterQMajor = 5,    // a row-owned target the query-major pass (flex_backward_qmajor.cuh) computes: skipped here
 };
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
@@ -142,7 +143,8 @@ struct Loader {
 
 }  // namespace flex_bwd
 
-// delta = rowsum(dO * O), lse2 = lse * log2(e) (+inf for fully masked rows), dq_accum row cleared.
+// delta = rowsum(dO * O), lse2 = lse * log2(e) (+inf for fully masked rows), dq_accum row cleared (unless
+// dq_accum is null: the query-major pass computes dq without it).
 // grid = (ceil(Sq / 8), H, B), 256 threads: one warp per query row.
 template <class Element, int kHeadDim, bool kDeterministic>
 __device__ __forceinline__ void flex_backward_preprocess(const FlexBackwardParams& p) {
@@ -168,6 +170,7 @@ __device__ __forceinline__ void flex_backward_preprocess(const FlexBackwardParam
     const float l = p.lse[b * p.lse_stride_b + h * p.lse_stride_h + q];
     p.lse2[row] = l == flex_bwd::neg_inf() ? flex_bwd::pos_inf() : l * 1.4426950408889634f;
   }
+  if (p.dq_accum == nullptr) return;
   if constexpr (kDeterministic) {
     unsigned long long* acc = static_cast<unsigned long long*>(p.dq_accum) + row * kHeadDim;
     for (int d = lane; d < kHeadDim; d += 32) acc[d] = 0ull;
@@ -215,6 +218,36 @@ __device__ __forceinline__ void flex_backward_tile_state(const FlexTileStatePara
 }
 
 namespace flex_bwd {
+
+// The two score GEMMs of a backward tile, sharing one loop so the loads of one overlap the mmas of the other:
+// acc_x = A_x B_x^T and acc_y = A_y B_y^T over kD16 k-steps of 16, for one 16-row A tile each and kN rows of
+// B (both [rows][k] tiles in shared memory with row stride kStride; a_x, a_y, b_x, b_y are the lane's ldmatrix
+// addresses at k = 0). The KV-major kernel computes S^T = K Q^T and dP^T = V dO^T with it, the query-major pass
+// S = Q K^T and dP = dO V^T.
+template <class Mma, int kD16, int kN, int kStride>
+__device__ __forceinline__ void score_gemms(float (&acc_x)[kN / 8][4], float (&acc_y)[kN / 8][4], unsigned a_x, unsigned a_y, unsigned b_x,
+                                            unsigned b_y) {
+#pragma unroll
+  for (int nt = 0; nt < kN / 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_x[nt][e] = acc_y[nt][e] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < kD16; ++kk) {
+    unsigned ax[4], ay[4];
+    flex::ldmatrix_x4(ax, a_x + kk * 32);
+    flex::ldmatrix_x4(ay, a_y + kk * 32);
+#pragma unroll
+    for (int np = 0; np < kN / 16; ++np) {
+      unsigned bx[4], by[4];
+      flex::ldmatrix_x4(bx, b_x + (np * 16 * kStride + kk * 16) * 2);
+      flex::ldmatrix_x4(by, b_y + (np * 16 * kStride + kk * 16) * 2);
+      Mma::run(acc_x[2 * np], ax, bx[0], bx[1]);
+      Mma::run(acc_x[2 * np + 1], ax, bx[2], bx[3]);
+      Mma::run(acc_y[2 * np], ay, by[0], by[1]);
+      Mma::run(acc_y[2 * np + 1], ay, by[2], by[3]);
+    }
+  }
+}
 
 // Adds a fixed-point or fp32 partial (already reduced) into a gradient element.
 template <bool kDeterministic>
@@ -420,7 +453,8 @@ __device__ __forceinline__ void flush_one(const FlexBackwardParams& p, const typ
 }  // namespace flex_bwd
 
 // The main backward kernel. grid = (ceil(Skv / kBlockN), Hkv, B), block = kNThreads, smem = kSmemBytes.
-template <class Traits, class Variant, bool kDeterministic>
+// kDq = false when the query-major pass computes dq: no dS^T staging, no dQ GEMM, no dQ atomics here.
+template <class Traits, class Variant, bool kDeterministic, bool kDq = true>
 __device__ __forceinline__ void flex_backward_main(const FlexBackwardParams& p, const typename Variant::Params& vp) {
   using Element = typename Traits::Element;
   using Mma = flex::Mma16816<Element>;
@@ -574,26 +608,8 @@ __device__ __forceinline__ void flex_backward_main(const FlexBackwardParams& p, 
 
     // S^T = K Q^T and dP^T = V dO^T for the warp's 16 KV rows x kBlockM queries.
     float acc_s[kMT][4], acc_dp[kMT][4];
-#pragma unroll
-    for (int nt = 0; nt < kMT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc_s[nt][e] = acc_dp[nt][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < kD16; ++kk) {
-      unsigned ak[4], av[4];
-      flex::ldmatrix_x4(ak, s_k + warp_rows + a_lane + kk * 32);
-      flex::ldmatrix_x4(av, s_v + warp_rows + a_lane + kk * 32);
-#pragma unroll
-      for (int np = 0; np < kBlockM / 16; ++np) {
-        unsigned bq[4], bd[4];
-        flex::ldmatrix_x4(bq, sq + bn_lane + (np * 16 * kStride + kk * 16) * 2);
-        flex::ldmatrix_x4(bd, sdo + bn_lane + (np * 16 * kStride + kk * 16) * 2);
-        Mma::run(acc_s[2 * np], ak, bq[0], bq[1]);
-        Mma::run(acc_s[2 * np + 1], ak, bq[2], bq[3]);
-        Mma::run(acc_dp[2 * np], av, bd[0], bd[1]);
-        Mma::run(acc_dp[2 * np + 1], av, bd[2], bd[3]);
-      }
-    }
+    flex_bwd::score_gemms<Mma, kD16, kBlockM, kStride>(acc_s, acc_dp, s_k + warp_rows + a_lane, s_v + warp_rows + a_lane, sq + bn_lane,
+                                                       sdo + bn_lane);
 
     // P^T = exp(score_mod(scale * S) - lse), masked and out-of-range elements 0; then dS^T.
     const bool check_bounds = kv_tail || m0 + kBlockM > seqlen_q;
@@ -673,7 +689,7 @@ __device__ __forceinline__ void flex_backward_main(const FlexBackwardParams& p, 
       da[1] = Mma::pack(ds_v[2 * kk][2], ds_v[2 * kk][3]);
       da[2] = Mma::pack(ds_v[2 * kk + 1][0], ds_v[2 * kk + 1][1]);
       da[3] = Mma::pack(ds_v[2 * kk + 1][2], ds_v[2 * kk + 1][3]);
-      if (ds == 0) {
+      if (kDq && ds == 0) {
         const int r = rg * 16 + g;
         const int c = kk * 16 + 2 * t4;
         s_ds_u[(r * kDsStride + c) / 2] = da[0];
@@ -692,7 +708,9 @@ __device__ __forceinline__ void flex_backward_main(const FlexBackwardParams& p, 
         }
       }
     }
-    __syncthreads();
+    // dQ reads every warp's dS^T, and a single Q / dO stage is refilled next; without either, the barrier at the
+    // top of the next iteration is enough.
+    if constexpr (kDq || kStages == 1) __syncthreads();
     if constexpr (kStages == 1) {
       // Q / dO are no longer read in this iteration (dQ reads dS^T and K): refill the single stage.
       if (pos_next < total) load_q_tile(pos_next, 0);
@@ -700,7 +718,7 @@ __device__ __forceinline__ void flex_backward_main(const FlexBackwardParams& p, 
     }
 
     // dQ (unscaled) += dS K: warp (qg, dg) owns 16 query rows x D units dg, dg + kDqGroups, ...
-    {
+    if constexpr (kDq) {
       const int qg = warp % kQGroups, dg = warp / kQGroups;
       float acc_dq[kDqUnits][2][4];
 #pragma unroll

@@ -1,8 +1,10 @@
 // KernelImpl's backward launches (docs/BACKWARD.md): operand checks, the gradient variant, the
-// backward workspace and the launch sequence preprocess -> tile classes -> main -> dQ -> gradients.
+// backward workspace, the dQ strategy and the launch sequence tile classes -> preprocess -> main -> dQ
+// (conversion, or the query-major pass) -> gradients.
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 
@@ -59,6 +61,18 @@ int64_t numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
+// FLEXJIT_BWD_DQ overrides BackwardArgs::dq_mode, so benchmarks and users of the C API can compare the two
+// strategies without code changes.
+BackwardDqMode requested_dq_mode(BackwardDqMode given) {
+  const char* env = std::getenv("FLEXJIT_BWD_DQ");
+  if (env == nullptr || *env == 0) return given;
+  const std::string v = env;
+  if (v == "atomic") return BackwardDqMode::Atomic;
+  if (v == "qmajor") return BackwardDqMode::QueryMajor;
+  if (v == "auto") return BackwardDqMode::Auto;
+  throw Error(fmt::format("FLEXJIT_BWD_DQ={} names no dQ strategy; use atomic, qmajor or auto", v));
+}
+
 }  // namespace
 
 void CpuExecutor::backward(const SpecIR&, const BackwardArgs&) { throw Error("this CPU backend has no backward pass"); }
@@ -67,8 +81,10 @@ void CpuExecutor::backward(const SpecIR&, const BackwardArgs&) { throw Error("th
 struct KernelImpl::BackwardState {
   ScoreModGradient grad;
   RangeInfo ranges;
+  bool row_col_or_tile = false;  // a scatter only the query-major pass reduces (SAM): Auto picks that pass
   std::mutex mutex;
   struct Functions {
+    // dq: flexjit_bwd_dq (atomic modules) or flexjit_bwd_qmajor (query-major modules)
     CUfunction preprocess = nullptr, main = nullptr, dq = nullptr, convert = nullptr, tile_state = nullptr;
   };
   struct Module {
@@ -86,6 +102,10 @@ KernelImpl::BackwardState& KernelImpl::backward_state() {
     auto st = std::make_shared<BackwardState>();
     st->grad = differentiate_score_mod(ir_);
     st->ranges = analyze_ranges(backward_roots(st->grad), ir_.checked, VarDomains::forward(ir_.checked));
+    for (const GradScatter& s : st->grad.scatters) {
+      const ScatterClass c = classify_scatter(s);
+      st->row_col_or_tile |= c == ScatterClass::RowCol || c == ScatterClass::RowTile;
+    }
     backward_state_ = st;
   }
   return *backward_state_;
@@ -176,11 +196,31 @@ void KernelImpl::backward(const BackwardArgs& a) {
   for (size_t i = 0; i < spec().buffers.size(); ++i)
     if (scattered[i] && (a.deterministic || !grad_of[i])) grad_bytes += align_up(static_cast<size_t>(numel(buffers[i].shape)) * 8);
 
+  // ---- the dQ strategy: the query-major pass needs the forward's 128 x 64 geometry (or multiples) in the
+  // block mask it walks, and its shared memory ----
+  const runtime::DeviceInfo& info = runtime::device_info(device);
+  BackwardDqMode dq_mode = requested_dq_mode(a.dq_mode);
+  if (dq_mode == BackwardDqMode::Auto) dq_mode = st.row_col_or_tile ? BackwardDqMode::QueryMajor : BackwardDqMode::Atomic;
+  if (dq_mode == BackwardDqMode::QueryMajor) {
+    const QueryMajorConfig qc = query_major_config(spec().head_dim);
+    const ForwardConfig fc = forward_config(spec().head_dim);
+    std::string why;
+    if (ir_.mask_mod && (fc.block_m % qc.block_m != 0 || fc.block_n % qc.block_n != 0))
+      why = fmt::format("the block mask's {}x{} tiles are not multiples of its {}x{}", fc.block_m, fc.block_n, qc.block_m, qc.block_n);
+    else if (qc.shared_bytes() > info.max_shared_optin)
+      why = fmt::format("it needs {} bytes of shared memory at head dim {}, {} allows {}", qc.shared_bytes(), spec().head_dim, info.name,
+                        info.max_shared_optin);
+    if (!why.empty()) {
+      runtime::log_info("flexjit: backward of `{}`: dq by atomics, not by the query-major pass: {}", spec().name, why);
+      dq_mode = BackwardDqMode::Atomic;
+    }
+  }
+  const bool query_major = dq_mode == BackwardDqMode::QueryMajor;
+
   // ---- the gradient variant for these values ----
   BoundValues values = runtime::bind_launch(ir_.checked, shape, buffers, fa);
   runtime::VariantChoice choice = runtime::choose_variant(st.ranges, ir_.checked, values);
-  const runtime::DeviceInfo& info = runtime::device_info(device);
-  std::string key = fmt::format("{}_{}_{}", choice.key(), info.arch, a.deterministic ? "det" : "atomic");
+  std::string key = fmt::format("{}_{}_{}{}", choice.key(), info.arch, a.deterministic ? "det" : "atomic", query_major ? "_qdq" : "");
   BackwardState::Module* mod = nullptr;
   {
     std::lock_guard<std::mutex> lock(st.mutex);
@@ -191,6 +231,8 @@ void KernelImpl::backward(const BackwardArgs& a) {
       bo.dtype = spec().dtype;
       bo.head_dim = spec().head_dim;
       bo.deterministic = a.deterministic;
+      bo.query_major = query_major;
+      bo.arch = info.arch;
       bo.variant.int32 = choice.int32;
       bo.variant.checked_loads = choice.checked_loads;
       bo.variant.error_flags = options_.checked;
@@ -220,10 +262,13 @@ void KernelImpl::backward(const BackwardArgs& a) {
       BackwardState::Functions f;
       f.preprocess = get(kBwdPreprocessEntry);
       f.main = get(kBwdMainEntry);
-      f.dq = get(kBwdDqEntry);
+      f.dq = get(query_major ? kBwdQMajorEntry : kBwdDqEntry);
       f.convert = get(kBwdConvertEntry);
       f.tile_state = get(kBwdTileStateEntry);
       check_cu(d.cuFuncSetAttribute(f.main, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem), "setting the backward kernel's shared memory");
+      if (query_major)
+        check_cu(d.cuFuncSetAttribute(f.dq, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, mod->source.qconfig.shared_bytes()),
+                 "setting the query-major kernel's shared memory");
       mod->fns[device] = f;
     }
   }
@@ -249,7 +294,8 @@ void KernelImpl::backward(const BackwardArgs& a) {
   p.dq = a.dq.data, p.dk = a.dk.data, p.dv = a.dv.data;
   p.delta = reinterpret_cast<float*>(bwd + lay.delta);
   p.lse2 = reinterpret_cast<float*>(bwd + lay.lse2);
-  p.dq_accum = reinterpret_cast<void*>(bwd + lay.dq_accum);
+  // The query-major pass writes dq directly: no accumulator to clear (preprocess) or fill (main).
+  p.dq_accum = query_major ? nullptr : reinterpret_cast<void*>(bwd + lay.dq_accum);
   st3(a.q, p.q_stride_b, p.q_stride_h, p.q_stride_s);
   st3(a.k, p.k_stride_b, p.k_stride_h, p.k_stride_s);
   st3(a.v, p.v_stride_b, p.v_stride_h, p.v_stride_s);
@@ -296,7 +342,8 @@ void KernelImpl::backward(const BackwardArgs& a) {
   }
   std::vector<uint64_t> vp_copy = vparams;
 
-  // ---- block sparsity: the forward mask's lists -> dense tile classes ----
+  // ---- block sparsity: the forward mask's lists -> dense tile classes (the query-major pass walks the lists) ----
+  FlexBlockMask fmask{};
   if (ir_.mask_mod) {
     ForwardConfig fcfg = forward_config(spec().head_dim);
     const BlockMask* mask = a.block_mask;
@@ -323,6 +370,7 @@ void KernelImpl::backward(const BackwardArgs& a) {
     p.ts_nkv = mask->max_kv_tiles_;
     p.ts_q_tile = mask->q_tile_;
     p.ts_kv_tile = mask->kv_tile_;
+    fmask = tp.mask;
   }
 
   // ---- launches ----
@@ -336,9 +384,18 @@ void KernelImpl::backward(const BackwardArgs& a) {
                             static_cast<unsigned>(shape.kv_heads), static_cast<unsigned>(shape.batch), static_cast<unsigned>(cfg.threads()), 1,
                             1, static_cast<unsigned>(cfg.shared_bytes()), a.stream, margs, nullptr),
            "launching the backward kernel");
-  check_cu(d.cuLaunchKernel(fn.dq, row_blocks, static_cast<unsigned>(shape.heads), static_cast<unsigned>(shape.batch), 256, 1, 1, 0, a.stream,
-                            pargs, nullptr),
-           "launching the dQ conversion");
+  if (query_major) {
+    const QueryMajorConfig& qc = mod->source.qconfig;
+    void* qargs[] = {&p, &fmask, vp_copy.data()};
+    check_cu(d.cuLaunchKernel(fn.dq, static_cast<unsigned>((shape.seqlen_q + qc.block_m - 1) / qc.block_m), static_cast<unsigned>(shape.heads),
+                              static_cast<unsigned>(shape.batch), static_cast<unsigned>(qc.threads()), 1, 1,
+                              static_cast<unsigned>(qc.shared_bytes()), a.stream, qargs, nullptr),
+             "launching the query-major backward pass");
+  } else {
+    check_cu(d.cuLaunchKernel(fn.dq, row_blocks, static_cast<unsigned>(shape.heads), static_cast<unsigned>(shape.batch), 256, 1, 1, 0,
+                              a.stream, pargs, nullptr),
+             "launching the dQ conversion");
+  }
   for (const auto& [scratch, out] : fixed) {
     FlexConvertParams c{};
     c.in = reinterpret_cast<const void*>(scratch);

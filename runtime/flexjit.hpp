@@ -68,6 +68,16 @@ struct AttentionArgs {
 // to o. lse may be the forward's or a merged global LSE (a sequence split into KV chunks:
 // forward per chunk, merge by LSE, backward per chunk with the merged LSE and the merged o
 // gives the gradients of the unsplit attention).
+// How the backward computes dq (docs/BACKWARD.md, "dQ strategy"). The environment variable
+// FLEXJIT_BWD_DQ=atomic|qmajor|auto overrides the field (for benchmarking).
+enum class BackwardDqMode {
+  Auto,        // QueryMajor when the spec has row-owned buffer gradients (SAM's rel_h / rel_w), else Atomic
+  Atomic,      // the KV-major kernel adds dQ into an fp32 (or fixed-point) accumulator with atomics
+  QueryMajor,  // a query-major pass recomputes the scores per query tile: dq without atomics; it also takes the
+               // buffer gradients whose target a query row owns. Falls back to Atomic where it cannot run
+               // (a block mask of another geometry, or too little shared memory for the head dim)
+};
+
 struct BackwardArgs {
   Tensor q, k, v;  // as in AttentionArgs
   Tensor o;        // [B, H, Sq, Dv], the forward's output (or the merged output)
@@ -83,6 +93,7 @@ struct BackwardArgs {
   // marks `grad`, overwritten. A marked buffer without an entry gets no gradient.
   std::vector<std::pair<std::string, Tensor>> grads;
   bool deterministic = false;             // fixed summation order, no float atomics (bitwise reproducible)
+  BackwardDqMode dq_mode = BackwardDqMode::Auto;
   const BlockMask* block_mask = nullptr;  // the forward's mask for these sizes; null: built per launch
   Workspace* workspace = nullptr;         // null: the kernel's own per-device workspace
   CUstream stream = nullptr;

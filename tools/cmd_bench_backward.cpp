@@ -1,5 +1,5 @@
-// `flexjit bench-backward SPEC --shape B,H,Hkv,Sq,Skv,D`: times the forward, the backward and both
-// together on random inputs with CUDA events (medians); buffers marked `grad` get gradients.
+// `flexjit bench-backward SPEC --shape B,H,Hkv,Sq,Skv,D [--dq atomic|qmajor]`: times the forward, the backward
+// and both together on random inputs with CUDA events (medians); buffers marked `grad` get gradients.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -25,6 +25,7 @@ struct BenchBackwardOptions {
   std::string shape, device = "cuda:0";
   int warmup = 5, iters = 30;
   bool deterministic = false;
+  std::string dq = "auto";  // the dQ strategy (BackwardArgs::dq_mode)
   bool json = false;
 };
 
@@ -85,6 +86,7 @@ int run_bench_backward(const BenchBackwardOptions& o) {
   ba.dk = empty(spec.dtype, {B, Hkv, Skv, D});
   ba.dv = empty(spec.dtype, {B, Hkv, Skv, D});
   ba.deterministic = o.deterministic;
+  ba.dq_mode = o.dq == "atomic" ? BackwardDqMode::Atomic : o.dq == "qmajor" ? BackwardDqMode::QueryMajor : BackwardDqMode::Auto;
   std::unique_ptr<BlockMask> mask;
   kernel->forward(fa);
   if (spec.mask_mod) {
@@ -126,11 +128,11 @@ int run_bench_backward(const BenchBackwardOptions& o) {
   const runtime::DeviceInfo& info = runtime::device_info(device.index);
   if (o.json) {
     fmt::print("{{\"spec\": \"{}\", \"gpu\": \"{}\", \"B\": {}, \"H\": {}, \"Hkv\": {}, \"Sq\": {}, \"Skv\": {}, \"D\": {}, \"deterministic\": {}, "
-               "\"fwd_ms\": {:.4f}, \"bwd_ms\": {:.4f}, \"fwd_bwd_ms\": {:.4f}}}\n",
-               spec.name, info.name, B, H, Hkv, Sq, Skv, D, o.deterministic ? "true" : "false", fwd, bwd, both);
+               "\"dq\": \"{}\", \"fwd_ms\": {:.4f}, \"bwd_ms\": {:.4f}, \"fwd_bwd_ms\": {:.4f}}}\n",
+               spec.name, info.name, B, H, Hkv, Sq, Skv, D, o.deterministic ? "true" : "false", o.dq, fwd, bwd, both);
   } else {
-    fmt::print("{} on {}: B{} H{} Hkv{} Sq{} Skv{} D{}{}: forward {:.4f} ms, backward {:.4f} ms, forward+backward {:.4f} ms\n", spec.name,
-               info.name, B, H, Hkv, Sq, Skv, D, o.deterministic ? " deterministic" : "", fwd, bwd, both);
+    fmt::print("{} on {}: B{} H{} Hkv{} Sq{} Skv{} D{}{}, dq {}: forward {:.4f} ms, backward {:.4f} ms, forward+backward {:.4f} ms\n",
+               spec.name, info.name, B, H, Hkv, Sq, Skv, D, o.deterministic ? " deterministic" : "", o.dq, fwd, bwd, both);
   }
   return 0;
 }
@@ -146,6 +148,9 @@ void add_bench_backward_command(CLI::App& app, Action& action) {
   cmd->add_option("--warmup", o->warmup, "Untimed runs first")->capture_default_str();
   cmd->add_option("--iters", o->iters, "Timed runs (the median is reported)")->capture_default_str();
   cmd->add_flag("--deterministic", o->deterministic, "Deterministic backward (fixed-point accumulation)");
+  cmd->add_option("--dq", o->dq, "dQ strategy: atomic (KV-major kernel), qmajor (query-major pass) or auto (FLEXJIT_BWD_DQ overrides)")
+      ->check(CLI::IsMember({"auto", "atomic", "qmajor"}))
+      ->capture_default_str();
   cmd->add_flag("--json", o->json, "One JSON object per run");
   cmd->callback([o, &action] { action = [o] { return run_bench_backward(*o); }; });
 }

@@ -7,9 +7,18 @@
 
 namespace flexjit {
 
-std::string BackwardConfig::str() const { return fmt::format("d{}_m{}_n{}_w{}_s{}", head_dim, block_m, block_n, warps, stages); }
+std::string BackwardConfig::str() const {
+  return fmt::format("d{}_m{}_n{}_w{}_s{}{}", head_dim, block_m, block_n, warps, stages, hopper ? "_sm90" : "");
+}
 
 int BackwardConfig::shared_bytes() const {
+  if (hopper) {
+    // flex_bwd_sm90::Smem: dense swizzled K, V [block_n][D] and Q, dO [block_m][D] per stage, dS^T [block_n][block_m],
+    // then the same small arrays as the mma.sync kernel, and 1 KB to align the base.
+    int bytes = 2 * block_n * head_dim * 2 + 2 * stages * block_m * head_dim * 2 + block_n * block_m * 2;
+    bytes += 2 * stages * block_m * 4 + warps * block_m * 8 + (block_m + block_n) * 8 + 2048;
+    return bytes + 1024;
+  }
   const int stride = head_dim + 8;
   int bytes = 2 * block_n * stride * 2;        // K, V
   bytes += 2 * stages * block_m * stride * 2;  // Q, dO
@@ -21,7 +30,12 @@ int BackwardConfig::shared_bytes() const {
   return bytes;
 }
 
-BackwardConfig backward_config(int head_dim) {
+BackwardConfig backward_config(int head_dim, const std::string& arch) {
+  if (is_hopper_arch(arch) && head_dim <= 128 && head_dim % 16 == 0) {
+    BackwardConfig c = backward_config(head_dim);
+    c.hopper = true;
+    return c;
+  }
   switch (head_dim) {
     case 32:
     case 64:
@@ -36,11 +50,29 @@ BackwardConfig backward_config(int head_dim) {
                           fmt::join(dsl::supported_head_dims(), ", ")));
 }
 
+QueryMajorConfig query_major_config(int head_dim) {
+  backward_config(head_dim);  // the same head dims (throws for others)
+  QueryMajorConfig c;
+  c.head_dim = head_dim;
+  c.stages = head_dim > 128 ? 1 : 2;
+  return c;
+}
+
 BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGradient& grad, const RangeInfo& ranges,
                                             const BackwardKernelOptions& options) {
   BackwardKernelSource out;
-  out.config = backward_config(options.head_dim);
-  out.grad = generate_cuda_grad_variant(ir, grad, ranges, options.variant, "FlexGradVariant");
+  out.config = backward_config(options.head_dim, options.arch);
+  const bool qm = options.query_major;
+  GradVariantOptions kv_major;
+  kv_major.query_major_pass = qm;
+  out.grad = generate_cuda_grad_variant(ir, grad, ranges, options.variant, "FlexGradVariant", kv_major);
+  std::string variants = out.grad.code;
+  if (qm) {
+    out.qconfig = query_major_config(options.head_dim);
+    GradVariantOptions q_major = kv_major;
+    q_major.hoisted = true;
+    variants += "\n" + generate_cuda_grad_variant(ir, grad, ranges, options.variant, "FlexGradVariantQ", q_major).code;
+  }
   const char* element = cuda_element_type(options.dtype);
   const char* det = options.deterministic ? "true" : "false";
   KernelSource& ks = out.module;
@@ -48,23 +80,35 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
   ks.variant.layout = out.grad.layout;
   ks.variant.loads = out.grad.loads;
   ks.variant.code = out.grad.code;
-  ks.name = fmt::format("{}_bwd_{}_{}{}", ir.spec().name, dsl::dtype_name(options.dtype), out.config.str(), options.deterministic ? "_det" : "");
-  ks.entries = {kBwdPreprocessEntry, kBwdMainEntry, kBwdDqEntry, kBwdConvertEntry, kBwdTileStateEntry};
+  ks.name = fmt::format("{}_bwd_{}_{}{}{}", ir.spec().name, dsl::dtype_name(options.dtype), out.config.str(), options.deterministic ? "_det" : "",
+                        qm ? "_qdq" : "");
+  // dq: the query-major pass (no accumulator), or the KV-major kernel's atomics and the conversion kernel.
+  ks.entries = {kBwdPreprocessEntry, kBwdMainEntry, qm ? kBwdQMajorEntry : kBwdDqEntry, kBwdConvertEntry, kBwdTileStateEntry};
+  const std::string dq_kernel =
+      qm ? fmt::format("using FlexBwdQTraits = FlexBackwardQTraits</*kHeadDim=*/{d}, {el}>;\n\n"
+                       "extern \"C\" __global__ void __launch_bounds__(FlexBwdQTraits::kNThreads, 1)\n"
+                       "{name}(const FlexBackwardParams p, const FlexBlockMask m, const FlexGradVariantQ::Params vp) {{\n"
+                       "  flex_backward_qmajor<FlexBwdQTraits, FlexGradVariantQ, {det}>(p, m, vp);\n}}\n\n",
+                       fmt::arg("d", options.head_dim), fmt::arg("el", element), fmt::arg("name", kBwdQMajorEntry), fmt::arg("det", det))
+         : fmt::format("extern \"C\" __global__ void __launch_bounds__(256)\n"
+                       "{name}(const FlexBackwardParams p) {{\n"
+                       "  flex_backward_dq<{el}, {d}, {det}>(p);\n}}\n\n",
+                       fmt::arg("d", options.head_dim), fmt::arg("el", element), fmt::arg("name", kBwdDqEntry), fmt::arg("det", det));
   ks.source = fmt::format(
-      "// flexjit backward kernels for spec `{spec}`: head dim {d}, {el}{detc}.\n"
-      "#include \"flex_backward.cuh\"\n"
+      "// flexjit backward kernels for spec `{spec}`: head dim {d}, {el}{detc}{qmc}.\n"
+      "#include \"{header}\"\n"
+      "{hopper_header}"
       "#include \"flex_ops.cuh\"\n\n"
-      "{variant}\n"
-      "using FlexBwdTraits = FlexBackwardTraits</*kHeadDim=*/{d}, {el}>;\n\n"
+      "{variants}\n"
+      "using FlexBwdTraits = FlexBackwardTraits</*kHeadDim=*/{d}, {el}>;\n"
+      "{smem_check}\n"
       "extern \"C\" __global__ void __launch_bounds__(256)\n"
       "{pre}(const FlexBackwardParams p) {{\n"
       "  flex_backward_preprocess<{el}, {d}, {det}>(p);\n}}\n\n"
       "extern \"C\" __global__ void __launch_bounds__(FlexBwdTraits::kNThreads, 1)\n"
       "{main}(const FlexBackwardParams p, const FlexGradVariant::Params vp) {{\n"
-      "  flex_backward_main<FlexBwdTraits, FlexGradVariant, {det}>(p, vp);\n}}\n\n"
-      "extern \"C\" __global__ void __launch_bounds__(256)\n"
-      "{dq}(const FlexBackwardParams p) {{\n"
-      "  flex_backward_dq<{el}, {d}, {det}>(p);\n}}\n\n"
+      "  {main_fn}<FlexBwdTraits, FlexGradVariant, {det}, /*kDq=*/{kdq}>(p, vp);\n}}\n\n"
+      "{dq_kernel}"
       "extern \"C\" __global__ void __launch_bounds__(256)\n"
       "{conv}(const FlexConvertParams c) {{\n"
       "  flex_backward_convert(c);\n}}\n\n"
@@ -72,13 +116,21 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
       "{ts}(const FlexTileStateParams t) {{\n"
       "  flex_backward_tile_state(t);\n}}\n",
       fmt::arg("spec", ir.spec().name), fmt::arg("d", options.head_dim), fmt::arg("el", element),
-      fmt::arg("detc", options.deterministic ? ", deterministic" : ""), fmt::arg("variant", out.grad.code), fmt::arg("det", det),
-      fmt::arg("pre", kBwdPreprocessEntry), fmt::arg("main", kBwdMainEntry), fmt::arg("dq", kBwdDqEntry), fmt::arg("conv", kBwdConvertEntry),
-      fmt::arg("ts", kBwdTileStateEntry));
+      fmt::arg("detc", options.deterministic ? ", deterministic" : ""), fmt::arg("qmc", qm ? ", query-major dq" : ""),
+      fmt::arg("header", qm ? "flex_backward_qmajor.cuh" : "flex_backward.cuh"), fmt::arg("variants", variants), fmt::arg("det", det),
+      fmt::arg("kdq", qm ? "false" : "true"), fmt::arg("pre", kBwdPreprocessEntry), fmt::arg("main", kBwdMainEntry),
+      fmt::arg("dq_kernel", dq_kernel), fmt::arg("conv", kBwdConvertEntry), fmt::arg("ts", kBwdTileStateEntry),
+      fmt::arg("hopper_header", out.config.hopper ? "#include \"flex_backward_sm90.cuh\"\n" : ""),
+      fmt::arg("main_fn", out.config.hopper ? "flex_backward_main_sm90" : "flex_backward_main"),
+      fmt::arg("smem_check", out.config.hopper ? fmt::format("static_assert(flex_bwd_sm90::Smem<FlexBwdTraits>::kAllocBytes == {}, "
+                                                              "\"host and template disagree on the backward's shared memory\");\n",
+                                                              out.config.shared_bytes())
+                                               : std::string()));
   const VariantOptions& vo = options.variant;
-  ks.key_text = fmt::format("kind=backward\ndtype={}\nconfig={}\ndeterministic={}\nint32={}\nchecked_loads={:x}\nerror_flags={}\nfast_tanh={}\n",
-                            dsl::dtype_name(options.dtype), out.config.str(), options.deterministic, vo.int32, vo.checked_loads,
-                            vo.error_flags, vo.fast_tanh);
+  ks.key_text = fmt::format(
+      "kind=backward\ndtype={}\nconfig={}\ndeterministic={}\ndq={}\nint32={}\nchecked_loads={:x}\nerror_flags={}\nfast_tanh={}\n",
+      dsl::dtype_name(options.dtype), out.config.str(), options.deterministic, qm ? "query_major" : "atomic", vo.int32, vo.checked_loads,
+      vo.error_flags, vo.fast_tanh);
   return out;
 }
 

@@ -1,5 +1,5 @@
 // Assembles the backward kernel module of a spec: the gradient variant spliced into
-// kernels_templates/flex_backward.cuh with the extern "C" entry points the runtime launches.
+// kernels_templates/flex_backward.cuh (and flex_backward_qmajor.cuh) with the extern "C" entry points the runtime launches.
 #pragma once
 #include <string>
 #include <vector>
@@ -14,6 +14,7 @@ inline constexpr const char* kBwdMainEntry = "flexjit_bwd_main";
 inline constexpr const char* kBwdDqEntry = "flexjit_bwd_dq";
 inline constexpr const char* kBwdConvertEntry = "flexjit_bwd_convert";
 inline constexpr const char* kBwdTileStateEntry = "flexjit_bwd_tile_state";
+inline constexpr const char* kBwdQMajorEntry = "flexjit_bwd_qmajor";
 
 // Host mirror of FlexBackwardTraits (flex_backward.cuh).
 struct BackwardConfig {
@@ -22,25 +23,50 @@ struct BackwardConfig {
   int block_n;  // KV rows per CTA
   int warps;
   int stages;   // Q / dO buffers
+  // The Hopper main kernel (flex_backward_sm90.cuh: wgmma, two warpgroups) instead of the mma.sync one; same
+  // tiles, grid and schedule.
+  bool hopper = false;
   std::string str() const;
   int threads() const { return warps * 32; }
+  // Dynamic shared memory of the main kernel (the generated source static_asserts it against the template's).
   int shared_bytes() const;
 };
 
-// Throws flexjit::Error for an unsupported head dim.
-BackwardConfig backward_config(int head_dim);
+// Throws flexjit::Error for an unsupported head dim. `arch` "sm_90a" selects the Hopper main kernel for head
+// dims up to 128; empty or anything else the portable one.
+BackwardConfig backward_config(int head_dim, const std::string& arch = "");
+
+// Host mirror of FlexBackwardQTraits (flex_backward_qmajor.cuh): the query-major pass, with the forward's
+// 128 x 64 tiles and 8 warps of 16 query rows.
+struct QueryMajorConfig {
+  int head_dim = 0;
+  int block_m = 128;  // query rows per CTA
+  int block_n = 64;   // KV rows per tile
+  int warps = 8;
+  int stages = 2;     // K / V buffers
+  int threads() const { return warps * 32; }
+  int shared_bytes() const { return (2 * block_m + 2 * stages * block_n) * (head_dim + 8) * 2; }
+};
+
+// Throws flexjit::Error for a head dim the query-major pass does not support.
+QueryMajorConfig query_major_config(int head_dim);
 
 struct BackwardKernelOptions {
   dsl::DType dtype = dsl::DType::BF16;
   int head_dim = 128;
   bool deterministic = false;  // 64-bit fixed-point accumulation of dQ and buffer gradients
+  // dq by the query-major pass (flexjit_bwd_qmajor, no atomics; it also takes the row-owned scatters) instead of
+  // the KV-major kernel's atomics and flexjit_bwd_dq.
+  bool query_major = false;
+  std::string arch;  // the NVRTC target: "sm_90a" selects the Hopper main kernel (see backward_config)
   VariantOptions variant;
 };
 
 struct BackwardKernelSource {
   KernelSource module;          // source, name, entries, key_text (module.variant holds the layout and loads)
   BackwardConfig config;
-  GeneratedGradVariant grad;
+  QueryMajorConfig qconfig;     // meaningful when query_major
+  GeneratedGradVariant grad;    // the KV-major kernel's variant (scatter classes for this module)
 };
 
 // `ranges` must come from analyze_ranges(backward_roots(grad), ...) with forward domains.

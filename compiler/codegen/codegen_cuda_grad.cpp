@@ -2,7 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <functional>
+
 #include "compiler/passes/dependence.h"
+#include "compiler/passes/staging.h"
 
 namespace flexjit {
 
@@ -30,6 +33,14 @@ bool is_one(const Expr& e) {
   return f && f->value == 1.f;
 }
 
+// Whether a scatter's target is computed from the score (t[int(score)]).
+bool uses_score(const GradScatter& s) {
+  DependenceInfo deps(s.indices);
+  for (const Expr& i : s.indices)
+    if (deps.of(i).uses(dsl::VarId::Score)) return true;
+  return false;
+}
+
 }  // namespace
 
 const char* scatter_class_name(ScatterClass c) {
@@ -39,11 +50,15 @@ const char* scatter_class_name(ScatterClass c) {
     case ScatterClass::KvOnly: return "kv-only";
     case ScatterClass::Diagonal: return "diagonal";
     case ScatterClass::General: return "general";
+    case ScatterClass::RowCol: return "row-col";
+    case ScatterClass::RowTile: return "row-tile";
   }
   return "?";
 }
 
 ScatterClass classify_scatter(const GradScatter& s) {
+  // An index computed from the score (t[int(score)]) moves with every element: nothing to reduce.
+  if (uses_score(s)) return ScatterClass::General;
   DependenceInfo deps(s.indices);
   bool uses_q = false, uses_kv = false, diagonal = true;
   for (const Expr& i : s.indices) {
@@ -55,7 +70,42 @@ ScatterClass classify_scatter(const GradScatter& s) {
   if (!uses_q && !uses_kv) return ScatterClass::Uniform;
   if (!uses_kv) return ScatterClass::QOnly;
   if (!uses_q) return ScatterClass::KvOnly;
-  return diagonal ? ScatterClass::Diagonal : ScatterClass::General;
+  if (diagonal) return ScatterClass::Diagonal;
+  // The forward's staging rewrite (kv = k0 + j, exact for kv // c and kv % c on aligned tiles) says per index
+  // whether it is constant along a row's tiles (Col: only j) or across a tile's columns (Tile: only k0).
+  StagingOptions so;
+  so.tile_size = kQueryMajorTile;
+  so.hoist = false;
+  bool col = false, tile = false;
+  for (const Expr& i : s.indices) {
+    StagedMods st = stage_mods(i, Expr(), so);
+    switch (st.stage_of(st.score_mod)) {
+      case Stage::Row: break;
+      case Stage::Col: col = true; break;
+      case Stage::Tile: tile = true; break;
+      case Stage::Element: return ScatterClass::General;
+    }
+  }
+  if (col == tile) return ScatterClass::General;  // both: the target changes with every element of a row
+  return col ? ScatterClass::RowCol : ScatterClass::RowTile;
+}
+
+bool row_owned(ScatterClass c) { return c == ScatterClass::QOnly || c == ScatterClass::RowCol || c == ScatterClass::RowTile; }
+
+int kv_major_scatter_class(ScatterClass c, bool query_major_pass) {
+  constexpr int kQMajor = 5;  // flex_bwd::kScatterQMajor
+  if (query_major_pass && row_owned(c)) return kQMajor;
+  if (c == ScatterClass::RowCol || c == ScatterClass::RowTile) return static_cast<int>(ScatterClass::General);
+  return static_cast<int>(c);
+}
+
+int query_major_scatter_class(ScatterClass c) {
+  switch (c) {
+    case ScatterClass::QOnly: return 1;    // flex_bwdq::kRowSum
+    case ScatterClass::RowCol: return 2;   // kRowCol
+    case ScatterClass::RowTile: return 3;  // kRowTile
+    default: return 0;                     // kRowNone
+  }
 }
 
 std::vector<Expr> backward_roots(const ScoreModGradient& grad) {
@@ -70,16 +120,58 @@ std::vector<Expr> backward_roots(const ScoreModGradient& grad) {
   return roots;
 }
 
+namespace {
+
+constexpr const char* kAttrs = "  __device__ static __forceinline__";
+
+// The variables a gradient function's body may name: kv prints as `(k0 + j)` in unstaged code.
+std::string prologue(bool with_score) {
+  return fmt::format("    const int k0 = kv;\n    const int j = 0;\n    (void)p; (void)b; (void)h; (void)hkv; (void)q; (void)k0; (void)j;{}\n",
+                     with_score ? " (void)score;" : "");
+}
+
+// One `template <int I>` function with an `if constexpr (I == i)` branch per scatter: the statements printing
+// `roots(scatter)`, then `branch(scatter, names of the printed roots)`; `tail` ends the function. A scatter
+// whose `roots` are empty gets no branch.
+std::string scatter_function(const SpecIR& ir, const ScoreModGradient& grad, const RangeInfo& ranges, const VariantOptions& vo,
+                             const std::vector<ScatterClass>& classes, const std::string& signature, bool with_score,
+                             const std::function<std::vector<Expr>(const GradScatter&)>& roots,
+                             const std::function<std::string(const GradScatter&, const std::vector<std::string>&)>& branch,
+                             const std::string& tail) {
+  std::string code = fmt::format("  template <int I>\n{} {} {{\n{}", kAttrs, signature, prologue(with_score));
+  for (size_t i = 0; i < grad.scatters.size(); ++i) {
+    const GradScatter& s = grad.scatters[i];
+    const std::vector<Expr> r = roots(s);
+    if (r.empty()) continue;
+    EmittedExpressions e = emit_cuda_expressions(ir, ranges, vo, r, 6);
+    code += fmt::format("    if constexpr (I == {}) {{  // {}[...] ({})\n{}{}    }}\n", i, ir.spec().buffers.at(s.buffer).name,
+                        scatter_class_name(classes[i]), e.body, branch(s, e.values));
+  }
+  return code + tail + "  }\n";
+}
+
+// The forward load's index rule ([-n, -1] wraps, anything else clamps), row-major offset of the printed indices.
+std::string offset_text(const SpecIR& ir, const GradScatter& s, const std::vector<std::string>& index) {
+  const std::string f = buffer_field(ir.spec().buffers.at(s.buffer));
+  std::string off = "0ll";
+  for (size_t dim = 0; dim < s.indices.size(); ++dim)
+    off = fmt::format("({}) * p.{}_n{} + fj::checked_index((long long){}, p.{}_n{}, nullptr, 0u)", off, f, dim, index[dim], f, dim);
+  return off;
+}
+
+}  // namespace
+
 GeneratedGradVariant generate_cuda_grad_variant(const SpecIR& ir_in, const ScoreModGradient& grad, const RangeInfo& ranges,
-                                                const VariantOptions& options, const std::string& struct_name) {
-  // The forward part, unhoisted (the KV-major loop has no fixed row to hoist for) and with tile size 1,
-  // so the kernel calls it with k0 = kv and j = 0 and the staging rewrite stays exact.
+                                                const VariantOptions& options, const std::string& struct_name,
+                                                const GradVariantOptions& grad_options) {
+  // The forward part: unhoisted with tile size 1 for the KV-major kernel (called with k0 = kv and j = 0, so the
+  // staging rewrite stays exact), or hoisted with the forward's tiles for the query-major kernel.
   SpecIR ir = ir_in;
   ir.score_mod = grad.score_mod;
   ir.mask_mod = grad.mask_mod;
   VariantOptions vo = options;
-  vo.hoist = false;
-  vo.tile_size = 1;
+  vo.hoist = grad_options.hoisted;
+  vo.tile_size = grad_options.hoisted ? kQueryMajorTile : 1;
   GeneratedVariant fwd = generate_cuda_variant(ir, ranges, vo, struct_name);
   GeneratedGradVariant out;
   out.layout = fwd.layout;
@@ -89,46 +181,61 @@ GeneratedGradVariant generate_cuda_grad_variant(const SpecIR& ir_in, const Score
   std::string code = fwd.code;
   const std::string close = "};\n";
   code.resize(code.size() - close.size());  // reopen the struct
-  const char* attrs = "  __device__ static __forceinline__";
-  const std::string prologue = "    const int k0 = kv;\n    const int j = 0;\n    (void)p; (void)b; (void)h; (void)hkv; (void)q; (void)k0; (void)j; (void)score;\n";
 
-  code += fmt::format("  // Backward: dS_pre = dS * d_score; scatter I adds dS * coef into gradient element `off`.\n");
+  code += "  // Backward: dS_pre = dS * d_score; scatter I adds dS * coef into gradient element `off`.\n";
   code += fmt::format("  static constexpr bool kDScoreIsOne = {};\n", out.d_score_is_one ? "true" : "false");
   code += fmt::format("  static constexpr int kNumScatters = {};\n", grad.scatters.size());
-  std::vector<std::string> classes;
+  std::vector<std::string> kv_classes, row_classes;
   for (const GradScatter& s : grad.scatters) {
+    const ScatterClass c = classify_scatter(s);
     out.scatter_buffers.push_back(s.buffer);
-    out.scatter_classes.push_back(classify_scatter(s));
-    classes.push_back(fmt::format("{} /* {} */", static_cast<int>(out.scatter_classes.back()), scatter_class_name(out.scatter_classes.back())));
+    out.scatter_classes.push_back(c);
+    kv_classes.push_back(fmt::format("{} /* {} */", kv_major_scatter_class(c, grad_options.query_major_pass), scatter_class_name(c)));
+    row_classes.push_back(fmt::format("{}", grad_options.query_major_pass ? query_major_scatter_class(c) : 0));
   }
-  if (classes.empty()) classes.push_back("0");
-  code += fmt::format("  static constexpr int kScatterClass[{}] = {{{}}};\n", grad.scatters.empty() ? 1 : grad.scatters.size(),
-                      fmt::join(classes, ", "));
+  if (kv_classes.empty()) {  // a zero-length array is not C++
+    kv_classes.push_back("0");
+    row_classes.push_back("0");
+  }
+  const size_t n = kv_classes.size();
+  code += fmt::format("  // KV-major kernel's class per scatter (5: computed by the query-major pass instead).\n"
+                      "  static constexpr int kScatterClass[{}] = {{{}}};\n",
+                      n, fmt::join(kv_classes, ", "));
+  code += fmt::format("  // Query-major pass's class per scatter (0 none, 1 row sum, 2 row-col, 3 row-tile).\n"
+                      "  static constexpr int kScatterRowClass[{}] = {{{}}};\n",
+                      n, fmt::join(row_classes, ", "));
 
   EmittedExpressions d = emit_cuda_expressions(ir, ranges, vo, {grad.d_score}, 4);
   code += fmt::format("{} float d_score(const Params& p, int b, int h, int hkv, int q, int kv, float score) {{\n{}{}    return {};\n  }}\n",
-                      attrs, prologue, d.body, d.values[0]);
+                      kAttrs, prologue(true), d.body, d.values[0]);
 
-  code += fmt::format("  template <int I>\n{} void scatter(const Params& p, int b, int h, int hkv, int q, int kv, float score, long long& off, "
-                      "float& coef) {{\n{}",
-                      attrs, prologue);
-  for (size_t i = 0; i < grad.scatters.size(); ++i) {
-    const GradScatter& s = grad.scatters[i];
-    std::vector<Expr> roots = s.indices;
-    roots.push_back(s.coefficient);
-    EmittedExpressions e = emit_cuda_expressions(ir, ranges, vo, roots, 6);
-    const dsl::BufferDecl& decl = ir.spec().buffers.at(s.buffer);
-    std::string f = buffer_field(decl);
-    // The forward load's index rule: [-n, -1] wraps, anything else clamps; row-major offset.
-    std::string off = "0ll";
-    for (size_t dim = 0; dim < s.indices.size(); ++dim)
-      off = fmt::format("({}) * p.{}_n{} + fj::checked_index((long long){}, p.{}_n{}, nullptr, 0u)", off, f, dim, e.values[dim], f, dim);
-    code += fmt::format("    {}if constexpr (I == {}) {{  // {}[...] ({})\n{}      off = {};\n      coef = {};\n    }}\n", i ? "else " : "", i,
-                        decl.name, scatter_class_name(out.scatter_classes[i]), e.body, off, e.values.back());
-  }
-  if (grad.scatters.empty()) code += "    off = 0;\n    coef = 0.f;\n";
-  code += "  }\n};\n";
-  out.code = code;
+  const std::string args = "const Params& p, int b, int h, int hkv, int q, int kv";
+  auto indices_and_coef = [](const GradScatter& s) {
+    std::vector<Expr> r = s.indices;
+    r.push_back(s.coefficient);
+    return r;
+  };
+  // Only row-owned targets are asked for their offset alone, and those never depend on the score (which this
+  // function does not take).
+  auto indices = [](const GradScatter& s) { return uses_score(s) ? std::vector<Expr>{} : s.indices; };
+  auto coef = [](const GradScatter& s) { return std::vector<Expr>{s.coefficient}; };
+  const bool none = grad.scatters.empty();
+  code += scatter_function(
+      ir, grad, ranges, vo, out.scatter_classes, fmt::format("void scatter({}, float score, long long& off, float& coef)", args), true,
+      indices_and_coef,
+      [&](const GradScatter& s, const std::vector<std::string>& v) {
+        return fmt::format("      off = {};\n      coef = {};\n", offset_text(ir, s, v), v.back());
+      },
+      none ? "    off = 0;\n    coef = 0.f;\n" : "");
+  // The query-major pass: the coefficient per element, the target once per row / column / tile.
+  code += scatter_function(
+      ir, grad, ranges, vo, out.scatter_classes, fmt::format("float scatter_coef({}, float score)", args), true, coef,
+      [](const GradScatter&, const std::vector<std::string>& v) { return fmt::format("      return {};\n", v[0]); }, "    return 0.f;\n");
+  code += scatter_function(
+      ir, grad, ranges, vo, out.scatter_classes, fmt::format("long long scatter_offset({})", args), false, indices,
+      [&](const GradScatter& s, const std::vector<std::string>& v) { return fmt::format("      return {};\n", offset_text(ir, s, v)); },
+      "    return 0;\n");
+  out.code = code + "};\n";
   return out;
 }
 

@@ -1,5 +1,5 @@
-// CodeGenCUDA for the backward pass: the unhoisted variant (score_mod, mask_mod) plus d_score and one
-// scatter function per GradScatter of docs/AUTODIFF.md, with each scatter's reduction class.
+// CodeGenCUDA for the backward pass: the variant (score_mod, mask_mod) plus d_score and the scatter functions
+// of each GradScatter of docs/AUTODIFF.md, with each scatter's reduction class for the kernel that computes it.
 #pragma once
 #include <string>
 #include <vector>
@@ -9,14 +9,46 @@
 
 namespace flexjit {
 
-// How a scatter's target index varies inside a backward tile (flex_backward.cuh's kScatter* values):
-// the kernel reduces over the elements that share a target before its atomics.
-enum class ScatterClass { Uniform = 0, QOnly = 1, KvOnly = 2, Diagonal = 3, General = 4 };
+// The KV tile of the query-major pass (FlexBackwardQTraits::kBlockN, the forward's kBlockN): the row-owned
+// classes below are decided for tiles of this width.
+inline constexpr int kQueryMajorTile = 64;
+
+// How a scatter's target index varies over the score elements; the kernels reduce over the elements that share
+// a target before their atomics. The first five are the KV-major kernel's (flex_backward.cuh's kScatter* values);
+// RowCol and RowTile are row-owned targets that only a query-major CTA can keep in registers (the KV-major kernel
+// treats them as General).
+enum class ScatterClass {
+  Uniform = 0,   // neither q nor kv (ALiBi slope[h])
+  QOnly = 1,     // q, not kv (bias[offset[q]]): row-owned as well
+  KvOnly = 2,    // kv, not q
+  Diagonal = 3,  // q and kv only through `q - kv` (relative bias)
+  General = 4,   // anything else
+  RowCol = 5,    // q, and kv only through kv % c with c dividing kQueryMajorTile (SAM rel_w[b, h, q, kv % 64])
+  RowTile = 6,   // q, and kv only through kv // c with c a multiple of kQueryMajorTile (SAM rel_h[b, h, q, kv // 64])
+};
 const char* scatter_class_name(ScatterClass c);
 
-// Classifies one scatter from the variables its indices use: neither q nor kv (ALiBi slope[h]), q only
-// (bias[offset[q]]), kv only, q and kv only through `q - kv` (relative bias), or anything else.
+// Classifies one scatter from the variables its indices use (DependenceInfo) and, for targets that depend on both
+// q and kv, from the stage the tile rewrite of compiler/passes/staging.h gives each index with kQueryMajorTile-wide
+// tiles (Col: kv only through the column j; Tile: only through the tile start k0). Anything not provably one of
+// the reduced classes is General.
 ScatterClass classify_scatter(const GradScatter& s);
+
+// Whether a query-major CTA owns the scatter's targets per row: QOnly, RowCol, RowTile.
+bool row_owned(ScatterClass c);
+
+// The class value the KV-major kernel is given (kScatterClass): RowCol / RowTile are General there, and with a
+// query-major pass every row-owned class is kScatterQMajor (5, skipped).
+int kv_major_scatter_class(ScatterClass c, bool query_major_pass);
+// The query-major kernel's class (kScatterRowClass: 0 none, 1 row sum, 2 row-col, 3 row-tile).
+int query_major_scatter_class(ScatterClass c);
+
+// Which backward kernel a generated struct serves.
+struct GradVariantOptions {
+  bool query_major_pass = false;  // the launch runs the query-major pass: row-owned scatters are routed to it
+  bool hoisted = false;           // for the query-major kernel: Row / Col / Tile hoisting with kQueryMajorTile-wide
+                                  // tiles, as the forward; else unhoisted (the KV-major loop has no fixed row)
+};
 
 struct GeneratedGradVariant {
   std::string code;                   // `struct <name> { ... };`
@@ -33,6 +65,7 @@ std::vector<ir::Expr> backward_roots(const ScoreModGradient& grad);
 
 // `ranges` must come from analyze_ranges(backward_roots(grad), ...).
 GeneratedGradVariant generate_cuda_grad_variant(const SpecIR& ir, const ScoreModGradient& grad, const RangeInfo& ranges,
-                                                const VariantOptions& options, const std::string& struct_name = "FlexGradVariant");
+                                                const VariantOptions& options, const std::string& struct_name = "FlexGradVariant",
+                                                const GradVariantOptions& grad_options = {});
 
 }  // namespace flexjit

@@ -26,6 +26,7 @@ struct flexjit_args {
   void *dq = nullptr, *dk = nullptr, *dv = nullptr;
   std::vector<std::pair<std::string, float*>> grads;
   bool deterministic = false;
+  flexjit::BackwardDqMode dq_mode = flexjit::BackwardDqMode::Auto;
   // Ragged prefill.
   flexjit::Tensor cu_seqlens_q, cu_seqlens_kv;
   int max_seqlen_q = 0, max_seqlen_kv = 0;
@@ -117,6 +118,7 @@ flexjit::BackwardArgs backward_args(const flexjit_args& a) {
     b.grads.emplace_back(name, flexjit::Tensor{grad, flexjit::DType::F32, buffer->shape, {}});
   }
   b.deterministic = a.deterministic;
+  b.dq_mode = a.dq_mode;
   b.stream = f.stream;
   b.device = f.device;
   return b;
@@ -245,6 +247,16 @@ flexjit_status flexjit_args_set_deterministic(flexjit_args* a, int deterministic
   if (!a) return invalid("flexjit_args_set_deterministic: NULL args");
   a->deterministic = deterministic != 0;
   return FLEXJIT_OK;
+}
+
+flexjit_status flexjit_args_set_backward_dq(flexjit_args* a, flexjit_bwd_dq mode) {
+  if (!a) return invalid("flexjit_args_set_backward_dq: NULL args");
+  switch (mode) {
+    case FLEXJIT_BWD_DQ_AUTO: a->dq_mode = flexjit::BackwardDqMode::Auto; return FLEXJIT_OK;
+    case FLEXJIT_BWD_DQ_ATOMIC: a->dq_mode = flexjit::BackwardDqMode::Atomic; return FLEXJIT_OK;
+    case FLEXJIT_BWD_DQ_QUERY_MAJOR: a->dq_mode = flexjit::BackwardDqMode::QueryMajor; return FLEXJIT_OK;
+  }
+  return invalid("flexjit_args_set_backward_dq: mode must be FLEXJIT_BWD_DQ_AUTO, _ATOMIC or _QUERY_MAJOR");
 }
 
 flexjit_status flexjit_backward(flexjit_kernel* k, const flexjit_args* a) {

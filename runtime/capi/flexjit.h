@@ -76,6 +76,10 @@ flexjit_status flexjit_args_set_backward(flexjit_args* a, const void* d_o, void*
 flexjit_status flexjit_args_set_grad(flexjit_args* a, const char* name, float* grad);
 /* Nonzero: fixed summation order and no float atomics (bitwise reproducible, slower). */
 flexjit_status flexjit_args_set_deterministic(flexjit_args* a, int deterministic);
+/* How the backward computes dq (flexjit::BackwardDqMode; FLEXJIT_BWD_DQ=atomic|qmajor|auto overrides it):
+ * AUTO picks the query-major pass for specs with row-owned buffer gradients (SAM), else ATOMIC. */
+typedef enum { FLEXJIT_BWD_DQ_AUTO = 0, FLEXJIT_BWD_DQ_ATOMIC = 1, FLEXJIT_BWD_DQ_QUERY_MAJOR = 2 } flexjit_bwd_dq;
+flexjit_status flexjit_args_set_backward_dq(flexjit_args* a, flexjit_bwd_dq mode);
 flexjit_status flexjit_backward(flexjit_kernel* k, const flexjit_args* a);
 
 /* Ragged prefill: q/o [total_q, H, D], k/v [total_kv, Hkv, D] (contiguous), sequence b owning

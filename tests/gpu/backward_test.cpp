@@ -1,6 +1,7 @@
 // GPU backward tests (label gpu): forward then backward through Runtime::compile + Kernel::backward, every
 // gradient (dq, dk, dv and the marked buffers') compared element by element with the float64 reference
-// backward, outputs poisoned with NaN first.
+// backward, outputs poisoned with NaN first. Every case runs with both dQ strategies (atomics in the KV-major
+// kernel, and the query-major pass that also takes the row-owned buffer gradients).
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
@@ -17,10 +18,15 @@ namespace {
 
 std::filesystem::path backward_data(const char* name) { return source_dir() / "tests" / "data" / "backward" / name; }
 
+const std::vector<BackwardDqMode> kDqModes = {BackwardDqMode::Atomic, BackwardDqMode::QueryMajor};
+const char* dq_mode_name(BackwardDqMode m) {
+  return m == BackwardDqMode::Atomic ? "dq atomic" : m == BackwardDqMode::QueryMajor ? "dq query-major" : "dq auto";
+}
+
 struct BwdCase {
   int64_t B = 1, H = 2, Hkv = 2, Sq = 200, Skv = 260;
   dsl::DType dtype = dsl::DType::BF16;
-  std::vector<std::pair<std::string, double>> params;
+  std::vector<std::pair<std::string, double>> params = {};  // initialised: designated initialisers may leave it out
   unsigned seed = 7;
   int64_t int_hi = 8;
 };
@@ -94,7 +100,7 @@ std::vector<std::pair<std::string, Tensor>> buffer_args(const Problem& pr) {
 
 // Backward only, with the given o (device, dtype of q) and lse (device f32).
 GpuGrads run_backward(Kernel& kernel, const Problem& pr, const Tensor& o, const Tensor& lse, bool deterministic, const Tensor& k, const Tensor& v,
-                      int64_t Skv) {
+                      int64_t Skv, BackwardDqMode dq_mode) {
   const BwdCase& c = pr.c;
   std::vector<uint16_t> zq(size_t(c.B * c.H * c.Sq * pr.D)), zk(size_t(c.B * c.Hkv * Skv * pr.D));
   DeviceTensor4 gq = upload4(0, zq, c.dtype, c.B, c.H, c.Sq, pr.D, false);
@@ -117,6 +123,7 @@ GpuGrads run_backward(Kernel& kernel, const Problem& pr, const Tensor& o, const 
   a.params = c.params;
   a.buffers = buffer_args(pr);
   a.deterministic = deterministic;
+  a.dq_mode = dq_mode;
   std::vector<int> marked;
   for (size_t i = 0; i < pr.spec.buffers.size(); ++i) {
     if (!pr.spec.buffers[i].requires_grad) continue;
@@ -179,36 +186,61 @@ void expect_match(const char* what, const std::vector<float>& got, const std::ve
 }
 
 struct CheckedRun {
-  GpuGrads gpu;
+  std::vector<BackwardDqMode> modes;
+  std::vector<GpuGrads> gpu;  // per mode
   RefBackward ref;
 };
 
-// Forward, backward and the float64 reference backward (with the forward's own o and lse).
-CheckedRun check_case(const dsl::Spec& spec, const BwdCase& c, bool deterministic = false, double bound = 2e-2) {
+// Forward, the float64 reference backward (with the forward's own o and lse), and the backward with each dQ
+// strategy in `modes`, each compared with the reference.
+CheckedRun check_case(const dsl::Spec& spec, const BwdCase& c, bool deterministic = false, double bound = 2e-2,
+                      const std::vector<BackwardDqMode>& modes = kDqModes) {
   Problem pr = make_problem(spec, c);
   Runtime rt;
   auto kernel = rt.compile(pr.spec);
   FwdOut f = run_forward(*kernel, pr, pr.dk_in.tensor, pr.dv_in.tensor, c.Skv);
   Tensor lse{f.lse.data(), dsl::DType::F32, {c.B, c.H, c.Sq}, {}};
-  GpuGrads g = run_backward(*kernel, pr, f.o.tensor, lse, deterministic, pr.dk_in.tensor, pr.dv_in.tensor, c.Skv);
   SpecIR ir = build_spec_ir(pr.spec);
   EvalEnv env = make_env(ir, pr);
   std::vector<double> lse_d(f.lse_host.begin(), f.lse_host.end());
   RefBackward ref = reference_backward(ir, RefShape{c.B, c.H, c.Hkv, c.Sq, c.Skv, pr.D, pr.D}, pr.q, pr.k, pr.v, pr.d_o, to_double(f.o_host),
                                        lse_d, env, 1.0 / std::sqrt(double(pr.D)));
-  std::printf("%s D%lld %s B%lld H%lld/%lld Sq%lld Skv%lld%s\n", spec.name.c_str(), (long long)pr.D, dsl::dtype_name(c.dtype),
-              (long long)c.B, (long long)c.H, (long long)c.Hkv, (long long)c.Sq, (long long)c.Skv, deterministic ? " deterministic" : "");
-  INFO(spec.name << " D" << pr.D << " " << dsl::dtype_name(c.dtype) << " B" << c.B << " H" << c.H << "/" << c.Hkv << " Sq" << c.Sq << " Skv"
-                 << c.Skv << (deterministic ? " deterministic" : ""));
-  expect_match("dq", g.dq, ref.dq, bound);
-  expect_match("dk", g.dk, ref.dk, bound);
-  expect_match("dv", g.dv, ref.dv, bound);
-  for (size_t i = 0; i < pr.spec.buffers.size(); ++i) {
-    if (!pr.spec.buffers[i].requires_grad) continue;
-    INFO("gradient of " << pr.spec.buffers[i].name);
-    expect_match("grad", g.grads[i], ref.grads[i], bound);
+  CheckedRun run{modes, {}, std::move(ref)};
+  for (BackwardDqMode mode : modes) {
+    GpuGrads g = run_backward(*kernel, pr, f.o.tensor, lse, deterministic, pr.dk_in.tensor, pr.dv_in.tensor, c.Skv, mode);
+    std::printf("%s D%lld %s B%lld H%lld/%lld Sq%lld Skv%lld%s, %s\n", spec.name.c_str(), (long long)pr.D, dsl::dtype_name(c.dtype),
+                (long long)c.B, (long long)c.H, (long long)c.Hkv, (long long)c.Sq, (long long)c.Skv, deterministic ? " deterministic" : "",
+                dq_mode_name(mode));
+    INFO(spec.name << " D" << pr.D << " " << dsl::dtype_name(c.dtype) << " B" << c.B << " H" << c.H << "/" << c.Hkv << " Sq" << c.Sq << " Skv"
+                   << c.Skv << (deterministic ? " deterministic" : "") << ", " << dq_mode_name(mode));
+    expect_match("dq", g.dq, run.ref.dq, bound);
+    expect_match("dk", g.dk, run.ref.dk, bound);
+    expect_match("dv", g.dv, run.ref.dv, bound);
+    for (size_t i = 0; i < pr.spec.buffers.size(); ++i) {
+      if (!pr.spec.buffers[i].requires_grad) continue;
+      INFO("gradient of " << pr.spec.buffers[i].name);
+      expect_match(("grad " + pr.spec.buffers[i].name).c_str(), g.grads[i], run.ref.grads[i], bound);
+    }
+    run.gpu.push_back(std::move(g));
   }
-  return CheckedRun{std::move(g), std::move(ref)};
+  return run;
+}
+
+bool bitwise_equal(const std::vector<float>& x, const std::vector<float>& y) {
+  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
+}
+
+// Two runs of the same case agree bit for bit in every gradient, per dQ strategy.
+void expect_same_bits(const CheckedRun& a, const CheckedRun& b) {
+  REQUIRE(a.modes == b.modes);
+  for (size_t m = 0; m < a.modes.size(); ++m) {
+    INFO(dq_mode_name(a.modes[m]));
+    const GpuGrads &x = a.gpu[m], &y = b.gpu[m];
+    CHECK(bitwise_equal(x.dq, y.dq));
+    CHECK(bitwise_equal(x.dk, y.dk));
+    CHECK(bitwise_equal(x.dv, y.dv));
+    for (size_t i = 0; i < x.grads.size(); ++i) CHECK(bitwise_equal(x.grads[i], y.grads[i]));
+  }
 }
 
 dsl::Spec inline_spec(const std::string& name, std::optional<std::string> score, std::optional<std::string> mask, int d,
@@ -259,6 +291,27 @@ TEST_CASE("backward: learnable buffers (bias, slopes, kv bias, offset bias, SAM)
   check_case(load_spec(backward_data("sam_learnable.json")), sam);
 }
 
+TEST_CASE("backward: SAM rel_h / rel_w by the query-major pass (GQA, odd lengths, masks, routing)", "[gpu][backward]") {
+  FLEXJIT_REQUIRE_GPU();
+  const std::string sam_mod = "score + rel_h[b, h, q, kv // 64] + rel_w[b, h, q, kv % 64]";
+  const std::vector<std::string> rel = {"rel_h: bf16[B, H, Sq, 64]", "rel_w: bf16[B, H, Sq, 64]"};
+  check_case(load_spec(backward_data("sam_learnable.json")), BwdCase{.B = 2, .H = 4, .Hkv = 2, .Sq = 200, .Skv = 330});
+  // Partial and full tiles of the forward's lists, and fully masked rows (q % 5 == 1: dq = 0, no gradient).
+  const BwdCase m{.Sq = 300, .Skv = 300};
+  check_case(inline_spec("sam_causal", sam_mod, std::string("kv <= q && q % 5 != 1"), 64, rel, {"rel_h", "rel_w"}), m);
+  // Routing: the slope (uniform) stays in the KV-major kernel while rel_h / rel_w go to the pass.
+  std::vector<std::string> mixed_bufs = rel;
+  mixed_bufs.push_back("slope: f32[H]");
+  check_case(inline_spec("sam_slope", sam_mod + " + slope[h] * (kv - q)", std::nullopt, 64, mixed_bufs, {"rel_h", "rel_w", "slope"}), m);
+  // Auto takes the query-major pass for SAM; it has no float atomic with two contributions (each rel_h element
+  // gets one row sum, each rel_w element one column sum, dq is stored), so Auto and QueryMajor agree bitwise.
+  CheckedRun r = check_case(load_spec(backward_data("sam_learnable.json")), BwdCase{.Sq = 256, .Skv = 256}, false, 2e-2,
+                            {BackwardDqMode::Auto, BackwardDqMode::QueryMajor});
+  CHECK(bitwise_equal(r.gpu[0].dq, r.gpu[1].dq));
+  CHECK(bitwise_equal(r.gpu[0].grads[0], r.gpu[1].grads[0]));
+  CHECK(bitwise_equal(r.gpu[0].grads[1], r.gpu[1].grads[1]));
+}
+
 TEST_CASE("backward: document mask, fully masked rows, GQA 4:1", "[gpu][backward]") {
   FLEXJIT_REQUIRE_GPU();
   BwdCase c;
@@ -268,11 +321,13 @@ TEST_CASE("backward: document mask, fully masked rows, GQA 4:1", "[gpu][backward
   // Rows q % 7 == 3 see nothing: LSE -inf, dq must be 0 there (and no NaN anywhere).
   dsl::Spec holes = inline_spec("holes", std::nullopt, std::string("q % 7 != 3 && kv <= q"), 64);
   CheckedRun r = check_case(holes, c);
-  bool zero_rows = true;
-  for (int64_t h = 0; h < c.H; ++h)
-    for (int64_t q = 3; q < c.Sq; q += 7)
-      for (int64_t d = 0; d < 64; ++d) zero_rows = zero_rows && r.gpu.dq[size_t((h * c.Sq + q) * 64 + d)] == 0.f;
-  CHECK(zero_rows);
+  for (const GpuGrads& g : r.gpu) {
+    bool zero_rows = true;
+    for (int64_t h = 0; h < c.H; ++h)
+      for (int64_t q = 3; q < c.Sq; q += 7)
+        for (int64_t d = 0; d < 64; ++d) zero_rows = zero_rows && g.dq[size_t((h * c.Sq + q) * 64 + d)] == 0.f;
+    CHECK(zero_rows);
+  }
   BwdCase g;
   g.H = 8;
   g.Hkv = 2;
@@ -311,19 +366,13 @@ TEST_CASE("backward: deterministic mode is bitwise reproducible", "[gpu][backwar
   c.Sq = 500;
   c.Skv = 530;
   dsl::Spec spec = load_spec(backward_data("learnable_bias.json"));
-  CheckedRun a = check_case(spec, c, true);
-  CheckedRun b = check_case(spec, c, true);
-  auto same = [](const std::vector<float>& x, const std::vector<float>& y) {
-    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
-  };
-  CHECK(same(a.gpu.dq, b.gpu.dq));
-  CHECK(same(a.gpu.dk, b.gpu.dk));
-  CHECK(same(a.gpu.dv, b.gpu.dv));
-  CHECK(same(a.gpu.grads[0], b.gpu.grads[0]));
-  CheckedRun s = check_case(load_spec(backward_data("alibi_learnable.json")), c, true);
-  CheckedRun s2 = check_case(load_spec(backward_data("alibi_learnable.json")), c, true);
-  CHECK(same(s.gpu.grads[0], s2.gpu.grads[0]));
-  CHECK(same(s.gpu.dq, s2.gpu.dq));
+  expect_same_bits(check_case(spec, c, true), check_case(spec, c, true));
+  dsl::Spec alibi = load_spec(backward_data("alibi_learnable.json"));
+  expect_same_bits(check_case(alibi, c, true), check_case(alibi, c, true));
+  // The query-major pass's own scatters (SAM's rel_h per row and tile, rel_w per row and column), fixed point.
+  const BwdCase sc{.Sq = 300, .Skv = 300};
+  dsl::Spec sam = load_spec(backward_data("sam_learnable.json"));
+  expect_same_bits(check_case(sam, sc, true), check_case(sam, sc, true));
 }
 
 TEST_CASE("backward: LSE in - KV split in two chunks with a merged LSE", "[gpu][backward]") {
@@ -369,27 +418,30 @@ TEST_CASE("backward: LSE in - KV split in two chunks with a merged LSE", "[gpu][
   runtime::DeviceBuffer lm(0, rows * 4);
   lm.upload(lse.data(), rows * 4);
   Tensor lse_t{lm.data(), dsl::DType::F32, {c.B, c.H, c.Sq}, {}};
-  GpuGrads g1 = run_backward(*kernel, pr, om.tensor, lse_t, false, k1, v1, split);
-  GpuGrads g2 = run_backward(*kernel, pr, om.tensor, lse_t, false, k2, v2, c.Skv - split);
   SpecIR ir = build_spec_ir(pr.spec);
   RefBackward ref = reference_backward(ir, RefShape{c.B, c.H, c.Hkv, c.Sq, c.Skv, D, D}, pr.q, pr.k, pr.v, pr.d_o, o_ref, lse_ref,
                                        make_env(ir, pr), 1.0 / std::sqrt(double(D)));
-  std::vector<float> dq(g1.dq.size());
-  for (size_t i = 0; i < dq.size(); ++i) dq[i] = g1.dq[i] + g2.dq[i];
-  expect_match("dq (sum of chunks)", dq, ref.dq, 2e-2);
-  // dk / dv of each chunk against the matching rows of the unsplit reference.
-  auto rows_of = [&](const std::vector<double>& full, int64_t s0, int64_t n) {
-    std::vector<double> out;
-    for (int64_t b = 0; b < c.B; ++b)
-      for (int64_t h = 0; h < c.Hkv; ++h)
-        for (int64_t s = s0; s < s0 + n; ++s)
-          for (int64_t d = 0; d < D; ++d) out.push_back(full[size_t(((b * c.Hkv + h) * c.Skv + s) * D + d)]);
-    return out;
-  };
-  expect_match("dk chunk 1", g1.dk, rows_of(ref.dk, 0, split), 2e-2);
-  expect_match("dk chunk 2", g2.dk, rows_of(ref.dk, split, c.Skv - split), 2e-2);
-  expect_match("dv chunk 1", g1.dv, rows_of(ref.dv, 0, split), 2e-2);
-  expect_match("dv chunk 2", g2.dv, rows_of(ref.dv, split, c.Skv - split), 2e-2);
+  for (BackwardDqMode mode : kDqModes) {
+    INFO(dq_mode_name(mode));
+    GpuGrads g1 = run_backward(*kernel, pr, om.tensor, lse_t, false, k1, v1, split, mode);
+    GpuGrads g2 = run_backward(*kernel, pr, om.tensor, lse_t, false, k2, v2, c.Skv - split, mode);
+    std::vector<float> dq(g1.dq.size());
+    for (size_t i = 0; i < dq.size(); ++i) dq[i] = g1.dq[i] + g2.dq[i];
+    expect_match("dq (sum of chunks)", dq, ref.dq, 2e-2);
+    // dk / dv of each chunk against the matching rows of the unsplit reference.
+    auto rows_of = [&](const std::vector<double>& full, int64_t s0, int64_t n) {
+      std::vector<double> out;
+      for (int64_t b = 0; b < c.B; ++b)
+        for (int64_t h = 0; h < c.Hkv; ++h)
+          for (int64_t s = s0; s < s0 + n; ++s)
+            for (int64_t d = 0; d < D; ++d) out.push_back(full[size_t(((b * c.Hkv + h) * c.Skv + s) * D + d)]);
+      return out;
+    };
+    expect_match("dk chunk 1", g1.dk, rows_of(ref.dk, 0, split), 2e-2);
+    expect_match("dk chunk 2", g2.dk, rows_of(ref.dk, split, c.Skv - split), 2e-2);
+    expect_match("dv chunk 1", g1.dv, rows_of(ref.dv, 0, split), 2e-2);
+    expect_match("dv chunk 2", g2.dv, rows_of(ref.dv, split, c.Skv - split), 2e-2);
+  }
 }
 
 TEST_CASE("backward: argument errors are clear", "[gpu][backward]") {

@@ -1,6 +1,9 @@
 // The backward module of every gallery spec and of the learnable-buffer specs (tests/data/backward)
-// compiles through NVRTC for sm_80 and sm_90a, without a GPU; the scatter classes are the expected ones.
+// compiles through NVRTC for sm_80 and sm_90a, without a GPU, with dq by atomics and by the query-major
+// pass; the scatter classes are the expected ones.
 #include <catch2/catch.hpp>
+
+#include <cstdio>
 
 #include "compiler/codegen/backward_source.h"
 #include "compiler/frontend.h"
@@ -14,40 +17,57 @@ namespace {
 
 std::filesystem::path backward_data_dir() { return test::source_dir() / "tests" / "data" / "backward"; }
 
-BackwardKernelSource make_source(const SpecIR& ir, bool deterministic, int head_dim) {
+// arch "sm_90a" gives the module with the Hopper main kernel (head dims up to 128), as the runtime builds it there.
+BackwardKernelSource make_source(const SpecIR& ir, bool deterministic, int head_dim, bool query_major = false, const char* arch = "") {
   ScoreModGradient grad = differentiate_score_mod(ir);
   RangeInfo ranges = analyze_ranges(backward_roots(grad), ir.checked, VarDomains::forward(ir.checked));
   BackwardKernelOptions bo;
   bo.dtype = ir.spec().dtype;
   bo.head_dim = head_dim;
   bo.deterministic = deterministic;
+  bo.query_major = query_major;
+  bo.arch = arch;
   return backward_kernel_source(ir, grad, ranges, bo);
 }
 
-void compile_all(const std::vector<std::filesystem::path>& specs) {
+// ptxas' report of one entry (registers, spills), for the log: the query-major pass must not spill.
+void print_resources(const runtime::CacheLookup& r, const std::string& what, const char* arch) {
+  const nlohmann::json& res = r.artefact->metadata.value("resources", nlohmann::json::object());
+  for (const auto& [entry, v] : res.items())
+    std::printf("%-44s %-7s %-26s regs %3d spill st %4d ld %4d stack %4d\n", what.c_str(), arch, entry.c_str(), v.value("registers", -1),
+                v.value("spill_store_bytes", -1), v.value("spill_load_bytes", -1), v.value("stack_bytes", -1));
+}
+
+void compile_all(const std::vector<std::filesystem::path>& specs, bool query_major) {
   for (const auto& path : specs) {
     dsl::Spec spec = test::load_spec(path);
     SpecIR ir = build_spec_ir(spec);
-    BackwardKernelSource bs = make_source(ir, false, spec.head_dim);
     for (const char* arch : {"sm_80", "sm_90a"}) {
+      BackwardKernelSource bs = make_source(ir, false, spec.head_dim, query_major, arch);
+      CHECK(bs.config.hopper == (std::string(arch) == "sm_90a" && spec.head_dim <= 128));
       INFO(spec.name << " for " << arch << "\n" << bs.module.source);
       runtime::CacheLookup r = runtime::compile_kernel(bs.module, canonical_ir_text(ir), arch);
       REQUIRE(r.artefact);
       CHECK(r.artefact->binary.size() > 1000);
+      if (query_major) print_resources(r, bs.module.name, arch);
     }
   }
 }
 
-}  // namespace
-
-TEST_CASE("every gallery backward module compiles for sm_80 and sm_90a", "[nvrtc][backward]") { compile_all(test::gallery_specs()); }
-
-TEST_CASE("the learnable-buffer backward modules compile, deterministic and other head dims too", "[nvrtc][backward]") {
+std::vector<std::filesystem::path> learnable_specs() {
   std::vector<std::filesystem::path> specs;
   for (const auto& e : std::filesystem::directory_iterator(backward_data_dir()))
     if (e.path().extension() == ".json") specs.push_back(e.path());
   std::sort(specs.begin(), specs.end());
-  compile_all(specs);
+  return specs;
+}
+
+}  // namespace
+
+TEST_CASE("every gallery backward module compiles for sm_80 and, with the Hopper main kernel, for sm_90a", "[nvrtc][backward]") { compile_all(test::gallery_specs(), false); }
+
+TEST_CASE("the learnable-buffer backward modules compile, deterministic and other head dims too", "[nvrtc][backward]") {
+  compile_all(learnable_specs(), false);
   // Deterministic mode, fp16, and the 8-warp D-split configuration (D = 256, sm_90a only: its shared
   // memory is for sm_90's limit as well as A100's).
   dsl::Spec spec = test::load_spec(backward_data_dir() / "learnable_bias.json");
@@ -72,5 +92,40 @@ TEST_CASE("scatter classes follow the index dependence", "[backward]") {
   CHECK(classes("learnable_bias.json") == std::vector<ScatterClass>{ScatterClass::Diagonal});
   CHECK(classes("offset_bias_learnable.json") == std::vector<ScatterClass>{ScatterClass::QOnly});
   CHECK(classes("softcap_bias_learnable.json") == std::vector<ScatterClass>{ScatterClass::KvOnly});
-  CHECK(classes("sam_learnable.json") == std::vector<ScatterClass>{ScatterClass::General, ScatterClass::General});
+  CHECK(classes("sam_learnable.json") == std::vector<ScatterClass>{ScatterClass::RowTile, ScatterClass::RowCol});
+}
+
+TEST_CASE("the query-major backward modules compile: learnable buffers, masks, every head dim", "[nvrtc][backward][qmajor]") {
+  std::vector<std::filesystem::path> specs = learnable_specs();
+  for (const char* g : {"causal.json", "document.json", "softcap.json", "sam_relpos.json"}) specs.push_back(test::gallery_dir() / g);
+  compile_all(specs, true);
+  // Deterministic fp16 SAM and every head dim of the pass (192 / 256: one K/V stage; 256 only fits sm_90's
+  // shared memory, but compiles for both).
+  dsl::Spec sam = test::load_spec(backward_data_dir() / "sam_learnable.json");
+  for (int d : {32, 80, 96, 128, 192, 256}) {
+    SpecIR ir = build_spec_ir(sam);
+    BackwardKernelSource bs = make_source(ir, d == 80, d, true, "sm_90a");
+    INFO(bs.module.source);
+    runtime::CacheLookup r = runtime::compile_kernel(bs.module, canonical_ir_text(ir), "sm_90a");
+    CHECK(r.artefact->binary.size() > 1000);
+    print_resources(r, bs.module.name + " D" + std::to_string(d), "sm_90a");
+  }
+  // Beside the SAM terms, a target computed from the score (general: no offset-only function for it).
+  dsl::Spec mixed = sam;
+  mixed.name = "sam_score_target";
+  mixed.score_mod = *sam.score_mod + " + w[int(score) % 64]";
+  dsl::Diagnostics diags;
+  REQUIRE(dsl::add_buffer(mixed, "w: f32[64]", "test", diags));
+  mixed.buffers.back().requires_grad = true;
+  {
+    SpecIR ir = build_spec_ir(mixed);
+    BackwardKernelSource bs = make_source(ir, false, 64, true, "sm_90a");
+    INFO(bs.module.source);
+    CHECK(runtime::compile_kernel(bs.module, canonical_ir_text(ir), "sm_90a").artefact->binary.size() > 1000);
+  }
+  sam.dtype = dsl::DType::F16;
+  SpecIR ir = build_spec_ir(sam);
+  BackwardKernelSource bs = make_source(ir, true, 64, true);
+  INFO(bs.module.source);
+  CHECK(runtime::compile_kernel(bs.module, canonical_ir_text(ir), "sm_80").artefact->binary.size() > 1000);
 }

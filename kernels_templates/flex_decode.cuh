@@ -11,13 +11,15 @@
 //   query rows (row R = g * max_q_len + i for query head hkv * group + g, query row i) are packed into the M
 //   dimension of the mma tile, kBlockM = 16 * kMTiles rows per CTA (row block rb holds rows
 //   [rb * kBlockM, rb * kBlockM + kBlockM)). Rows past group * max_q_len or past q_len(b) are padding.
-// - The 64-row KV tile is split over the warps by columns: warp w owns KV rows [16 w, 16 w + 16) of every tile,
-//   with its own running max / sum / O for all kBlockM rows, so each K/V byte in shared memory is read by one
-//   warp only. The warps' states are merged through shared memory at the end.
-// - K/V tiles stream through kStages shared-memory stages with 16-byte cp.async (row gather through the page
-//   table; any page size, since a row's D elements are contiguous in every supported layout). The page ids of
-//   tile t + kStages - 1 are fetched one iteration before its copies are issued, so the dependent page-table
-//   load never stalls the copy issue.
+// - The KV rows of a load are split over the warps by columns: warp w owns KV rows [16 w, 16 w + 16) of every
+//   64-row tile (or, alternating, [32 w, 32 w + 32) of every 128 rows), with its own running max / sum / O for
+//   all kBlockM rows, so each K/V byte in shared memory is read by one warp only. The warps' states are merged
+//   through shared memory at the end.
+// - K/V rows stream into shared memory with 16-byte cp.async (row gather through the page table; any page size,
+//   since a row's D elements are contiguous in every supported layout), either as kStages stages of 64-row K+V
+//   tiles or, with kAlternate, as 128 rows of K and 128 rows of V in turn (see FlexDecodeTraits). The page ids
+//   of the next load are fetched while the current one is consumed, so the dependent page-table load never
+//   stalls the copy issue.
 // - Split s of a (sequence, KV head) visits tiles [begin + s * n, min(end, begin + (s + 1) * n)), n =
 //   ceil((end - begin) / num_splits), [begin, end) = the sequence's tile window. With num_splits == 1 the CTA
 //   writes O and LSE itself; otherwise fp32 partials (O divided by the split's own sum, and its LSE) go to the
@@ -39,28 +41,47 @@
 // An all-masked row (or a row whose visited tiles are empty) ends with O = 0 and LSE = -inf.
 
 // kHeadDim: D (multiple of 16, up to 256). kMTiles: 16-row mma tiles of packed query rows per CTA (1 or 2; more
-// rows go to further row blocks). kStages: K/V shared-memory stages (2..4).
-template <int kHeadDim_, int kMTiles_, int kStages_, class Element_>
+// rows go to further row blocks). kStages: K/V shared-memory stages (2..4): kStages 64-row tiles of K and of V.
+// kAlternate (kStages = 2 only; default: flex_decode_alternate(), the runtime's choice): one K buffer and one V
+//   buffer of 128 rows each, loaded alternately (V of these 128 rows while Q @ K^T runs, K of the next 128 while
+//   P @ V runs), so a CTA has one contiguous 32 KB stream in flight instead of a 16 KB K and a 16 KB V stream
+//   (measured 0.6-1.4% faster on the H100, docs/DECODE_NOTES.md run 4); each warp owns 32 KV rows of the 128, its
+//   half of one 64-row tile, so mask_mod and score_mod still see 64-wide tiles. Off: kStages stages of 64-row
+//   K and V tiles, each warp owning 16 rows of every tile.
+template <int kHeadDim_, int kMTiles_, int kStages_, class Element_,
+          bool kAlternate_ = flex_decode_alternate(kHeadDim_, kMTiles_, kStages_)>
 struct FlexDecodeTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kMTiles = kMTiles_;
   static constexpr int kStages = kStages_;
+  static constexpr bool kAlternate = kAlternate_;
   static constexpr int kBlockM = 16 * kMTiles;
   static constexpr int kBlockN = kFlexDecodeBlockN;
+  // KV rows of one K (or V) load: one tile per stage, or the whole buffer when alternating.
+  static constexpr int kLoadRows = kAlternate ? kStages * kBlockN : kBlockN;
+  static constexpr int kTilesPerLoad = kLoadRows / kBlockN;
   static constexpr int kNWarps = 4;
   static constexpr int kNThreads = kNWarps * 32;
-  static constexpr int kColsPerWarp = kBlockN / kNWarps;  // 16: one k-step of P @ V per warp and tile
+  static constexpr int kColsPerWarp = kLoadRows / kNWarps;  // KV rows of a load that one warp owns: 16 or 32
+  static constexpr int kWarpsPerTile = kBlockN / kColsPerWarp;
+  static constexpr int kNTiles = kColsPerWarp / 8;       // n8 tiles of the warp's S
+  static constexpr int kKSteps = kColsPerWarp / 16;      // k-steps of the warp's P @ V
   static constexpr int kDTiles = kHeadDim / 8;
   static constexpr int kRowsPerThread = 2 * kMTiles;
-  static constexpr int kColsPerThread = 4;                // 2 n8 tiles x 2 elements
+  static constexpr int kColsPerThread = 2 * kNTiles;     // n8 tiles x 2 elements
   static constexpr int kChunksPerRow = kHeadDim / 8;     // 16-byte chunks of one row
-  static constexpr int kRowsPerPass = kNThreads / kChunksPerRow;
-  static constexpr int kPasses = (kBlockN + kRowsPerPass - 1) / kRowsPerPass;
+  // cp.async mapping: each thread copies kCopyChunks chunks (kThreadsPerRow apart) of kPasses rows, so an
+  // alternating 128-row load needs as few page-table lookups per thread (8 at D128) as a 64-row tile.
+  static constexpr int kCopyChunks = !kAlternate ? 1 : (kChunksPerRow % 4 == 0 && kChunksPerRow >= 32 ? 4 : 2);
+  static constexpr int kThreadsPerRow = kChunksPerRow / kCopyChunks;
+  static constexpr int kRowsPerPass = kNThreads / kThreadsPerRow;
+  static constexpr int kPasses = (kLoadRows + kRowsPerPass - 1) / kRowsPerPass;
   // Rows padded by 16 bytes: odd number of 16-byte chunks per row, so ldmatrix and cp.async are conflict-free.
   static constexpr int kSmemStride = kHeadDim + 8;
   static constexpr int kSmemQBytes = kBlockM * kSmemStride * 2;
   static constexpr int kSmemTileBytes = kBlockN * kSmemStride * 2;
+  static constexpr int kSmemLoadBytes = kLoadRows * kSmemStride * 2;
   static constexpr int kSmemStageBytes = 2 * kSmemTileBytes;  // K then V
   // End-of-CTA merge of the warps (reuses the stages): O [kNWarps][kBlockM][kOStride] fp32, then row max and sum.
   // kOStride = D + 8 floats: the float2 stores of a half-warp (rows g, columns 2t) hit distinct banks.
@@ -76,7 +97,8 @@ struct FlexDecodeTraits {
   static_assert(kMTiles == 1 || kMTiles == 2, "FlexDecodeTraits: kMTiles must be 1 or 2 (O of more rows does not fit in registers)");
   static_assert(kHeadDim <= 128 || kMTiles == 1, "FlexDecodeTraits: D > 128 allows only kMTiles = 1 (register budget)");
   static_assert(kStages >= 2 && kStages <= 4, "FlexDecodeTraits: kStages must be in [2, 4]");
-  static_assert(kBlockN == 64 && kColsPerWarp == 16, "FlexDecodeTraits: the warp layout assumes 64-row tiles over 4 warps");
+  static_assert(!kAlternate || kStages == 2, "FlexDecodeTraits: the alternating pipeline loads 128 rows (kStages = 2)");
+  static_assert(kBlockN == 64 && kColsPerWarp % 16 == 0, "FlexDecodeTraits: the warp layout assumes 64-row tiles over 4 warps");
   static_assert(kRowsPerPass >= 1, "FlexDecodeTraits: need at least one thread per 16-byte chunk of a row");
   static_assert(kSmemBytes <= 232448, "FlexDecodeTraits: shared memory exceeds the 227 KB an sm_90 block may use; lower kStages");
 };
@@ -127,8 +149,10 @@ struct DecodeKernel {
   using Tile = typename Variant::Tile;
 
   static constexpr int kMTiles = Traits::kMTiles;
+  static constexpr int kNTiles = Traits::kNTiles;
   static constexpr int kRowsPerThread = Traits::kRowsPerThread;
   static constexpr int kColsPerThread = Traits::kColsPerThread;
+  static constexpr int kLoadRows = Traits::kLoadRows;
   static constexpr int kPasses = Traits::kPasses;
   static constexpr int kRowsPerPass = Traits::kRowsPerPass;
 
@@ -136,26 +160,27 @@ struct DecodeKernel {
 
   // CTA-tile row of the thread's accumulator row r: m-tile r / 2, half r % 2 (rows g and g + 8).
   static __device__ __forceinline__ int row_in_tile(int lane, int r) { return (r / 2) * 16 + (r % 2) * 8 + lane / 4; }
-  // Tile column (0..63) of the thread's accumulator column c: warp's 16 columns, n8 tile c / 2, element c % 2.
+  // Column within its 64-row tile (0..63) of the thread's accumulator column c: the warp's kColsPerWarp columns,
+  // n8 tile c / 2, element c % 2. With 128-row loads, warps 0-1 own the first tile and warps 2-3 the second.
   static __device__ __forceinline__ int col_in_tile(int warp, int lane, int c) {
-    return warp * Traits::kColsPerWarp + (c / 2) * 8 + 2 * (lane % 4) + (c % 2);
+    return (warp % Traits::kWarpsPerTile) * Traits::kColsPerWarp + (c / 2) * 8 + 2 * (lane % 4) + (c % 2);
   }
 
-  // Where the thread's KV rows of one tile live: page id (or the sequence index when contiguous) and the slot
-  // within it; slot < 0 marks a row at or past kv_len (zero-filled, nothing read).
+  // Where the thread's KV rows of one load live: page id (or the sequence index when contiguous) and the slot
+  // within it; slot < 0 marks a row at or past `lim` (zero-filled, nothing read).
   struct RowLoc {
     int page[kPasses];
     int slot[kPasses];
   };
 
-  // Page lookups of tile `t` for the rows this thread copies (row r0 + i * kRowsPerPass of the tile).
+  // Page lookups of the load starting at position pos0 for the rows this thread copies (row r0 + i * kRowsPerPass).
   static __device__ __forceinline__ void locate(RowLoc& loc, const FlexDecodeParams& p, const int* page_row, int b,
-                                                int t, int r0, int kv_len) {
+                                                int pos0, int r0, int lim) {
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) {
       const int row = r0 + i * kRowsPerPass;
-      const int pos = t * Traits::kBlockN + row;
-      const bool valid = (Traits::kBlockN % kRowsPerPass == 0 || row < Traits::kBlockN) && pos < kv_len;
+      const int pos = pos0 + row;
+      const bool valid = (kLoadRows % kRowsPerPass == 0 || row < kLoadRows) && pos < lim;
       if (page_row == nullptr) {
         loc.page[i] = b;
         loc.slot[i] = valid ? pos : -1;
@@ -177,51 +202,62 @@ struct DecodeKernel {
     }
   }
 
-  // cp.async of the thread's chunks of one K tile and one V tile into a stage.
-  template <bool kEvictFirst>
+  static __device__ __forceinline__ long long row_offset(const RowLoc& loc, const FlexDecodeParams& p, int i) {
+    return loc.slot[i] >= 0 ? (long long)loc.page[i] * p.kv_stride_page + (long long)loc.slot[i] * p.kv_stride_row : 0;
+  }
+
+  // cp.async of the thread's chunks of one load into shared memory, for kMats matrices (K and V of one tile, or
+  // one of them); src[m] already points at the thread's first chunk of the KV head.
+  template <bool kEvictFirst, int kMats>
   static __device__ __forceinline__ void issue_hinted(const RowLoc& loc, const FlexDecodeParams& p,
-                                                      const Element* k_head, const Element* v_head, unsigned s_k,
-                                                      unsigned s_v, int r0, int c, unsigned long long policy) {
+                                                      const Element* const (&src)[kMats], const unsigned (&dst)[kMats],
+                                                      int r0, int c0, unsigned long long policy) {
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) {
       const int row = r0 + i * kRowsPerPass;
-      if (Traits::kBlockN % kRowsPerPass == 0 || row < Traits::kBlockN) {
+      if (kLoadRows % kRowsPerPass == 0 || row < kLoadRows) {
         const bool valid = loc.slot[i] >= 0;
-        const long long off = valid ? (long long)loc.page[i] * p.kv_stride_page + (long long)loc.slot[i] * p.kv_stride_row : 0;
-        const unsigned dst = (row * Traits::kSmemStride + c * 8) * 2;
-        cp_async_16_kv<kEvictFirst>(s_k + dst, k_head + off, valid, policy);
-        cp_async_16_kv<kEvictFirst>(s_v + dst, v_head + off, valid, policy);
+        const long long off = row_offset(loc, p, i);
+#pragma unroll
+        for (int k = 0; k < Traits::kCopyChunks; ++k) {
+          const unsigned d = (row * Traits::kSmemStride + (c0 + k * Traits::kThreadsPerRow) * 8) * 2;
+#pragma unroll
+          for (int m = 0; m < kMats; ++m)
+            cp_async_16_kv<kEvictFirst>(dst[m] + d, src[m] + off + k * Traits::kThreadsPerRow * 8, valid, policy);
+        }
       }
     }
   }
-  // The cache policy is launch-uniform: one branch per tile, not per copy.
-  static __device__ __forceinline__ void issue(const RowLoc& loc, const FlexDecodeParams& p, const Element* k_head,
-                                               const Element* v_head, unsigned s_k, unsigned s_v, int r0, int c,
-                                               unsigned long long policy, bool evict_first) {
-    if (evict_first) issue_hinted<true>(loc, p, k_head, v_head, s_k, s_v, r0, c, policy);
-    else issue_hinted<false>(loc, p, k_head, v_head, s_k, s_v, r0, c, policy);
+  // The cache policy is launch-uniform: one branch per load, not per copy.
+  template <int kMats>
+  static __device__ __forceinline__ void issue(const RowLoc& loc, const FlexDecodeParams& p, const Element* const (&src)[kMats],
+                                               const unsigned (&dst)[kMats], int r0, int c0, unsigned long long policy,
+                                               bool evict_first) {
+    if (evict_first) issue_hinted<true, kMats>(loc, p, src, dst, r0, c0, policy);
+    else issue_hinted<false, kMats>(loc, p, src, dst, r0, c0, policy);
   }
 
   // Score modification, masking and bounds of one warp's S tile, in place: elements of padding rows or at
-  // kv >= kv_len become -inf without calling the variant. kPartial: run mask_mod.
+  // kv >= lim (the KV length, or the end of the split's tiles) become -inf without calling the variant.
+  // kPartial: run mask_mod.
   template <bool kPartial>
-  static __device__ __forceinline__ void apply_mods(float (&s)[kMTiles][2][4], const VParams& vp,
+  static __device__ __forceinline__ void apply_mods(float (&s)[kMTiles][kNTiles][4], const VParams& vp,
                                                     const Row (&row)[kRowsPerThread],
                                                     const Col (&col)[kRowsPerThread][kColsPerThread],
                                                     const Tile (&tile)[kRowsPerThread], const bool (&row_ok)[kRowsPerThread],
                                                     const int (&head)[kRowsPerThread], const int (&qpos)[kRowsPerThread],
-                                                    int b, int hkv, int warp, int lane, int k0, int kv_len, float scale) {
+                                                    int b, int hkv, int warp, int lane, int k0, int lim, float scale) {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
+      for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = mt * 2 + e / 2;
           const int c = nt * 2 + e % 2;
           const int j = col_in_tile(warp, lane, c);
           float x = s[mt][nt][e];
-          if (row_ok[r] && k0 + j < kv_len) {
+          if (row_ok[r] && k0 + j < lim) {
             if constexpr (Variant::kHasScoreMod) {
               // FUSION POINT: score_mod
               x = Variant::score_mod(vp, row[r], col[r][c], tile[r], b, head[r], hkv, qpos[r], k0, j, x * scale);
@@ -360,14 +396,18 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kMTiles = Traits::kMTiles;
+  constexpr int kNTiles = Traits::kNTiles;
+  constexpr int kKSteps = Traits::kKSteps;
   constexpr int kDTiles = Traits::kDTiles;
   constexpr int kStages = Traits::kStages;
+  constexpr int kTilesPerLoad = Traits::kTilesPerLoad;
   constexpr int kRowsPerThread = Traits::kRowsPerThread;
   constexpr int kColsPerThread = Traits::kColsPerThread;
   constexpr int kSmemStride = Traits::kSmemStride;
   constexpr int kChunksPerRow = Traits::kChunksPerRow;
   constexpr int kNWarps = Traits::kNWarps;
   constexpr int kNThreads = Traits::kNThreads;
+  constexpr bool kAlternate = Traits::kAlternate;
   constexpr float kLog2e = 1.4426950408889634f;
   constexpr float kLn2 = 0.6931471805599453f;
   constexpr float kRescaleLog2 = 8.f;  // lazy rescaling threshold, as in flex_forward.cuh
@@ -387,6 +427,13 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
   const int n_rows = group * max_q;  // packed rows of this KV head
   const int kv_len = p.kv_lens != nullptr ? p.kv_lens[b] : p.kv_len;
   const int q_len = p.q_lens != nullptr ? p.q_lens[b] : max_q;
+  // Packed row tr of the tile is R = rb * kBlockM + tr -> (g, i) -> query head hkv * group + g, query row i.
+  auto row_valid = [&](int tr, int& g, int& i) {
+    const int R = rb * kBlockM + tr;
+    g = R / max_q;
+    i = R - g * max_q;
+    return R < n_rows && i < q_len;
+  };
 
   // This split's tiles.
   const int n_kv_tiles = (kv_len + kBlockN - 1) / kBlockN;
@@ -405,29 +452,39 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
   const int per_split = (n_window + p.num_splits - 1) / p.num_splits;
   const int my_begin = t_begin + split * per_split;
   const int n_tiles = max(0, min(t_end - my_begin, per_split));
+  const int my_end = my_begin + n_tiles;
+  // Rows at or past kv_lim are neither read nor scored: the KV length, or the end of the split's last tile (a
+  // 128-row load may reach one tile past it).
+  const int kv_lim = min(kv_len, my_end * kBlockN);
+  const int n_loads = (n_tiles + kTilesPerLoad - 1) / kTilesPerLoad;
 
-  // Shared memory: Q [kBlockM][kSmemStride], then kStages x (K, V) [kBlockN][kSmemStride].
+  // Shared memory: Q [kBlockM][kSmemStride], then kStages x (K, V) [kBlockN][kSmemStride] (alternating: K
+  // [kLoadRows][kSmemStride], then V).
   const unsigned s_q = flex::smem_addr(flex_smem);
   const unsigned s_body = s_q + Traits::kSmemQBytes;
+  auto k_buf = [&](int it) -> unsigned {
+    return kAlternate ? s_body : s_body + (it % kStages) * Traits::kSmemStageBytes;
+  };
+  auto v_buf = [&](int it) -> unsigned {
+    return kAlternate ? s_body + Traits::kSmemLoadBytes : k_buf(it) + Traits::kSmemTileBytes;
+  };
 
-  // Packed rows of Q: row tr of the tile is R = rb * kBlockM + tr -> (g, i) -> query head hkv * group + g.
+  // Packed rows of Q.
   {
     const Element* g_q = static_cast<const Element*>(p.q) + b * p.q_stride_b;
     for (int chunk = tid; chunk < kBlockM * kChunksPerRow; chunk += kNThreads) {
       const int tr = chunk / kChunksPerRow;
       const int c = chunk % kChunksPerRow;
-      const int R = rb * kBlockM + tr;
-      const int g = R / max_q;
-      const int i = R - g * max_q;
-      const bool valid = R < n_rows && i < q_len;
+      int g, i;
+      const bool valid = row_valid(tr, g, i);
       const Element* src = g_q + i * p.q_stride_s + (hkv * group + g) * p.q_stride_h + c * 8;
       flex::cp_async_16(s_q + (tr * kSmemStride + c * 8) * 2, valid ? src : g_q, valid);
     }
   }
 
-  // K/V pipeline: stages 0 .. kStages-2 in flight (one commit group each, the first one also holding Q).
-  const int r0 = tid / kChunksPerRow;
-  const int cc = tid % kChunksPerRow;
+  // K/V copies: the thread copies chunks cc + k * kThreadsPerRow of rows r0 + i * kRowsPerPass of each load.
+  const int r0 = tid / Traits::kThreadsPerRow;
+  const int cc = tid % Traits::kThreadsPerRow;
   const bool copier = r0 < Traits::kRowsPerPass;  // D = 80, 96, ...: the last few threads copy nothing
   const int* page_row = p.page_table != nullptr ? p.page_table + b * p.page_table_stride : nullptr;
   const Element* k_head = static_cast<const Element*>(p.k) + hkv * p.kv_stride_head + cc * 8;
@@ -435,17 +492,34 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
   typename K::RowLoc loc;
   const bool evict_first = p.kv_evict_first != 0;
   const unsigned long long policy = evict_first ? flex::kv_evict_first_policy() : 0ull;
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (copier && s < n_tiles) {
-      K::locate(loc, p, page_row, b, my_begin + s, r0, kv_len);
-      K::issue(loc, p, k_head, v_head, s_body + s * Traits::kSmemStageBytes,
-               s_body + s * Traits::kSmemStageBytes + Traits::kSmemTileBytes, r0, cc, policy, evict_first);
-    }
+  auto locate = [&](int load) { K::locate(loc, p, page_row, b, (my_begin + load * kTilesPerLoad) * kBlockN, r0, kv_lim); };
+  // One matrix (K or V) of an alternating load, as one commit group.
+  auto issue_one = [&](const Element* head, unsigned dst) {
+    if (copier) K::template issue<1>(loc, p, {head}, {dst}, r0, cc, policy, evict_first);
     flex::cp_async_commit();
+  };
+
+  if constexpr (kAlternate) {
+    // K of the first load in flight (one commit group with Q); its page ids serve V too.
+    if (n_loads > 0) {
+      if (copier) locate(0);
+      issue_one(k_head, k_buf(0));
+    } else {
+      flex::cp_async_commit();
+    }
+  } else {
+    // Stages 0 .. kStages-2 in flight (one commit group each, the first one also holding Q).
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (copier && s < n_tiles) {
+        locate(s);
+        K::template issue<2>(loc, p, {k_head, v_head}, {k_buf(s), v_buf(s)}, r0, cc, policy, evict_first);
+      }
+      flex::cp_async_commit();
+    }
+    // Page ids of the next tile to issue (kStages - 1), fetched ahead.
+    if (copier && kStages - 1 < n_tiles) locate(kStages - 1);
   }
-  // Page ids of the next tile to issue (kStages - 1), fetched ahead.
-  if (copier && kStages - 1 < n_tiles) K::locate(loc, p, page_row, b, my_begin + kStages - 1, r0, kv_len);
 
   // Per-row state: validity, query head, absolute position, hoisted variant values.
   bool row_ok[kRowsPerThread];
@@ -455,10 +529,8 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
   typename Variant::Col col_st[kRowsPerThread][kColsPerThread];
 #pragma unroll
   for (int r = 0; r < kRowsPerThread; ++r) {
-    const int R = rb * kBlockM + K::row_in_tile(lane, r);
-    const int g = R / max_q;
-    const int i = R - g * max_q;
-    row_ok[r] = R < n_rows && i < q_len;
+    int g, i;
+    row_ok[r] = row_valid(K::row_in_tile(lane, r), g, i);
     head[r] = hkv * group + g;
     qpos[r] = kv_len - q_len + i;
     if (row_ok[r]) {
@@ -471,12 +543,14 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
     }
   }
 
-  // Per-lane ldmatrix byte offsets (fragment layouts: flex_mma.cuh; same matrices as flex_forward.cuh).
+  // Per-lane ldmatrix byte offsets (fragment layouts: flex_mma.cuh; same matrices as flex_forward.cuh), from the
+  // start of the K / V buffer; the warp's KV rows start at warp * kColsPerWarp.
   const int l8 = lane % 8;
   const int lm = lane / 8;
+  const int warp_row = warp * Traits::kColsPerWarp;
   const unsigned q_lane = s_q + (((lm & 1) * 8 + l8) * kSmemStride + (lm >> 1) * 8) * 2;
-  const unsigned k_lane = ((warp * 16 + (lm >> 1) * 8 + l8) * kSmemStride + (lm & 1) * 8) * 2;
-  const unsigned v_lane = Traits::kSmemTileBytes + ((warp * 16 + (lm & 1) * 8 + l8) * kSmemStride + (lm >> 1) * 8) * 2;
+  const unsigned k_lane = ((warp_row + (lm >> 1) * 8 + l8) * kSmemStride + (lm & 1) * 8) * 2;
+  const unsigned v_lane = ((warp_row + (lm & 1) * 8 + l8) * kSmemStride + (lm >> 1) * 8) * 2;
 
   float acc_o[kMTiles][kDTiles][4];
 #pragma unroll
@@ -495,58 +569,52 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
   // exp(score - max) = exp2((x - max) * mult); without score_mod x is the raw q.k (see flex_forward.cuh).
   const float mult = Variant::kHasScoreMod ? kLog2e : p.scale * kLog2e;
 
-  // ============================================ Mainloop ============================================
-  for (int it = 0; it < n_tiles; ++it) {
-    flex::cp_async_wait<kStages - 2>();  // tile it has landed
-    __syncthreads();                     // ... for every thread, and every warp is done with tile it - 1's stage
-
-    // Refill the stage of tile it - 1 with tile it + kStages - 1, then fetch the page ids of the tile after it.
-    if (copier && it + kStages - 1 < n_tiles) {
-      const unsigned st = s_body + ((it + kStages - 1) % kStages) * Traits::kSmemStageBytes;
-      K::issue(loc, p, k_head, v_head, st, st + Traits::kSmemTileBytes, r0, cc, policy, evict_first);
-      if (it + kStages < n_tiles) K::locate(loc, p, page_row, b, my_begin + it + kStages, r0, kv_len);
-    }
-    flex::cp_async_commit();
-
-    const int t = my_begin + it;
+  // S = mods(Q @ K^T) over the warp's KV rows of load `it`, then the online softmax update: P (as the A
+  // fragments of the warp's P @ V k-steps) into pa, O rescaled when the max jumps.
+  unsigned pa[kMTiles][kKSteps][4];
+  auto scores_softmax = [&](int it, unsigned k_stage) {
+    const int t = my_begin + it * kTilesPerLoad + warp / Traits::kWarpsPerTile;  // the warp's 64-row tile
     const int k0 = t * kBlockN;
-    const unsigned stage = s_body + (it % kStages) * Traits::kSmemStageBytes;
-
     typename Variant::Tile tile_st[kRowsPerThread];
+    if (t < my_end) {
 #pragma unroll
-    for (int r = 0; r < kRowsPerThread; ++r)
-      if (row_ok[r]) Variant::tile(vp, row_st[r], tile_st[r], b, head[r], hkv, qpos[r], k0);
+      for (int r = 0; r < kRowsPerThread; ++r)
+        if (row_ok[r]) Variant::tile(vp, row_st[r], tile_st[r], b, head[r], hkv, qpos[r], k0);
+    }
 
-    // S = Q @ K^T over the warp's 16 KV rows.
-    float acc_s[kMTiles][2][4];
+    float acc_s[kMTiles][kNTiles][4];
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
+      for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      unsigned bk[4];
-      flex::ldmatrix_x4(bk, stage + k_lane + kk * 32);
+      unsigned bk[kNTiles / 2][4];
+#pragma unroll
+      for (int np = 0; np < kNTiles / 2; ++np) flex::ldmatrix_x4(bk[np], k_stage + k_lane + (np * 16 * kSmemStride + kk * 16) * 2);
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
         unsigned a[4];
         flex::ldmatrix_x4(a, q_lane + (mt * 16 * kSmemStride + kk * 16) * 2);
-        Mma::run(acc_s[mt][0], a, bk[0], bk[1]);
-        Mma::run(acc_s[mt][1], a, bk[2], bk[3]);
+#pragma unroll
+        for (int np = 0; np < kNTiles / 2; ++np) {
+          Mma::run(acc_s[mt][2 * np], a, bk[np][0], bk[np][1]);
+          Mma::run(acc_s[mt][2 * np + 1], a, bk[np][2], bk[np][3]);
+        }
       }
     }
 
-    // S = mask(score_mod(scale * S)); -inf for padding rows and kv >= kv_len.
+    // S = mask(score_mod(scale * S)); -inf for padding rows and kv >= kv_lim.
     if (Variant::kHasMaskMod && !(t >= f_begin && t < f_end))
       K::template apply_mods<true>(acc_s, vp, row_st, col_st, tile_st, row_ok, head, qpos, b, hkv, warp, lane, k0,
-                                   kv_len, p.scale);
+                                   kv_lim, p.scale);
     else
       K::template apply_mods<false>(acc_s, vp, row_st, col_st, tile_st, row_ok, head, qpos, b, hkv, warp, lane, k0,
-                                    kv_len, p.scale);
+                                    kv_lim, p.scale);
 
-    // Online softmax in base 2 with lazy rescaling, per warp over its 16 columns (see flex_forward.cuh).
+    // Online softmax in base 2 with lazy rescaling, per warp over its columns (see flex_forward.cuh).
     bool rescale = false;
     float alpha[kRowsPerThread];
     float max_scaled[kRowsPerThread];
@@ -555,8 +623,9 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int r = mt * 2 + half;
-        const float t4 = fmaxf(fmaxf(acc_s[mt][0][2 * half], acc_s[mt][0][2 * half + 1]),
-                               fmaxf(acc_s[mt][1][2 * half], acc_s[mt][1][2 * half + 1]));
+        float t4 = fmaxf(acc_s[mt][0][2 * half], acc_s[mt][0][2 * half + 1]);
+#pragma unroll
+        for (int nt = 1; nt < kNTiles; ++nt) t4 = fmaxf(t4, fmaxf(acc_s[mt][nt][2 * half], acc_s[mt][nt][2 * half + 1]));
         const float mx = flex::quad_max(fmaxf(row_max[r], t4));
         const bool jump = (mx - row_max[r]) * mult > kRescaleLog2;
         const float m_new = jump ? mx : row_max[r];
@@ -576,31 +645,77 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
           for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] *= alpha[mt * 2 + e / 2];
     }
 
-    // O += P @ V: the warp's 16 columns of P are one 16x16 A fragment, straight from the S accumulators.
-    unsigned pa[kMTiles][4];
+    // P: each 16 columns of the warp are one 16x16 A fragment, straight from the S accumulators.
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
-      float pr[2][4];
+      float pr[kNTiles][4];
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
+      for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) pr[nt][e] = flex::ex2(fmaf(acc_s[mt][nt][e], mult, -max_scaled[mt * 2 + e / 2]));
-      row_sum[mt * 2] += (pr[0][0] + pr[0][1]) + (pr[1][0] + pr[1][1]);
-      row_sum[mt * 2 + 1] += (pr[0][2] + pr[0][3]) + (pr[1][2] + pr[1][3]);
-      pa[mt][0] = Mma::pack(pr[0][0], pr[0][1]);
-      pa[mt][1] = Mma::pack(pr[0][2], pr[0][3]);
-      pa[mt][2] = Mma::pack(pr[1][0], pr[1][1]);
-      pa[mt][3] = Mma::pack(pr[1][2], pr[1][3]);
-    }
+      float sum_lo = 0.f, sum_hi = 0.f;
 #pragma unroll
-    for (int dp = 0; dp < kHeadDim / 16; ++dp) {
-      unsigned bv[4];
-      flex::ldmatrix_x4_trans(bv, stage + v_lane + dp * 32);
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        Mma::run(acc_o[mt][2 * dp], pa[mt], bv[0], bv[1]);
-        Mma::run(acc_o[mt][2 * dp + 1], pa[mt], bv[2], bv[3]);
+      for (int nt = 0; nt < kNTiles; ++nt) {
+        sum_lo += pr[nt][0] + pr[nt][1];
+        sum_hi += pr[nt][2] + pr[nt][3];
       }
+      row_sum[mt * 2] += sum_lo;
+      row_sum[mt * 2 + 1] += sum_hi;
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        pa[mt][ks][0] = Mma::pack(pr[2 * ks][0], pr[2 * ks][1]);
+        pa[mt][ks][1] = Mma::pack(pr[2 * ks][2], pr[2 * ks][3]);
+        pa[mt][ks][2] = Mma::pack(pr[2 * ks + 1][0], pr[2 * ks + 1][1]);
+        pa[mt][ks][3] = Mma::pack(pr[2 * ks + 1][2], pr[2 * ks + 1][3]);
+      }
+    }
+  };
+  // O += P @ V over the warp's KV rows.
+  auto accumulate_pv = [&](unsigned v_stage) {
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+#pragma unroll
+      for (int dp = 0; dp < kHeadDim / 16; ++dp) {
+        unsigned bv[4];
+        flex::ldmatrix_x4_trans(bv, v_stage + v_lane + (ks * 16 * kSmemStride + dp * 16) * 2);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          Mma::run(acc_o[mt][2 * dp], pa[mt][ks], bv[0], bv[1]);
+          Mma::run(acc_o[mt][2 * dp + 1], pa[mt][ks], bv[2], bv[3]);
+        }
+      }
+    }
+  };
+
+  // ============================================ Mainloop ============================================
+  if constexpr (kAlternate) {
+    // Per load: [K landed] V in flight during Q @ K^T and the softmax; [V landed] the next K in flight during
+    // P @ V. One barrier per half: every warp is done with the buffer about to be refilled.
+    for (int it = 0; it < n_loads; ++it) {
+      flex::cp_async_wait<0>();
+      __syncthreads();
+      issue_one(v_head, v_buf(it));
+      if (copier && it + 1 < n_loads) locate(it + 1);
+      scores_softmax(it, k_buf(it));
+      flex::cp_async_wait<0>();
+      __syncthreads();
+      if (it + 1 < n_loads) issue_one(k_head, k_buf(it + 1));
+      accumulate_pv(v_buf(it));
+    }
+  } else {
+    for (int it = 0; it < n_tiles; ++it) {
+      flex::cp_async_wait<kStages - 2>();  // tile it has landed
+      __syncthreads();                     // ... for every thread, and every warp is done with tile it - 1's stage
+
+      // Refill the stage of tile it - 1 with tile it + kStages - 1, then fetch the page ids of the tile after it.
+      if (copier && it + kStages - 1 < n_tiles) {
+        const int nx = it + kStages - 1;
+        K::template issue<2>(loc, p, {k_head, v_head}, {k_buf(nx), v_buf(nx)}, r0, cc, policy, evict_first);
+        if (it + kStages < n_tiles) locate(it + kStages);
+      }
+      flex::cp_async_commit();
+      scores_softmax(it, k_buf(it));
+      accumulate_pv(v_buf(it));
     }
   }
 
@@ -624,21 +739,26 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
     }
   }
   __syncthreads();
+  // The row's merged max (log2 units) and sum over the warps.
+  auto merged = [&](int tr, float& m_all, float& l_all) {
+    m_all = K::neg_inf();
+#pragma unroll
+    for (int w = 0; w < kNWarps; ++w) m_all = fmaxf(m_all, s_m[w * kBlockM + tr]);
+    l_all = 0.f;
+#pragma unroll
+    for (int w = 0; w < kNWarps; ++w) {
+      const float mw = s_m[w * kBlockM + tr];
+      if (mw != K::neg_inf()) l_all += s_l[w * kBlockM + tr] * flex::ex2(mw - m_all);
+    }
+  };
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = mt * 2 + half;
       const int tr = K::row_in_tile(lane, r);
-      float m_all = K::neg_inf();
-#pragma unroll
-      for (int w = 0; w < kNWarps; ++w) m_all = fmaxf(m_all, s_m[w * kBlockM + tr]);
-      float l_all = 0.f;
-#pragma unroll
-      for (int w = 0; w < kNWarps; ++w) {
-        const float mw = s_m[w * kBlockM + tr];
-        if (mw != K::neg_inf()) l_all += s_l[w * kBlockM + tr] * flex::ex2(mw - m_all);
-      }
+      float m_all, l_all;
+      merged(tr, m_all, l_all);
       const float factor = m_own[r] == K::neg_inf() ? 0.f : flex::ex2(m_own[r] - m_all);
       const float sc = l_all > 0.f ? factor / l_all : 0.f;
       float* dst = s_o + (warp * kBlockM + tr) * Traits::kOStride + 2 * (lane % 4);
@@ -655,10 +775,8 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
   for (int chunk = tid; chunk < kBlockM * kChunksPerRow; chunk += kNThreads) {
     const int tr = chunk / kChunksPerRow;
     const int c = chunk % kChunksPerRow;
-    const int R = rb * kBlockM + tr;
-    const int g = R / max_q;
-    const int i = R - g * max_q;
-    if (!(R < n_rows && i < q_len)) continue;
+    int g, i;
+    if (!row_valid(tr, g, i)) continue;
     float v[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) v[e] = 0.f;
@@ -691,19 +809,10 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
   }
   if (tid < kBlockM) {
     const int tr = tid;
-    const int R = rb * kBlockM + tr;
-    const int g = R / max_q;
-    const int i = R - g * max_q;
-    if (R < n_rows && i < q_len) {
-      float m_all = K::neg_inf();
-#pragma unroll
-      for (int w = 0; w < kNWarps; ++w) m_all = fmaxf(m_all, s_m[w * kBlockM + tr]);
-      float l_all = 0.f;
-#pragma unroll
-      for (int w = 0; w < kNWarps; ++w) {
-        const float mw = s_m[w * kBlockM + tr];
-        if (mw != K::neg_inf()) l_all += s_l[w * kBlockM + tr] * flex::ex2(mw - m_all);
-      }
+    int g, i;
+    if (row_valid(tr, g, i)) {
+      float m_all, l_all;
+      merged(tr, m_all, l_all);
       const float lse = l_all > 0.f ? m_all * kLn2 + logf(l_all) : K::neg_inf();
       if (direct) {
         if (p.lse != nullptr) p.lse[b * p.lse_stride_b + (h0 + g) * p.lse_stride_h + i] = lse;
@@ -730,10 +839,8 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
   if (!s_last) return;
   __threadfence();
   for (int tr = warp; tr < kBlockM; tr += kNWarps) {
-    const int R = rb * kBlockM + tr;
-    const int g = R / max_q;
-    const int i = R - g * max_q;
-    if (!(R < n_rows && i < q_len)) continue;
+    int g, i;
+    if (!row_valid(tr, g, i)) continue;
     const long long row = (long long)(b * p.heads + h0 + g) * max_q + i;
     flex::decode_combine_row<kHeadDim, Element, true>(p, row, b, h0 + g, i, lane);
   }

@@ -12,6 +12,18 @@ constexpr int kFlexDecodeBlockN = 64;
 // this only bounds the workspace and keeps the heuristic sane).
 constexpr int kFlexDecodeMaxSplits = 256;
 
+// Whether the decode kernel alternates 128-row K and V loads (FlexDecodeTraits::kAlternate, the template's default
+// and the runtime's choice in decode_config) rather than streaming 64-row K+V pairs. Alternating was 0.6-1.4% faster
+// in every KV 8192 / 32768 case of the H100 target shape (D128, one m-tile; DECODE_NOTES.md run 4); its warps hold
+// 32 KV rows of S and P instead of 16: 4-35 more registers. ptxas over every gallery spec (NVRTC, sm_90a and sm_80,
+// checked and 64-bit variants too) keeps it to D128 with one m-tile: there 174-250 registers, no spill, 2 CTAs per
+// SM, which is what the split heuristic fills at D128 anyway. Two m-tiles, D192 and D256 spill 4-52 bytes for some
+// specs where the pairs do not; at D32-D96 some specs drop below the resident CTAs that bandwidth needs
+// (flex_decode_bandwidth_ctas). Those keep the pairs until a measurement says otherwise.
+constexpr bool flex_decode_alternate(int head_dim, int m_tiles, int stages) {
+  return head_dim == 128 && m_tiles == 1 && stages == 2;
+}
+
 // Which KV tiles (of kFlexDecodeBlockN rows, tile t = rows [64 t, 64 t + 64)) one sequence visits.
 // Tiles outside [begin, end) are never read: a sliding window or a document reads only its pages. Tiles in
 // [full_begin, full_end) are "full": mask_mod is not called there (the host proved it true everywhere);
@@ -121,7 +133,8 @@ inline long long flex_decode_workspace_bytes(int batch, int heads, int max_q_len
 #if !defined(__CUDACC_RTC__)
 // Resident CTAs per SM worth filling with splits (the ctas_per_sm argument of flex_decode_num_splits): the
 // memory system is saturated once about 64 KB of K/V copies are in flight per SM (kStages - 1 tiles of K and V per
-// CTA); more resident CTAs only add partials to merge. Measured on the H100 (docs/DECODE_NOTES.md): D128 with 2
+// CTA; the alternating pipeline's one 128-row K or V load is the same bytes as its two stages' one K+V tile);
+// more resident CTAs only add partials to merge. Measured on the H100 (docs/DECODE_NOTES.md): D128 with 2
 // stages, 2 of its 3 resident CTAs per SM (4 splits for B8 Hkv8): as fast as 6 splits at KV 32768, 3% faster at 8192.
 inline int flex_decode_bandwidth_ctas(int ctas_per_sm, int head_dim, int stages) {
   const long long in_flight = (long long)(stages - 1) * 2 * kFlexDecodeBlockN * (head_dim + 8) * 2;

@@ -117,11 +117,18 @@ std::unique_ptr<DecodePlan> KernelImpl::plan_decode(const DecodePlanOptions& o) 
   plan->device = device;
   const int group = o.heads / o.kv_heads;
   plan->config = decode_config(D, group * o.max_seqlen_q);
-  // FLEXJIT_DECODE_STAGES=2..4 overrides the stage count (for comparisons; docs/DECODE_NOTES.md).
+  // For comparisons (docs/DECODE_NOTES.md): FLEXJIT_DECODE_STAGES=2..4 overrides the stage count (the default
+  // pipeline choice follows it), FLEXJIT_DECODE_ALTERNATE=0/1 the pipeline (1 needs two stages).
   if (const char* e = std::getenv("FLEXJIT_DECODE_STAGES")) {
     const int st = std::atoi(e);
     if (st < 2 || st > 4) throw Error(fmt::format("FLEXJIT_DECODE_STAGES must be 2, 3 or 4, got `{}`", e));
     plan->config.stages = st;
+    plan->config.alternate = flex_decode_alternate(D, plan->config.m_tiles, st);
+  }
+  if (const char* e = std::getenv("FLEXJIT_DECODE_ALTERNATE")) {
+    plan->config.alternate = std::atoi(e) != 0;
+    if (plan->config.alternate && plan->config.stages != 2)
+      throw Error(fmt::format("FLEXJIT_DECODE_ALTERNATE=1 needs two stages, but FLEXJIT_DECODE_STAGES is {}", plan->config.stages));
   }
   if (plan->config.shared_bytes() > info.max_shared_optin)
     throw Error(fmt::format("decode with head dim {} needs {} bytes of shared memory per block, but {} allows {}", D, plan->config.shared_bytes(),
@@ -138,6 +145,8 @@ std::unique_ptr<DecodePlan> KernelImpl::plan_decode(const DecodePlanOptions& o) 
     check_cu(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm, m.var.forward_fn.at(device), 128, plan->config.shared_bytes()),
              "reading the decode kernel's occupancy");
     const int max_tiles = (o.max_seqlen_kv + kFlexDecodeBlockN - 1) / kFlexDecodeBlockN;
+    // The alternating D128 kernel has 2 resident CTAs per SM (registers), the pairs 3; bandwidth wants 2 in both,
+    // so on an H100 (132 SMs) B8 x Hkv 8 gets 4 splits (256 CTAs in one wave of 264 slots) either way.
     const int ctas = flex_decode_bandwidth_ctas(ctas_per_sm, D, plan->config.stages);
     plan->num_splits_ = flex_decode_num_splits(info.sm_count, ctas, o.batch * o.kv_heads * row_blocks, max_tiles);
   }

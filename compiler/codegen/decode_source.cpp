@@ -42,12 +42,12 @@ KernelSource decode_kernel_source(const SpecIR& ir, const RangeInfo& ranges, con
                          kDecodeWindowEntry);
   }
   ks.source = fmt::format(
-      "// flexjit decode kernels for spec `{}`: {} packed query rows x 64 KV rows per tile, {} stages, head dim {}, {}.\n"
+      "// flexjit decode kernels for spec `{}`: {} packed query rows x 64 KV rows per tile, {}, head dim {}, {}.\n"
       "#include \"flex_decode.cuh\"\n"
       "#include \"flex_ops.cuh\"\n"
       "{}\n"
       "{}\n"
-      "using FlexDecodeT = FlexDecodeTraits</*kHeadDim=*/{}, /*kMTiles=*/{}, /*kStages=*/{}, {}>;\n"
+      "using FlexDecodeT = FlexDecodeTraits</*kHeadDim=*/{}, /*kMTiles=*/{}, /*kStages=*/{}, {}, /*kAlternate=*/{}>;\n"
       "static_assert(FlexDecodeT::kSmemBytes == {}, \"the host's DecodeConfig::shared_bytes() drifted from FlexDecodeTraits\");\n\n"
       "extern \"C\" __global__ void __launch_bounds__(FlexDecodeT::kNThreads, 2)\n"
       "{}(const FlexDecodeParams p, const FlexVariant::Params vp) {{\n"
@@ -57,8 +57,9 @@ KernelSource decode_kernel_source(const SpecIR& ir, const RangeInfo& ranges, con
       "{}(const FlexDecodeParams p) {{\n"
       "  flex_decode_combine<{}, {}>(p);\n"
       "}}\n{}",
-      ir.spec().name, c.block_m(), c.stages, c.head_dim, element, window.empty() ? "" : "#include \"flex_decode_window.cuh\"\n",
-      ks.variant.code, c.head_dim, c.m_tiles, c.stages, element, c.shared_bytes(), kDecodeEntry, kDecodeCombineEntry, c.head_dim,
+      ir.spec().name, c.block_m(), c.alternate ? "128-row K and V loads in turn" : fmt::format("{} stages", c.stages), c.head_dim, element,
+      window.empty() ? "" : "#include \"flex_decode_window.cuh\"\n", ks.variant.code, c.head_dim, c.m_tiles, c.stages, element,
+      c.alternate ? "true" : "false", c.shared_bytes(), kDecodeEntry, kDecodeCombineEntry, c.head_dim,
       element, window);
   ks.key_text = fmt::format("kind=decode\ndtype={}\nconfig={}\nint32={}\nchecked_loads={:x}\nerror_flags={}\nhoist={}\nfast_tanh={}\nwindow={}\n",
                             dsl::dtype_name(options.dtype), c.str(), vo.int32, vo.checked_loads, vo.error_flags, vo.hoist, vo.fast_tanh,

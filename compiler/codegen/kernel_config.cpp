@@ -6,6 +6,7 @@
 
 #include "dsl/error.h"
 #include "dsl/spec.h"
+#include "kernels_templates/flex_decode_params.cuh"
 
 namespace flexjit {
 
@@ -47,7 +48,7 @@ ForwardConfig forward_config(int head_dim, const std::string& arch) {
                           fmt::join(dsl::supported_head_dims(), ", ")));
 }
 
-std::string DecodeConfig::str() const { return fmt::format("d{}_mt{}_st{}", head_dim, m_tiles, stages); }
+std::string DecodeConfig::str() const { return fmt::format("d{}_mt{}_st{}{}", head_dim, m_tiles, stages, alternate ? "_alt" : ""); }
 
 DecodeConfig decode_config(int head_dim, int rows_per_kv_head) {
   if (head_dim % 16 != 0 || head_dim < 16 || head_dim > 256)
@@ -58,6 +59,7 @@ DecodeConfig decode_config(int head_dim, int rows_per_kv_head) {
   // Two stages: one K/V tile in flight per CTA while the other is consumed, and 3 CTAs per SM at D128. Measured
   // 0.5-1% faster than 3 stages (2 CTAs per SM) at KV 32768 on the H100 (docs/DECODE_NOTES.md, optimisation run 1).
   c.stages = 2;
+  c.alternate = flex_decode_alternate(c.head_dim, c.m_tiles, c.stages);
   return c;
 }
 

@@ -34,11 +34,13 @@ bool is_hopper_arch(const std::string& arch);
 // packed query rows per CTA, 64-row KV tiles, `stages` K/V stages, 4 warps.
 struct DecodeConfig {
   int head_dim = 128;
-  int m_tiles = 1;  // 1 or 2 (2 only for head dims up to 128)
-  int stages = 2;   // K/V shared-memory stages (2..4)
+  int m_tiles = 1;         // 1 or 2 (2 only for head dims up to 128)
+  int stages = 2;          // K/V shared-memory stages (2..4)
+  bool alternate = false;  // FlexDecodeTraits::kAlternate: 128-row K and V loads in turn (stages == 2 only)
   std::string str() const;
   int block_m() const { return 16 * m_tiles; }
-  // FlexDecodeTraits::kSmemBytes: Q tile plus max(stages of K and V, the end-of-CTA merge buffers).
+  // FlexDecodeTraits::kSmemBytes: Q tile plus max(stages of K and V, the end-of-CTA merge buffers). The
+  // alternating pipeline's 128-row K and V buffers fill exactly the two stages' space.
   int shared_bytes() const {
     const int stride = head_dim + 8;
     const int q = block_m() * stride * 2, stage = 2 * 64 * stride * 2, merge = 4 * block_m() * (stride + 2) * 4;
@@ -47,8 +49,9 @@ struct DecodeConfig {
 };
 
 // The decode configuration for G * max_q_len packed rows per KV head (G = H / Hkv): one m-tile when they
-// fit in 16 rows, else two (head dims up to 128); further rows go to more row blocks. Throws for head dims
-// the decode kernel does not support (multiples of 16 up to 256).
+// fit in 16 rows, else two (head dims up to 128); further rows go to more row blocks; two stages, alternating
+// where flex_decode_alternate() says so. Throws for head dims the decode kernel does not support (multiples of
+// 16 up to 256).
 DecodeConfig decode_config(int head_dim, int rows_per_kv_head);
 
 // "__nv_bfloat16" / "__half" for the kernel's element type.

@@ -18,6 +18,16 @@ constexpr int kHarnessDefaultStages = DECODE_DEFAULT_STAGES;
 #else
 constexpr int kHarnessDefaultStages = 2;
 #endif
+// Pipeline of this build (FlexDecodeTraits::kAlternate): unset = the template's default, which is the runtime's
+// choice (flex_decode_alternate); -DFLEX_DECODE_ALTERNATE=0 / 1 forces the 64-row K+V pairs / the alternating
+// 128-row loads wherever there are two stages (build.sh FLAVOURS builds one binary per choice).
+#ifdef FLEX_DECODE_ALTERNATE
+template <int kD, int kM, int kSt, class Element>
+using HarnessTraits = FlexDecodeTraits<kD, kM, kSt, Element, FLEX_DECODE_ALTERNATE != 0 && kSt == 2>;
+#else
+template <int kD, int kM, int kSt, class Element>
+using HarnessTraits = FlexDecodeTraits<kD, kM, kSt, Element>;
+#endif
 
 // What generated code writes: a __global__ wrapper per instantiation, two CTAs per SM wanted.
 template <class T, class Variant>
@@ -31,7 +41,7 @@ __global__ void __launch_bounds__(128) harness_combine(const FlexDecodeParams p)
 
 template <class Element, int kMTiles, int kStages, class Variant>
 struct Launcher {
-  using T = FlexDecodeTraits<kHeadDim, kMTiles, kStages, Element>;
+  using T = HarnessTraits<kHeadDim, kMTiles, kStages, Element>;
   static cudaError_t prepare() {
     static bool done = false;  // once per instantiation, so timed launches carry no extra API call
     if (!done) {
@@ -60,8 +70,10 @@ struct Launcher {
     if (prepare() != cudaSuccess) return 0;
     int n = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, harness_decode<T, Variant>, T::kNThreads, T::kSmemBytes) !=
-        cudaSuccess)
+        cudaSuccess) {
+      cudaGetLastError();
       return 0;
+    }
     return n;
   }
 };
@@ -148,11 +160,11 @@ int smem_bytes_for(int stages) {
     return 0;
   } else {
     switch (stages) {
-      case 2: return FlexDecodeTraits<kHeadDim, kM, 2, __half>::kSmemBytes;
-      case 3: return FlexDecodeTraits<kHeadDim, kM, 3, __half>::kSmemBytes;
+      case 2: return HarnessTraits<kHeadDim, kM, 2, __half>::kSmemBytes;
+      case 3: return HarnessTraits<kHeadDim, kM, 3, __half>::kSmemBytes;
       default: break;
     }
-    if constexpr (kHeadDim <= 128) return FlexDecodeTraits<kHeadDim, kM, 4, __half>::kSmemBytes;
+    if constexpr (kHeadDim <= 128) return HarnessTraits<kHeadDim, kM, 4, __half>::kSmemBytes;
     return 0;
   }
 }

@@ -1,6 +1,8 @@
 // Standalone harness of the flex decode template: correctness against an fp64 CPU reference, and benchmarks.
 //
-// Usage: decode_harness [check|bench|all|sanitize|quick]  |  decode_harness one <kv_len> <splits> <stages> <page_size>
+// Usage: decode_harness [check|bench|all|sanitize|quick|opt|target]
+//        decode_harness one <kv_len> <splits> <stages> <page_size>
+// Built per pipeline choice (build.sh FLAVOURS; -DFLEX_DECODE_ALTERNATE, see kernels.cu).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -958,6 +960,7 @@ void run_bench(const std::string& set, const BenchSpec& one, int reps) {
     CUDA_CHECK(cudaMemset(a, 1, bytes));
     const double ms = time_ms([&] { CUDA_CHECK(cudaMemcpyAsync(b2, a, bytes, cudaMemcpyDeviceToDevice)); }, 10);
     std::printf("device copy 1 GiB: %.3f ms = %.2f TB/s (read + write)\n", ms, 2.0 * bytes / ms / 1e9);
+    if (set == "target") std::printf("RESULT copy_TBps %.3f 0 0\n", 2.0 * bytes / ms / 1e9);
     CUDA_CHECK(cudaFree(a));
     CUDA_CHECK(cudaFree(b2));
   }
@@ -1051,6 +1054,27 @@ void run_bench(const std::string& set, const BenchSpec& one, int reps) {
     add({"contiguous (repeat)", DVariant::Plain, 32768, 0}, false);
     add({"contiguous (repeat)", DVariant::Plain, 32768, 0}, true);
     add({"contiguous (repeat)", DVariant::Plain, 8192, 0}, true);
+  } else if (set == "target") {
+    // The target cases with the runtime's defaults (fused merge; evict_first for caches up to 512 MB and for the
+    // window), then the decode kernel alone and a repeat of the first case; RESULT lines for
+    // tools/device/decode.sh, which runs this side by side across the pipeline builds.
+    auto add = [&](const std::string& key, DVariant kind, int L, int ps, int window, bool evict_first, bool skip = false) {
+      BenchSpec s{key, kind, L, ps, window};
+      s.fused = true;
+      s.evict_first = evict_first;
+      s.skip_combine = skip;
+      specs.push_back(s);
+    };
+    add("32768_contiguous", DVariant::Plain, 32768, 0, 0, false);
+    add("32768_ps16", DVariant::Plain, 32768, 16, 0, false);
+    add("8192_contiguous", DVariant::Plain, 8192, 0, 0, true);
+    add("8192_ps16", DVariant::Plain, 8192, 16, 0, true);
+    add("window1024_ps16", DVariant::Window, 32768, 16, 1024, true);
+    add("32768_alibi", DVariant::Alibi, 32768, 0, 0, false);
+    add("32768_softcap", DVariant::Softcap, 32768, 0, 0, false);
+    add("32768_evict_first", DVariant::Plain, 32768, 0, 0, true);
+    add("32768_decode_only", DVariant::Plain, 32768, 0, 0, false, true);
+    add("32768_contiguous_again", DVariant::Plain, 32768, 0, 0, false);
   } else if (set == "one") {
     BenchSpec s{"one", DVariant::Plain, one.kv_len, one.page_size};
     s.splits = one.splits;
@@ -1199,6 +1223,7 @@ void run_bench(const std::string& set, const BenchSpec& one, int reps) {
     const double ms = time_ms([&] { CUDA_CHECK(launch_decode(cfg, s.kind, s.dtype, false, p, vp, 0)); }, reps);
     const double bytes = (double)B * Hkv * rows_read * D * 2 * 2;
     std::printf("%-34s %6d %6d %7d %9.4f %9.3f\n", s.name.c_str(), L, p.num_splits, ctas, ms, bytes / ms / 1e9);
+    if (set == "target") std::printf("RESULT %s %.4f %d %d\n", s.name.c_str(), ms, p.num_splits, ctas);
     std::fflush(stdout);
     g_decode_skip_combine = false;
   }
@@ -1227,6 +1252,7 @@ int main(int argc, char** argv) {
   if (mode == "bench" || mode == "all") run_bench("full", BenchSpec{}, 30);
   if (mode == "quick") run_bench("quick", BenchSpec{}, 30);
   if (mode == "opt") run_bench("opt", BenchSpec{}, 30);
+  if (mode == "target") run_bench("target", BenchSpec{}, 30);
   if (mode == "one") {  // decode_harness one <kv_len> <splits> <stages> <page_size>: for ncu
     BenchSpec s;
     s.kv_len = argc > 2 ? std::atoi(argv[2]) : 32768;

@@ -1,7 +1,7 @@
 // Compiles the decode template through NVRTC the way the runtime will (in-memory headers, -default-device, C++17)
 // with generated-style variants, for sm_80 and sm_90a, and prints ptxas resource usage. Needs no GPU.
 //
-// Build: g++ -std=c++17 -O1 nvrtc_check.cpp -I/usr/local/cuda/include -L/usr/local/cuda/lib64 -lnvrtc
+// Build: g++ -std=c++17 -O1 nvrtc_check.cpp -I../../../kernels_templates -I/usr/local/cuda/include -L/usr/local/cuda/lib64 -lnvrtc
 // Usage: nvrtc_check <kernels_templates dir>
 #include <nvrtc.h>
 
@@ -12,6 +12,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "flex_decode_params.cuh"
 
 namespace {
 
@@ -107,17 +109,19 @@ int main(int argc, char** argv) {
   for (int d : {64, 128, 256}) {
     for (int mt : {1, 2}) {
       if (d > 128 && mt > 1) continue;
+      // Both pipelines (FlexDecodeTraits::kAlternate); the one flex_decode_alternate() picks is marked "*".
+      for (const bool alt : {false, true})
       for (int v = 0; v < 2; ++v) {
-        const int stages = d > 128 ? 2 : 3;
+        const int stages = 2;
         std::string src = "#include \"flex_decode.cuh\"\n";
         src += v == 0 ? kPlainVariant : kAlibiCausalVariant;
         src += "using Traits = FlexDecodeTraits<" + std::to_string(d) + ", " + std::to_string(mt) + ", " +
-               std::to_string(stages) + ", __nv_bfloat16>;\n";
-        src +=
-            "extern \"C\" __global__ void __launch_bounds__(Traits::kNThreads, 2) flexjit_decode(const FlexDecodeParams p, "
-            "const Variant::Params vp) { flex_decode<Traits, Variant>(p, vp); }\n"
-            "extern \"C\" __global__ void __launch_bounds__(128) flexjit_decode_combine(const FlexDecodeParams p) { "
-            "flex_decode_combine<Traits::kHeadDim, Traits::Element>(p); }\n";
+               std::to_string(stages) + ", __nv_bfloat16, " + (alt ? "true" : "false") + ">;\n";
+        src += "extern \"C\" __global__ void __launch_bounds__(Traits::kNThreads, 2) flexjit_decode(const FlexDecodeParams p, "
+               "const Variant::Params vp) { flex_decode<Traits, Variant>(p, vp); }\n"
+               "extern \"C\" __global__ void __launch_bounds__(128) flexjit_decode_combine(const FlexDecodeParams p) { "
+               "flex_decode_combine<Traits::kHeadDim, Traits::Element>(p); }\n";
+        const char* name = alt == flex_decode_alternate(d, mt, stages) ? (alt ? " alt*" : " pairs*") : (alt ? " alt" : " pairs");
         for (const char* arch : {"sm_80", "sm_90a"}) {
           Result r = compile(headers, src, arch);
           // One "Compiling entry" / "registers" / "spill" triple per kernel: keep the decode kernel's.
@@ -128,7 +132,7 @@ int main(int argc, char** argv) {
             if (decode && line.find("registers") != std::string::npos) usage = line.substr(line.find("Used"));
             if (decode && line.find("spill") != std::string::npos) spill = line.substr(line.find("bytes stack") - 4);
           }
-          std::printf("D%-3d mt%d %-13s %-6s %s %5.1fs | %s | %s\n", d, mt, v == 0 ? "plain" : "alibi+causal", arch,
+          std::printf("D%-3d mt%d %-13s%-9s %-6s %s %5.1fs | %s | %s\n", d, mt, v == 0 ? "plain" : "alibi+causal", name, arch,
                       r.ok ? "OK  " : "FAIL", r.seconds, usage.c_str(), spill.c_str());
           if (!r.ok) {
             std::printf("%s\n", r.log.c_str());

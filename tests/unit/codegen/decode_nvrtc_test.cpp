@@ -1,8 +1,12 @@
 // The decode module (decode + combine, + tile window for buffer-free masks) of every gallery spec compiles
-// through NVRTC, without a GPU: sm_90a for all, sm_80 and the two-m-tile configuration for a few (CI time).
+// through NVRTC, without a GPU, and the decode kernel does not spill: sm_90a for all, sm_80, the two-m-tile
+// configuration and the non-default pipeline for a few (CI time). Also the host's choice of pipeline and splits.
 #include <catch2/catch.hpp>
 
+#include <cstdio>
+
 #include "compiler/codegen/decode_source.h"
+#include "kernels_templates/flex_decode_params.cuh"
 #include "runtime/kernel_compiler.h"
 #include "support/spec_loading.h"
 
@@ -10,6 +14,7 @@ using namespace flexjit;
 
 namespace {
 
+// Compiles the module and checks that the decode kernel does not spill (printing ptxas' registers and spills).
 void compile_decode(const SpecIR& ir, const DecodeKernelOptions& o, const char* arch) {
   KernelSource ks = decode_kernel_source(ir, analyze_decode_ranges(ir), o);
   INFO(ks.name << " for " << arch);
@@ -18,9 +23,37 @@ void compile_decode(const SpecIR& ir, const DecodeKernelOptions& o, const char* 
   REQUIRE(r.artefact);
   REQUIRE(r.artefact->binary.size() > 1000);
   CHECK(r.artefact->binary[0] == 0x7f);
+  const nlohmann::json& res = r.artefact->metadata.value("resources", nlohmann::json::object());
+  REQUIRE(res.contains(kDecodeEntry));
+  const nlohmann::json& v = res[kDecodeEntry];
+  std::printf("%-40s %-7s regs %3d spill %3d\n", ks.name.c_str(), arch, v.value("registers", -1), v.value("spill_store_bytes", -1));
+  CHECK(v.value("spill_store_bytes", -1) == 0);
 }
 
 }  // namespace
+
+TEST_CASE("decode config: alternating K/V loads at D128 with one m-tile; the target shape gets 4 splits", "[nvrtc][decode]") {
+  for (int d : dsl::supported_head_dims())
+    for (int rows : {1, 4, 16, 17, 32, 64}) {
+      DecodeConfig c = decode_config(d, rows);
+      INFO("D" << d << " rows " << rows);
+      CHECK(c.stages == 2);
+      CHECK(c.alternate == (d == 128 && c.m_tiles == 1));
+      // The pipeline is part of the module's name and cache key.
+      DecodeConfig other = c;
+      other.alternate = !c.alternate;
+      CHECK(other.str() != c.str());
+    }
+  // H100 (132 SMs), D128, B8 x 8 KV heads: 2 resident CTAs per SM for the alternating kernel (3 for the pairs),
+  // bandwidth wants 2 either way, so 4 splits: 256 CTAs in one wave of 264 slots, at KV 8192 and 32768.
+  for (int resident : {2, 3}) {
+    const int ctas = flex_decode_bandwidth_ctas(resident, 128, 2);
+    CHECK(ctas == 2);
+    CHECK(flex_decode_num_splits(132, ctas, 64, 8192 / 64) == 4);
+    CHECK(flex_decode_num_splits(132, ctas, 64, 32768 / 64) == 4);
+    CHECK(flex_decode_num_splits(132, ctas, 32 * 8, 32768 / 64) == 1);  // B32: 256 CTAs already
+  }
+}
 
 TEST_CASE("every gallery decode module compiles for sm_90a", "[nvrtc][decode]") {
   for (const auto& path : test::gallery_specs()) {
@@ -59,4 +92,24 @@ TEST_CASE("the ragged-prefill forward module compiles for sm_90a", "[nvrtc][varl
   runtime::CacheLookup r = runtime::compile_kernel(ks, canonical_ir_text(ir), "sm_90a");
   REQUIRE(r.artefact);
   CHECK(r.artefact->binary.size() > 1000);
+}
+
+TEST_CASE("the other decode pipeline compiles too (FLEXJIT_DECODE_ALTERNATE)", "[nvrtc][decode]") {
+  // The pairs at D128 (the previous default) and the alternating loads at D64 and with two m-tiles, which the
+  // runtime builds only when the environment asks: compiled, not checked for spills.
+  dsl::Spec spec = test::load_spec(test::gallery_dir() / "alibi_causal.json");
+  for (auto [d, rows] : {std::pair{128, 4}, std::pair{64, 4}, std::pair{128, 32}}) {
+    spec.head_dim = d;
+    SpecIR ir = build_spec_ir(spec);
+    DecodeKernelOptions o;
+    o.dtype = spec.dtype;
+    o.config = decode_config(d, rows);
+    o.config.alternate = !o.config.alternate;
+    KernelSource ks = decode_kernel_source(ir, analyze_decode_ranges(ir), o);
+    INFO(ks.name);
+    CHECK(ks.source.find(o.config.alternate ? "/*kAlternate=*/true" : "/*kAlternate=*/false") != std::string::npos);
+    runtime::CacheLookup r = runtime::compile_kernel(ks, canonical_ir_text(ir), "sm_90a");
+    REQUIRE(r.artefact);
+    CHECK(r.artefact->binary.size() > 1000);
+  }
 }

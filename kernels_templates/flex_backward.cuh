@@ -452,6 +452,59 @@ __device__ __forceinline__ void flush_one(const FlexBackwardParams& p, const typ
 
 }  // namespace flex_bwd
 
+namespace flex_bwd {
+
+// The (head of the GQA group, query tile) positions a KV-major CTA visits, in order, with the class of each
+// for its KV tile: 0 skip, 1 full, 2 partial. The classes of the CTA's column are computed once into shared
+// memory (in parallel) when they fit, so the main loop never waits on global loads for them. Shared by the
+// mma.sync and the Hopper main kernels.
+template <int kBlockM, int kBlockN, int kNThreads, int kMaxSched>
+struct ColumnSchedule {
+  const FlexBackwardParams& p;
+  int b, hkv, group, num_m, n0, total;
+  unsigned char* cache;  // kMaxSched bytes of shared memory
+  bool cached;
+
+  // Every thread of the CTA constructs it (the cache fill synchronises).
+  __device__ __forceinline__ ColumnSchedule(const FlexBackwardParams& params, int b_, int hkv_, int n0_, unsigned char* cache_, int tid)
+      : p(params), b(b_), hkv(hkv_), group(params.heads / params.kv_heads), num_m((params.seqlen_q + kBlockM - 1) / kBlockM), n0(n0_),
+        cache(cache_) {
+    total = group * num_m;
+    cached = total <= kMaxSched;
+    if (cached) {
+      for (int i = tid; i < total; i += kNThreads) cache[i] = (unsigned char)tile_class(hkv * group + i / num_m, i % num_m);
+      __syncthreads();
+    }
+  }
+  // The forward block mask's classes (at its q_tile x kv_tile granularity) merged over this backward tile.
+  __device__ __forceinline__ int tile_class(int h, int m) const {
+    if (p.tile_state == nullptr) return 1;
+    const unsigned char* st = p.tile_state + b * p.ts_stride_b + h * p.ts_stride_h;
+    const int mf = (m * kBlockM) / p.ts_q_tile;
+    const int f0 = n0 / p.ts_kv_tile;
+    const int f1 = min((n0 + kBlockN - 1) / p.ts_kv_tile, p.ts_nkv - 1);
+    bool any_full = false, any_skip = false, any_partial = false;
+    for (int f = f0; f <= f1; ++f) {
+      const int c = st[(long long)mf * p.ts_nkv + f];
+      any_full |= c == 1;
+      any_partial |= c == 2;
+      any_skip |= c == 0;
+    }
+    if (any_partial || (any_full && any_skip)) return 2;
+    return any_full ? 1 : 0;
+  }
+  __device__ __forceinline__ int class_at(int pos) const {
+    return cached ? cache[pos] : tile_class(hkv * group + pos / num_m, pos % num_m);
+  }
+  // The first position at or after pos that is not skipped (total when none).
+  __device__ __forceinline__ int next_pos(int pos) const {
+    while (pos < total && class_at(pos) == 0) ++pos;
+    return pos;
+  }
+};
+
+}  // namespace flex_bwd
+
 // The main backward kernel. grid = (ceil(Skv / kBlockN), Hkv, B), block = kNThreads, smem = kSmemBytes.
 // kDq = false when the query-major pass computes dq: no dS^T staging, no dQ GEMM, no dQ atomics here.
 template <class Traits, class Variant, bool kDeterministic, bool kDq = true>
@@ -504,39 +557,11 @@ __device__ __forceinline__ void flex_backward_main(const FlexBackwardParams& p, 
   const Element* g_k = static_cast<const Element*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
   const Element* g_v = static_cast<const Element*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
 
-  // Tile class of (head h, query tile m) for this KV tile: 0 skip, 1 full, 2 partial.
-  auto tile_class = [&](int h, int m) -> int {
-    if (p.tile_state == nullptr) return 1;
-    const unsigned char* st = p.tile_state + b * p.ts_stride_b + h * p.ts_stride_h;
-    const int mf = (m * kBlockM) / p.ts_q_tile;
-    const int f0 = n0 / p.ts_kv_tile;
-    const int f1 = min((n0 + kBlockN - 1) / p.ts_kv_tile, p.ts_nkv - 1);
-    bool any_full = false, any_skip = false, any_partial = false;
-    for (int f = f0; f <= f1; ++f) {
-      const int c = st[(long long)mf * p.ts_nkv + f];
-      any_full |= c == 1;
-      any_partial |= c == 2;
-      any_skip |= c == 0;
-    }
-    if (any_partial || (any_full && any_skip)) return 2;
-    return any_full ? 1 : 0;
-  };
-  // Flat schedule over (head of the group, query tile). The classes of the CTA's column are computed once
-  // into shared memory (in parallel) when they fit, so the loop never waits on global loads for them.
-  const int total = group * num_m;
-  unsigned char* sh_sched = flex_smem + Traits::kOffSched;
-  const bool sched_cached = total <= Traits::kMaxSched;
-  if (sched_cached) {
-    for (int i = tid; i < total; i += Traits::kNThreads) sh_sched[i] = (unsigned char)tile_class(hkv * group + i / num_m, i % num_m);
-    __syncthreads();
-  }
-  auto class_at = [&](int pos) -> int {
-    return sched_cached ? sh_sched[pos] : tile_class(hkv * group + pos / num_m, pos % num_m);
-  };
-  auto next_pos = [&](int pos) -> int {
-    while (pos < total && class_at(pos) == 0) ++pos;
-    return pos;
-  };
+  const flex_bwd::ColumnSchedule<kBlockM, kBlockN, Traits::kNThreads, Traits::kMaxSched> sched(p, b, hkv, n0, flex_smem + Traits::kOffSched,
+                                                                                              tid);
+  const int total = sched.total;
+  auto class_at = [&](int pos) -> int { return sched.class_at(pos); };
+  auto next_pos = [&](int pos) -> int { return sched.next_pos(pos); };
 
   auto load_q_tile = [&](int pos, int stage) {
     const int h = hkv * group + pos / num_m;

@@ -61,24 +61,6 @@ struct Smem {
   static_assert(kDqN1 > 0 && kDqN0 % TileKV::kRegionCols == 0, "flex_backward_main_sm90: dQ split must land on a region boundary");
 };
 
-// Rows [row0, row0 + kRows) of a [S, D] slice into a swizzled tile with 16-byte cp.async; rows past seqlen are
-// zero-filled (no global read).
-template <class Tile, int kRows, int kNThreads, class Element>
-__device__ __forceinline__ void load_tile(unsigned s_tile, const Element* g, long long stride_s, int row0, int seqlen, int tid) {
-  constexpr int kChunks = Tile::kChunksPerRow;
-  constexpr int kTotal = kRows * kChunks;
-#pragma unroll
-  for (int i = 0; i < (kTotal + kNThreads - 1) / kNThreads; ++i) {
-    const int chunk = tid + i * kNThreads;
-    if (kTotal % kNThreads == 0 || chunk < kTotal) {
-      const int r = chunk / kChunks, c = chunk % kChunks;
-      const bool valid = row0 + r < seqlen;
-      const Element* src = valid ? g + (long long)(row0 + r) * stride_s + c * 8 : g;
-      flex::cp_async_16(s_tile + Tile::chunk_offset(r, c), src, valid);
-    }
-  }
-}
-
 // x, through an instruction the compiler cannot look through. Used at the top of the query-tile loop for the
 // shared-memory bases and the lane: everything derived from them (some fifty wgmma descriptors, swizzled dS^T
 // offsets, lse / delta addresses) is then recomputed per tile with a few integer ops instead of being hoisted out
@@ -195,44 +177,18 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   const Element* g_k = static_cast<const Element*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
   const Element* g_v = static_cast<const Element*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
 
-  // Tile class of (head h, query tile m) for this KV tile: 0 skip, 1 full, 2 partial (as flex_backward_main).
-  auto tile_class = [&](int h, int m) -> int {
-    if (p.tile_state == nullptr) return 1;
-    const unsigned char* st = p.tile_state + b * p.ts_stride_b + h * p.ts_stride_h;
-    const int mf = (m * kBlockM) / p.ts_q_tile;
-    const int f0 = n0 / p.ts_kv_tile;
-    const int f1 = min((n0 + kBlockN - 1) / p.ts_kv_tile, p.ts_nkv - 1);
-    bool any_full = false, any_skip = false, any_partial = false;
-    for (int f = f0; f <= f1; ++f) {
-      const int c = st[(long long)mf * p.ts_nkv + f];
-      any_full |= c == 1;
-      any_partial |= c == 2;
-      any_skip |= c == 0;
-    }
-    if (any_partial || (any_full && any_skip)) return 2;
-    return any_full ? 1 : 0;
-  };
-  // Flat schedule over (head of the group, query tile); the column's classes cached in shared memory.
-  const int total = group * num_m;
-  unsigned char* sh_sched = smem + S::kOffSched;
-  const bool sched_cached = total <= Traits::kMaxSched;
-  if (sched_cached) {
-    for (int i = tid; i < total; i += kNThreads) sh_sched[i] = (unsigned char)tile_class(hkv * group + i / num_m, i % num_m);
-    __syncthreads();
-  }
-  auto class_at = [&](int pos) -> int { return sched_cached ? sh_sched[pos] : tile_class(hkv * group + pos / num_m, pos % num_m); };
-  auto next_pos = [&](int pos) -> int {
-    while (pos < total && class_at(pos) == 0) ++pos;
-    return pos;
-  };
+  const flex_bwd::ColumnSchedule<kBlockM, kBlockN, kNThreads, Traits::kMaxSched> sched(p, b, hkv, n0, smem + S::kOffSched, tid);
+  const int total = sched.total;
+  auto class_at = [&](int pos) -> int { return sched.class_at(pos); };
+  auto next_pos = [&](int pos) -> int { return sched.next_pos(pos); };
 
   auto load_q_tile = [&](int pos, int stage) {
     const int h = hkv * group + pos / num_m;
     const int m0 = (pos % num_m) * kBlockM;
     const Element* g_q = static_cast<const Element*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
     const Element* g_do = static_cast<const Element*>(p.d_o) + b * p.do_stride_b + h * p.do_stride_h;
-    flex_bwd_sm90::load_tile<TileQ, kBlockM, kNThreads>(s_q0 + stage * TileQ::kBytes, g_q, p.q_stride_s, m0, seqlen_q, tid);
-    flex_bwd_sm90::load_tile<TileQ, kBlockM, kNThreads>(s_do0 + stage * TileQ::kBytes, g_do, p.do_stride_s, m0, seqlen_q, tid);
+    flex::load_swizzled_rows<TileQ, kBlockM, kNThreads>(s_q0 + stage * TileQ::kBytes, g_q, p.q_stride_s, m0, seqlen_q, tid);
+    flex::load_swizzled_rows<TileQ, kBlockM, kNThreads>(s_do0 + stage * TileQ::kBytes, g_do, p.do_stride_s, m0, seqlen_q, tid);
     if (tid < kBlockM) {
       // Rows past Sq: lse2 = +inf (P = 0) by a plain store, delta zero-filled.
       const long long row = ((long long)b * p.heads + h) * seqlen_q + m0 + tid;
@@ -245,8 +201,8 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
 
   int pos = next_pos(0);
   // K and V once, with the first Q / dO tile.
-  flex_bwd_sm90::load_tile<TileKV, kBlockN, kNThreads>(s_k0, g_k, p.k_stride_s, n0, seqlen_kv, tid);
-  flex_bwd_sm90::load_tile<TileKV, kBlockN, kNThreads>(s_v0, g_v, p.v_stride_s, n0, seqlen_kv, tid);
+  flex::load_swizzled_rows<TileKV, kBlockN, kNThreads>(s_k0, g_k, p.k_stride_s, n0, seqlen_kv, tid);
+  flex::load_swizzled_rows<TileKV, kBlockN, kNThreads>(s_v0, g_v, p.v_stride_s, n0, seqlen_kv, tid);
   if (pos < total) load_q_tile(pos, 0);
   flex::cp_async_commit();
 

@@ -48,32 +48,6 @@ struct FlexForwardTraitsSm90 : FlexForwardTraits<kHeadDim_, 128, 64, 8, Element_
   static_assert(kSmemBytes <= 232448, "FlexForwardTraitsSm90: shared memory exceeds the 227 KB an sm_90 block may opt into");
 };
 
-namespace flex {
-
-// Async copy of rows [row0, row0 + kRows) of a [S, D] slice into a swizzled tile; rows at or past seqlen are
-// zero-filled without reading global memory (masked anyway, and 0 * 0 is no NaN in P V).
-template <class Tile, int kRows, int kNThreads, class Element>
-__device__ __forceinline__ void load_swizzled_rows(unsigned smem, const Element* g, long long stride_s, int row0, int seqlen, int tid) {
-  constexpr int kChunks = Tile::kChunksPerRow;
-  constexpr int kRowsPerPass = kNThreads / kChunks;
-  constexpr int kPasses = (kRows + kRowsPerPass - 1) / kRowsPerPass;
-  const int r = tid / kChunks;
-  const int c = tid % kChunks;
-  if (r >= kRowsPerPass) return;
-  const Element* src = g + (long long)(row0 + r) * stride_s + c * 8;
-#pragma unroll
-  for (int i = 0; i < kPasses; ++i) {
-    const int row = r + i * kRowsPerPass;
-    if (kRows % kRowsPerPass == 0 || row < kRows) {
-      const bool valid = row0 + row < seqlen;
-      cp_async_16(smem + Tile::chunk_offset(row, c), valid ? src : g, valid);
-    }
-    src += kRowsPerPass * stride_s;
-  }
-}
-
-}  // namespace flex
-
 // One CTA computes O and LSE for kBlockM query rows of one (b, h): the same contract, grid and block mask as
 // flex_forward (flex_forward.cuh), block = 256 threads, dynamic shared memory = Traits::kSmemBytes.
 template <class Traits, class Variant, bool kVarlen = false, bool kRankTiles = false>

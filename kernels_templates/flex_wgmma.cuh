@@ -1,5 +1,6 @@
 // Hopper (sm_90a) tensor-core building blocks: swizzled shared-memory tiles, wgmma matrix descriptors, fences.
 #pragma once
+#include "flex_mma.cuh"
 #include "flex_wgmma_ops.cuh"
 
 namespace flex {
@@ -38,6 +39,28 @@ struct SwizzledTile {
     return o ^ ((o >> 3) & ((kChunksPerRegionRow - 1) << 4));
   }
 };
+
+// Async copy of rows [row0, row0 + kRows) of a [S, D] slice into a swizzled tile; rows at or past seqlen are
+// zero-filled without reading global memory (masked anyway, and 0 * 0 is no NaN in P V).
+template <class Tile, int kRows, int kNThreads, class Element>
+__device__ __forceinline__ void load_swizzled_rows(unsigned smem, const Element* g, long long stride_s, int row0, int seqlen, int tid) {
+  constexpr int kChunks = Tile::kChunksPerRow;
+  constexpr int kRowsPerPass = kNThreads / kChunks;
+  constexpr int kPasses = (kRows + kRowsPerPass - 1) / kRowsPerPass;
+  const int r = tid / kChunks;
+  const int c = tid % kChunks;
+  if (r >= kRowsPerPass) return;
+  const Element* src = g + (long long)(row0 + r) * stride_s + c * 8;
+#pragma unroll
+  for (int i = 0; i < kPasses; ++i) {
+    const int row = r + i * kRowsPerPass;
+    if (kRows % kRowsPerPass == 0 || row < kRows) {
+      const bool valid = row0 + row < seqlen;
+      cp_async_16(smem + Tile::chunk_offset(row, c), valid ? src : g, valid);
+    }
+    src += kRowsPerPass * stride_s;
+  }
+}
 
 // Matrix descriptor fields (PTX ISA, "Matrix Descriptor Format" of wgmma): start address, leading- and
 // stride-dimension byte offsets (all >> 4), swizzle mode in bits 62-63. Base offset 0: tiles are

@@ -38,6 +38,8 @@ for step in $steps; do
     torch)
       echo "== gallery against torch flex_attention"
       python3 tests/gpu/compare_torch.py --flexjit "$BIN/flexjit" --out "$OUT/torch_compare.json" || status=1
+      echo "== gallery backward against torch flex_attention (compiled)"
+      python3 tests/gpu/compare_torch.py --flexjit "$BIN/flexjit" --out "$OUT/torch_backward.json" --backward || status=1
       ;;
     decode)
       echo "== decode and ragged-prefill tests"

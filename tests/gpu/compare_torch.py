@@ -1,5 +1,7 @@
 """Cross-checks the gallery against PyTorch's flex_attention on the same GPU and inputs:
-an independent implementation. Runs `flexjit run` on .npy files and compares O and LSE."""
+an independent implementation. Runs `flexjit run` on .npy files and compares O and LSE; with --backward,
+`flexjit run --backward` against torch autograd through flex_attention: dq, dk, dv and the gradients of the
+buffers each case marks learnable (fp32 leaves on the torch side)."""
 import argparse
 import json
 import os
@@ -19,15 +21,20 @@ def from_bits(a, dtype):
     return torch.from_numpy(a.view(np.int16)).view(dtype)
 
 
-def cases(S, H, dev):
+def cases(S, H, dev, learn=False):
+    """The gallery's mods in torch. learn: the learnable buffers (LEARNABLE) are fp32 leaves requiring grad, with
+    values exact in the spec's dtype (SAVE_AS converts them back when they are written for flexjit)."""
+    def leaf(t):
+        return t.float().requires_grad_(True) if learn else t
+
     doc = torch.sort(torch.randint(0, 5, (S,), device=dev)).values.to(torch.int32)
-    slope = torch.exp2(-8.0 * torch.arange(1, H + 1, device=dev) / H).float()
-    bias = torch.randn(H, 2 * S - 1, device=dev)
-    rel_h = torch.randn(2, H, S, 64, device=dev).to(torch.bfloat16)
-    rel_w = torch.randn(2, H, S, 64, device=dev).to(torch.bfloat16)
+    slope = leaf(torch.exp2(-8.0 * torch.arange(1, H + 1, device=dev) / H).float())
+    bias = leaf(torch.randn(H, 2 * S - 1, device=dev))
+    rel_h = leaf(torch.randn(2, H, S, 64, device=dev).to(torch.bfloat16))
+    rel_w = leaf(torch.randn(2, H, S, 64, device=dev).to(torch.bfloat16))
     offset = torch.randint(0, 64, (S,), device=dev).to(torch.int32)
-    nbias = torch.randn(64, device=dev)
-    sb = torch.randn(H, 256, device=dev)
+    nbias = leaf(torch.randn(64, device=dev))
+    sb = leaf(torch.randn(H, 256, device=dev))
     dist = torch.randint(0, 256, (2, S, S), device=dev).to(torch.uint8)
     W, P, cap = 40, 70, 30.0
     return {
@@ -46,36 +53,125 @@ def cases(S, H, dev):
     }
 
 
-def save(path, t):
+# Buffers whose gradients --backward compares (the spec's buffer names). offset_bias's `bias[offset[q]]` is left
+# out: a constant per query row does not change a softmax, so its exact gradient is 0 and both sides return
+# rounding noise (seen: relative L2 of noise against noise, 6e3).
+LEARNABLE = {
+    "alibi": ["slope"],
+    "alibi_causal": ["slope"],
+    "relative_bias": ["bias"],
+    "sam_relpos": ["rel_h", "rel_w"],
+    "graphormer": ["sb"],
+}
+# Relative-L2 bound per gradient (default 2e-2). The unmasked ALiBi slope gradient sum(dS * (kv - q)) cancels:
+# at this size the terms add up to 1.4-1.8e5 in magnitude for results of 1e2-1e3, so fp32 errors in dS grow
+# 100-1000x (flexjit's CPU backend: 3.4e-3 from float64; fp32 sums of float64 dS: 5e-7). H100, 2026-11-23:
+# flexjit against torch 5.3e-2 there, 1.1e-3 with the causal mask.
+TOLERANCE = {("alibi", "d_slope"): 1e-1}
+
+
+# Learnable buffers the spec declares in another dtype than their fp32 leaves.
+SAVE_AS = {"rel_h": torch.bfloat16, "rel_w": torch.bfloat16}
+
+
+def rel_l2(a, b):
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def save(path, t, as_dtype=None):
+    t = t.detach()
+    if as_dtype is not None:
+        t = t.to(as_dtype)
     if t.dtype == torch.bfloat16:
         np.save(path, to_bf16_bits(t))
     else:
         np.save(path, t.cpu().numpy())
 
 
+_compiled_flex = None
+
+
+def compiled_flex():
+    # Differentiating through flex_attention needs the compiled form (its eager path traces the backward with
+    # dynamo anyway, and fails on captured buffers in torch 2.11); compiled once, recompiled per mod.
+    global _compiled_flex
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex
+
+
+def compare_backward(name, cmd, q, k, v, score_mod, bm, buffers, tmp, dev):
+    """Gradients of sum(O * dO) from flexjit and from torch autograd through compiled flex_attention (fp32)."""
+    learn = LEARNABLE.get(name, [])
+    d_o = torch.randn_like(q)
+    save(f"{tmp}/do.npy", d_o)
+    cmd = cmd + ["--backward", "--do", f"{tmp}/do.npy", "--dq", f"{tmp}/dq.npy", "--dk", f"{tmp}/dk.npy", "--dv", f"{tmp}/dv.npy"]
+    for bname in learn:
+        cmd += ["--grad", f"{bname}={tmp}/d_{bname}.npy"]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        print(f"{name}: flexjit failed: {p.stderr.strip()}")
+        return False, {"case": name, "error": p.stderr.strip()}
+    qf, kf, vf = [t.float().clone().requires_grad_(True) for t in (q, k, v)]
+    note = ""
+    flex = compiled_flex()
+    try:
+        out = flex(qf, kf, vf, score_mod=score_mod, block_mask=bm)
+        grads = torch.autograd.grad(out, [qf, kf, vf] + [buffers[b] for b in learn], d_o.float())
+    except Exception as e:  # this torch cannot differentiate into the captured buffers: dq, dk, dv only
+        note = f" (torch: no buffer gradients: {type(e).__name__})"
+        learn = []
+        try:
+            qf, kf, vf = [t.float().clone().requires_grad_(True) for t in (q, k, v)]
+            out = flex(qf, kf, vf, score_mod=score_mod, block_mask=bm)
+            grads = torch.autograd.grad(out, [qf, kf, vf], d_o.float())
+        except Exception as e2:
+            print(f"{name}: torch failed: {type(e2).__name__}: {str(e2)[:200]}")
+            return False, {"case": name, "error": f"torch: {type(e2).__name__}"}
+    ours = [from_bits(np.load(f"{tmp}/{n}.npy"), torch.bfloat16).float().to(dev) for n in ("dq", "dk", "dv")]
+    ours += [torch.from_numpy(np.load(f"{tmp}/d_{b}.npy")).float().to(dev) for b in learn]
+    names = ["dq", "dk", "dv"] + [f"d_{b}" for b in learn]
+    row = {"case": name}
+    ok = True
+    for n, a, r in zip(names, ours, grads):
+        err = rel_l2(a, r.float())
+        row[n] = err
+        ok &= err < TOLERANCE.get((name, n), 2e-2) and not torch.isnan(a).any().item()
+    print(f"{name:16s} " + " ".join(f"{n} {row[n]:.2e}" for n in names) + (" ok" if ok else " MISMATCH") + note)
+    row["ok"] = ok
+    return ok, row
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--flexjit", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--backward", action="store_true", help="compare the backward (gradients) instead of the forward")
+    ap.add_argument("--device", default="cuda", help="torch device; flexjit runs on cuda:0, or on the CPU backend with cpu")
     args = ap.parse_args()
-    dev = "cuda"
+    dev = args.device
     torch.manual_seed(0)
     B, H, S, D = 2, 4, 256, 64
     results, failed = [], 0
     tmp = tempfile.mkdtemp()
-    for name, (score_mod, mask_mod, buffers, sets) in cases(S, H, dev).items():
+    for name, (score_mod, mask_mod, buffers, sets) in cases(S, H, dev, learn=args.backward).items():
         q, k, v = [torch.randn(B, H, S, D, device=dev).to(torch.bfloat16) for _ in range(3)]
         bm = create_block_mask(mask_mod, B, H, S, S, device=dev) if mask_mod else None
-        ref, lse = flex_attention(q.float(), k.float(), v.float(), score_mod=score_mod, block_mask=bm, return_lse=True)
         for n, t in (("q", q), ("k", k), ("v", v)):
             save(f"{tmp}/{n}.npy", t)
         cmd = [args.flexjit, "run", f"examples/gallery/{name}.json", "--q", f"{tmp}/q.npy", "--k", f"{tmp}/k.npy", "--v",
-               f"{tmp}/v.npy", "--out", f"{tmp}/o.npy", "--lse", f"{tmp}/lse.npy", "--device", "cuda:0"]
+               f"{tmp}/v.npy", "--out", f"{tmp}/o.npy", "--lse", f"{tmp}/lse.npy", "--device", "cpu" if dev == "cpu" else "cuda:0"]
         for bname, t in buffers.items():
-            save(f"{tmp}/{bname}.npy", t)
+            save(f"{tmp}/{bname}.npy", t, SAVE_AS.get(bname))
             cmd += ["--load", f"{bname}={tmp}/{bname}.npy"]
         for s in sets:
             cmd += ["--set", s]
+        if args.backward:
+            ok, row = compare_backward(name, cmd, q, k, v, score_mod, bm, buffers, tmp, dev)
+            failed += not ok
+            results.append(row)
+            continue
+        ref, lse = flex_attention(q.float(), k.float(), v.float(), score_mod=score_mod, block_mask=bm, return_lse=True)
         p = subprocess.run(cmd, capture_output=True, text=True)
         if p.returncode != 0:
             print(f"{name}: flexjit failed: {p.stderr.strip()}")

@@ -454,6 +454,12 @@ __device__ __forceinline__ void flush_one(const FlexBackwardParams& p, const typ
 
 namespace flex_bwd {
 
+// A compile-time bool as a value, so one generic lambda can be instantiated for both forms of a tile.
+template <bool B>
+struct BoolTag {
+  static constexpr bool value = B;
+};
+
 // The (head of the GQA group, query tile) positions a KV-major CTA visits, in order, with the class of each
 // for its KV tile: 0 skip, 1 full, 2 partial. The classes of the CTA's column are computed once into shared
 // memory (in parallel) when they fit, so the main loop never waits on global loads for them. Shared by the
@@ -462,6 +468,7 @@ template <int kBlockM, int kBlockN, int kNThreads, int kMaxSched>
 struct ColumnSchedule {
   const FlexBackwardParams& p;
   int b, hkv, group, num_m, n0, total;
+  float inv_num_m;       // 1 / num_m, rounded: split()'s quotient
   unsigned char* cache;  // kMaxSched bytes of shared memory
   bool cached;
 
@@ -470,6 +477,7 @@ struct ColumnSchedule {
       : p(params), b(b_), hkv(hkv_), group(params.heads / params.kv_heads), num_m((params.seqlen_q + kBlockM - 1) / kBlockM), n0(n0_),
         cache(cache_) {
     total = group * num_m;
+    inv_num_m = 1.f / (float)num_m;
     cached = total <= kMaxSched;
     if (cached) {
       for (int i = tid; i < total; i += kNThreads) cache[i] = (unsigned char)tile_class(hkv * group + i / num_m, i % num_m);
@@ -500,6 +508,14 @@ struct ColumnSchedule {
   __device__ __forceinline__ int next_pos(int pos) const {
     while (pos < total && class_at(pos) == 0) ++pos;
     return pos;
+  }
+  // pos = head_in_group * num_m + m_block. One float multiply instead of the ~20-instruction integer division
+  // per query tile: (pos + 0.5) / num_m lies at least 0.5 / num_m from an integer, and the float product's error
+  // (a few 2^-24 relative) stays below that while total < 2^21; longer schedules take the integer division.
+  __device__ __forceinline__ void split(int pos, int& head_in_group, int& m_block) const {
+    if (total < (1 << 21)) head_in_group = (int)((pos + 0.5f) * inv_num_m);
+    else head_in_group = pos / num_m;
+    m_block = pos - head_in_group * num_m;
   }
 };
 

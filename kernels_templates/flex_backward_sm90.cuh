@@ -182,9 +182,9 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   auto class_at = [&](int pos) -> int { return sched.class_at(pos); };
   auto next_pos = [&](int pos) -> int { return sched.next_pos(pos); };
 
-  auto load_q_tile = [&](int pos, int stage) {
-    const int h = hkv * group + pos / num_m;
-    const int m0 = (pos % num_m) * kBlockM;
+  auto load_q_tile = [&](int head_in_group, int m_block, int stage) {
+    const int h = hkv * group + head_in_group;
+    const int m0 = m_block * kBlockM;
     const Element* g_q = static_cast<const Element*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
     const Element* g_do = static_cast<const Element*>(p.d_o) + b * p.do_stride_b + h * p.do_stride_h;
     flex::load_swizzled_rows<TileQ, kBlockM, kNThreads>(s_q0 + stage * TileQ::kBytes, g_q, p.q_stride_s, m0, seqlen_q, tid);
@@ -200,10 +200,12 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   };
 
   int pos = next_pos(0);
+  int head_in_group, m_block;  // of pos
+  sched.split(pos, head_in_group, m_block);
   // K and V once, with the first Q / dO tile.
   flex::load_swizzled_rows<TileKV, kBlockN, kNThreads>(s_k0, g_k, p.k_stride_s, n0, seqlen_kv, tid);
   flex::load_swizzled_rows<TileKV, kBlockN, kNThreads>(s_v0, g_v, p.v_stride_s, n0, seqlen_kv, tid);
-  if (pos < total) load_q_tile(pos, 0);
+  if (pos < total) load_q_tile(head_in_group, m_block, 0);
   flex::cp_async_commit();
 
   // dK, dV: this warp's 16 KV rows x D, in the wgmma accumulator layout (d[4i + e]: row g + 8 (e / 2), column 8i + 2t + e % 2).
@@ -220,17 +222,18 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   const float scale_log2 = p.scale * kLog2e;
   int stage = 0;
   while (pos < total) {
-    const int h = hkv * group + pos / num_m;
-    const int m_block = pos % num_m;
+    const int h = hkv * group + head_in_group;
     const int m0 = m_block * kBlockM;
     const int cls = class_at(pos);
     const int pos_next = next_pos(pos + 1);
+    int head_next, m_next;
+    sched.split(pos_next, head_next, m_next);
 
     // This stage's cp.async data visible to the tensor cores (async proxy) of every warp.
     flex::cp_async_wait<0>();
     flex::fence_proxy_async();
     __syncthreads();
-    if (pos_next < total) load_q_tile(pos_next, stage ^ 1);
+    if (pos_next < total) load_q_tile(head_next, m_next, stage ^ 1);
     flex::cp_async_commit();
     const int ln = (int)flex_bwd_sm90::opaque(lane);
     const int g = ln / 4, t4 = ln % 4;
@@ -260,44 +263,52 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
 
     // P^T = exp(score_mod(scale * S) - lse), masked and out-of-range elements 0, packed per n8 tile into the A
     // fragments of dV += P^T dO (pa[kk] = columns 16 kk .. 16 kk + 15: a0 (g, 2t..), a1 (g + 8, 2t..), a2 / a3 the
-    // same 8 columns on). acc_s keeps P, or P * d_score when that is folded in.
-    const bool check_bounds = kv_tail || m0 + kBlockM > seqlen_q;
+    // same 8 columns on). acc_s keeps P, or P * d_score when that is folded in. Two forms, chosen once per tile:
+    // partial tiles and tiles crossing Sq or Skv test every element; interior full tiles (most of them) test
+    // none, which takes the per-element predicates and branches out of the common path.
+    const bool check_elements = cls == 2 || kv_tail || m0 + kBlockM > seqlen_q;
     float score_v[kMT][4];  // kept only for the scatters / a late d_score (dead code otherwise)
     unsigned pa[kBlockM / 16][4];
+    auto p_tile = [&](auto masked) {
+      constexpr bool kMasked = decltype(masked)::value;
 #pragma unroll
-    for (int nt = 0; nt < kMT; ++nt) {
-      const float2 lse2 = *reinterpret_cast<const float2*>(lse_st + nt * 8 + 2 * t4);
-      float pv[4];
+      for (int nt = 0; nt < kMT; ++nt) {
+        const float2 lse2 = *reinterpret_cast<const float2*>(lse_st + nt * 8 + 2 * t4);
+        float pv[4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int q = m0 + nt * 8 + 2 * t4 + (e % 2);
-        const int kv = kv_r0 + (e / 2) * 8;
-        const float score = acc_s[nt][e] * p.scale;
-        score_v[nt][e] = score;
-        bool keep = !check_bounds || (q < seqlen_q && kv < seqlen_kv);
-        float z = score;
-        if (keep) {
-          typename Variant::Row rs{};
-          typename Variant::Col cs{};
-          typename Variant::Tile ts{};
-          if constexpr (Variant::kHasScoreMod) z = Variant::score_mod(vp, rs, cs, ts, b, h, hkv, q, kv, 0, score);
-          if constexpr (Variant::kHasMaskMod) {
-            if (cls == 2 && !Variant::mask_mod(vp, rs, cs, ts, b, h, hkv, q, kv, 0)) keep = false;
+        for (int e = 0; e < 4; ++e) {
+          const int q = m0 + nt * 8 + 2 * t4 + (e % 2);
+          const int kv = kv_r0 + (e / 2) * 8;
+          const float score = acc_s[nt][e] * p.scale;
+          score_v[nt][e] = score;
+          bool keep = !kMasked || (q < seqlen_q && kv < seqlen_kv);
+          float z = score;
+          if (keep) {
+            typename Variant::Row rs{};
+            typename Variant::Col cs{};
+            typename Variant::Tile ts{};
+            if constexpr (Variant::kHasScoreMod) z = Variant::score_mod(vp, rs, cs, ts, b, h, hkv, q, kv, 0, score);
+            if constexpr (Variant::kHasMaskMod && kMasked) {
+              if (cls == 2 && !Variant::mask_mod(vp, rs, cs, ts, b, h, hkv, q, kv, 0)) keep = false;
+            }
           }
+          // Without a score_mod, scale and log2(e) fold into one FFMA on the raw q.k.
+          const float x2 = Variant::kHasScoreMod ? z * kLog2e : acc_s[nt][e] * scale_log2;
+          const float ex = flex::ex2(x2 - (e % 2 ? lse2.y : lse2.x));
+          pv[e] = kMasked ? (keep ? ex : 0.f) : ex;
+          // dS_pre = P d_score (dP - delta): d_score only where P != 0, so it sees in-range (q, kv) only.
+          float pd = pv[e];
+          if constexpr (kFoldDScore) {
+            if (pv[e] != 0.f) pd = pv[e] * Variant::d_score(vp, b, h, hkv, q, kv, score);
+          }
+          acc_s[nt][e] = pd;
         }
-        // Without a score_mod, scale and log2(e) fold into one FFMA on the raw q.k.
-        const float x2 = Variant::kHasScoreMod ? z * kLog2e : acc_s[nt][e] * scale_log2;
-        pv[e] = keep ? flex::ex2(x2 - (e % 2 ? lse2.y : lse2.x)) : 0.f;
-        // dS_pre = P d_score (dP - delta): d_score only where P != 0, so it sees in-range (q, kv) only.
-        float pd = pv[e];
-        if constexpr (kFoldDScore) {
-          if (pv[e] != 0.f) pd = pv[e] * Variant::d_score(vp, b, h, hkv, q, kv, score);
-        }
-        acc_s[nt][e] = pd;
+        pa[nt / 2][(nt % 2) * 2 + 0] = Mma::pack(pv[0], pv[1]);
+        pa[nt / 2][(nt % 2) * 2 + 1] = Mma::pack(pv[2], pv[3]);
       }
-      pa[nt / 2][(nt % 2) * 2 + 0] = Mma::pack(pv[0], pv[1]);
-      pa[nt / 2][(nt % 2) * 2 + 1] = Mma::pack(pv[2], pv[3]);
-    }
+    };
+    if (check_elements) p_tile(flex_bwd::BoolTag<true>{});
+    else p_tile(flex_bwd::BoolTag<false>{});
 
     // dV += P^T dO (A = P^T from registers, B = dO MN-major), running while dS is computed.
     flex::wgmma_fence();
@@ -309,16 +320,22 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     // dS = P (dP - delta) in place of dP^T (the dS_pre directly when d_score was folded in).
     flex::wgmma_wait<1>();
     flex::fence_operands(flex_bwd_sm90::flat(acc_dp));
+    auto ds_tile = [&](auto masked) {
 #pragma unroll
-    for (int nt = 0; nt < kMT; ++nt) {
-      const float2 dl = *reinterpret_cast<const float2*>(delta_st + nt * 8 + 2 * t4);
+      for (int nt = 0; nt < kMT; ++nt) {
+        const float2 dl = *reinterpret_cast<const float2*>(delta_st + nt * 8 + 2 * t4);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float pr = acc_s[nt][e];
-        const float dsv = pr * (acc_dp[nt][e] - (e % 2 ? dl.y : dl.x));
-        acc_dp[nt][e] = pr != 0.f ? dsv : 0.f;
+        for (int e = 0; e < 4; ++e) {
+          const float pr = acc_s[nt][e];
+          const float dsv = pr * (acc_dp[nt][e] - (e % 2 ? dl.y : dl.x));
+          // Masked and out-of-range elements stay exactly 0 even where dO holds a non-finite value; interior
+          // full tiles have no such element, so only the tiles that test elements pay for the select.
+          acc_dp[nt][e] = decltype(masked)::value && pr == 0.f ? 0.f : dsv;
+        }
       }
-    }
+    };
+    if (check_elements) ds_tile(flex_bwd::BoolTag<true>{});
+    else ds_tile(flex_bwd::BoolTag<false>{});
 
     // Scatters (buffer gradients) from dS, then dS_pre = dS * d_score.
     if constexpr (kNumScatters > 0)
@@ -383,10 +400,12 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
 
     // End of a head: flush the per-head scatter accumulators.
     if constexpr (kNumScatters > 0) {
-      const bool head_done = pos_next >= total || (pos_next / num_m) != (pos / num_m);
+      const bool head_done = pos_next >= total || head_next != head_in_group;
       if (head_done) flex_bwd::flush_one<Traits, Variant, kDeterministic, 0>(p, vp, acc_uniform, acc_kvrow, sh_red, b, h, hkv, kv_r0, warp, lane, true);
     }
     pos = pos_next;
+    head_in_group = head_next;
+    m_block = m_next;
     stage ^= 1;
   }
   flex::cp_async_wait<0>();

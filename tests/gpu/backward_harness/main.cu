@@ -1,7 +1,7 @@
 // Standalone harness of the sm_90a backward main kernel (flex_backward_sm90.cuh): every gradient element against
 // a float64 CPU reference (forward and backward), the mma.sync kernel beside it, and old-vs-new benchmarks.
 //
-// Usage: backward_harness [check|bench|all] [--quick] [--tiny] [--d=N]
+// Usage: backward_harness [check|bench|all] [--quick] [--tiny] [--d=N]  |  backward_harness one N (bench case N alone, for ncu)
 //   check: the case matrix of docs/BACKWARD_SM90.md; --quick runs the 1000-row cases only; --d=N one head dim;
 //          --tiny five small cases (for compute-sanitizer).
 //   bench: B4 H16 S4096 D128 bf16 (full, causal, softcap, learnable bias, learnable slope, causal deterministic),
@@ -818,14 +818,14 @@ BenchRow bench_case(const std::string& name, const Case& c, bool det, int reps) 
   return row;
 }
 
-int run_bench() {
-  const int reps = 20;
-  struct B {
-    std::string name;
-    Case c;
-    bool det;
-  };
-  const std::vector<B> cases = {
+struct BenchCase {
+  std::string name;
+  Case c;
+  bool det;
+};
+
+std::vector<BenchCase> bench_cases() {
+  return {
       {"full    D128 bf16", {VariantKind::Plain, DType::BF16, 128, 4, 16, 16, 4096, 4096}, false},
       {"causal  D128 bf16", {VariantKind::Causal, DType::BF16, 128, 4, 16, 16, 4096, 4096}, false},
       {"softcap D128 bf16", {VariantKind::Softcap, DType::BF16, 128, 4, 16, 16, 4096, 4096}, false},
@@ -833,6 +833,32 @@ int run_bench() {
       {"slope+causal (grad) D128", {VariantKind::Slope, DType::BF16, 128, 4, 16, 16, 4096, 4096}, false},
       {"causal D128 deterministic", {VariantKind::Causal, DType::BF16, 128, 4, 16, 16, 4096, 4096}, true},
   };
+}
+
+// One benchmark case, the sm_90a main kernel alone, three launches (for ncu: --launch-skip 2 --launch-count 1).
+int run_one(int index) {
+  const std::vector<BenchCase> cases = bench_cases();
+  if (index < 0 || index >= (int)cases.size()) {
+    std::printf("one: case index %d out of range [0, %zu)\n", index, cases.size());
+    return 1;
+  }
+  const BenchCase& b = cases[index];
+  Problem pr = make_problem(b.c, 4242, false);
+  DeviceProblem dp = upload(pr);
+  prepare(dp, b.c, b.det, 0);
+  CUDA_CHECK(run_backward(dp, b.c, KernelKind::Sm90, b.det, false, 0));
+  FlexBackwardParams p = dp.p;
+  if (dp.grad_n) p.grad_ptr[0] = b.det ? (void*)dp.grad64 : (void*)dp.grad;
+  const double ms = median_ms([&] { CUDA_CHECK(launch_main(b.c.d, b.c.kind, b.c.dtype, KernelKind::Sm90, b.det, false, p, dp.hb, 0)); }, 3);
+  std::printf("one: %s, sm90 main %.3f ms\n", b.name.c_str(), ms);
+  dp.free_all();
+  return 0;
+}
+
+int run_bench() {
+  const int reps = 20;
+  using B = BenchCase;
+  const std::vector<B> cases = bench_cases();
   std::printf("Benchmarks B4 H16 S4096 D128 (median of %d, cudaEvent; main = the main kernel alone, total = clear + preprocess + main + dq):\n",
               reps);
   std::vector<BenchRow> rows;
@@ -872,5 +898,6 @@ int main(int argc, char** argv) {
   int failed = 0;
   if (mode == "check" || mode == "all") failed += run_checks(quick, tiny, only_d);
   if (mode == "bench" || mode == "all") run_bench();
+  if (mode == "one") failed += run_one(argc > 2 ? std::atoi(argv[2]) : 0);
   return failed ? 1 : 0;
 }

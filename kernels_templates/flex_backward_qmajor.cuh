@@ -316,32 +316,40 @@ __device__ __forceinline__ void flex_backward_qmajor(const FlexBackwardParams& p
       float acc_s[kNT][4], acc_dp[kNT][4];
       flex_bwd::score_gemms<Mma, kD16, kBlockN, kStride>(acc_s, acc_dp, s_q + q_lane, s_do + q_lane, sk + bn_lane, sv + bn_lane);
 
-      // P = exp(score_mod(scale S) - lse), masked and out-of-range elements 0; dS = P (dP - delta).
+      // P = exp(score_mod(scale S) - lse), masked and out-of-range elements 0; dS = P (dP - delta). Two forms,
+      // chosen once per tile as in the KV-major kernel: tiles with a mask_mod or crossing Sq / Skv test every
+      // element, interior full tiles none (no per-element predicates, branches or selects).
       const bool check_bounds = q_tail || k0 + kBlockN > seqlen_kv;
       const bool masked_tile = Variant::kHasMaskMod && it < n_masked;
       float score_v[kNT][4];
+      auto p_ds_tile = [&](auto checked) {
+        constexpr bool kChecked = decltype(checked)::value;
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
+        for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = e / 2, c = nt * 2 + e % 2;
-          const int j = nt * 8 + 2 * t4 + e % 2;
-          const float score = acc_s[nt][e] * p.scale;
-          score_v[nt][e] = score;
-          bool keep = !check_bounds || (q_r[r] < seqlen_q && k0 + j < seqlen_kv);
-          float z = score;
-          if (keep) {
-            if constexpr (Variant::kHasScoreMod) z = Variant::score_mod(vp, row_st[r], col_st[r][c], tile_st[r], b, h, hkv, q_r[r], k0, j, score);
-            if constexpr (Variant::kHasMaskMod) {
-              if (masked_tile && !Variant::mask_mod(vp, row_st[r], col_st[r][c], tile_st[r], b, h, hkv, q_r[r], k0, j)) keep = false;
+          for (int e = 0; e < 4; ++e) {
+            const int r = e / 2, c = nt * 2 + e % 2;
+            const int j = nt * 8 + 2 * t4 + e % 2;
+            const float score = acc_s[nt][e] * p.scale;
+            score_v[nt][e] = score;
+            bool keep = !kChecked || !check_bounds || (q_r[r] < seqlen_q && k0 + j < seqlen_kv);
+            float z = score;
+            if (keep) {
+              if constexpr (Variant::kHasScoreMod) z = Variant::score_mod(vp, row_st[r], col_st[r][c], tile_st[r], b, h, hkv, q_r[r], k0, j, score);
+              if constexpr (Variant::kHasMaskMod && kChecked) {
+                if (masked_tile && !Variant::mask_mod(vp, row_st[r], col_st[r][c], tile_st[r], b, h, hkv, q_r[r], k0, j)) keep = false;
+              }
             }
+            // Without a score_mod, scale and log2(e) fold into one FFMA on the raw q.k.
+            const float x2 = Variant::kHasScoreMod ? z * kLog2e : acc_s[nt][e] * scale_log2;
+            const float ex = flex::ex2(x2 - lse2_r[r]);
+            const float pr = kChecked && !keep ? 0.f : ex;
+            const float dsv = pr * (acc_dp[nt][e] - delta_r[r]);
+            acc_dp[nt][e] = kChecked && pr == 0.f ? 0.f : dsv;  // dS, in place of dP (masked elements exactly 0)
           }
-          // Without a score_mod, scale and log2(e) fold into one FFMA on the raw q.k.
-          const float x2 = Variant::kHasScoreMod ? z * kLog2e : acc_s[nt][e] * scale_log2;
-          const float pr = keep ? flex::ex2(x2 - lse2_r[r]) : 0.f;
-          const float dsv = pr * (acc_dp[nt][e] - delta_r[r]);
-          acc_dp[nt][e] = pr != 0.f ? dsv : 0.f;  // dS, in place of dP
-        }
+      };
+      if (check_bounds || masked_tile) p_ds_tile(flex_bwd::BoolTag<true>{});
+      else p_ds_tile(flex_bwd::BoolTag<false>{});
 
       if constexpr (Variant::kNumScatters > 0)
         flex_bwdq::scatter_tile<Traits, Variant, kDeterministic, 0, kNS>(p, vp, acc_dp, score_v, acc_col, acc_row, b, h, hkv, q_r, k0, t4);

@@ -256,20 +256,6 @@ __device__ __forceinline__ void add_partial(void* base, long long off, float v32
   else atomicAdd(static_cast<float*>(base) + off, v32);
 }
 
-// The index of the first scatter of the diagonal class (-1: none). The Hopper kernel gives that one a per-head
-// accumulator in shared memory (diag_acc below), preceded by diag_slot_floats of per-warp slots.
-template <class Variant>
-__host__ __device__ constexpr int first_diagonal_scatter() {
-  for (int i = 0; i < Variant::kNumScatters; ++i)
-    if (Variant::kScatterClass[i] == kScatterDiagonal) return i;
-  return -1;
-}
-
-template <class Traits>
-__host__ __device__ constexpr int diag_slot_floats() {
-  return Traits::kNWarps * 2 * Traits::kBlockM;
-}
-
 // The scatters of one S^T tile (dS in ds_v, the thread's KV rows kv_r0 and kv_r0 + 8, query columns
 // m0 + nt * 8 + 2 * t4 + e % 2). Every thread of the CTA calls it (it synchronises for the shared-memory
 // reductions); `active` is false for the second warp of a KV row group under kDSplit = 2 (same values).
@@ -278,7 +264,7 @@ __device__ __forceinline__ void scatter_one(const FlexBackwardParams& p, const t
                                             const float (&ds_v)[Traits::kBlockM / 8][4], const float (&score_v)[Traits::kBlockM / 8][4],
                                             float* acc_uniform, float (*acc_kvrow)[2], float* sh_red, unsigned long long* sh_red64,
                                             float* sh_diag, unsigned long long* sh_diag64, int b, int h, int hkv, int m0, int n0,
-                                            int kv_r0, int warp, int lane, bool active, float* diag_acc = nullptr) {
+                                            int kv_r0, int warp, int lane, bool active) {
   constexpr int kMT = Traits::kBlockM / 8;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
@@ -352,16 +338,10 @@ __device__ __forceinline__ void scatter_one(const FlexBackwardParams& p, const t
     // warp: the thread first adds its two elements of each diagonal (rows g and g + 8 meet at n-tiles nt and
     // nt + 1), then lanes (g, t), (g + 2, t + 1), ... that share a diagonal reduce by shuffles in a fixed
     // order, and one leader per diagonal adds it into the warp's own slots (distinct addresses per
-    // instruction: no atomics). The warps' slots are then summed in a fixed order per tile diagonal, into
-    // global memory, or with a per-head accumulator (diag_acc, see diag_slot_floats) into that: the slots then
-    // sit in front of the accumulator, which nothing else touches, so no second barrier is needed (the
-    // caller passes a CTA barrier before the next tile), and the head's sums reach global memory once, in
-    // flush_one.
+    // instruction: no atomics). The warps' slots are then summed in a fixed order per tile diagonal.
     constexpr int kWarpDiags = kBlockM + 15;
     const int g = lane / 4;
-    const bool to_acc = diag_acc != nullptr && I == first_diagonal_scatter<Variant>();
-    float* const slot_base = to_acc ? diag_acc - diag_slot_floats<Traits>() : sh_red;
-    float* slots = slot_base + warp * 2 * kBlockM;  // kWarpDiags <= 2 * kBlockM floats per warp
+    float* slots = sh_red + warp * 2 * kBlockM;  // kWarpDiags <= 2 * kBlockM floats per warp
     for (int i = lane; i < kWarpDiags; i += 32) slots[i] = 0.f;
     __syncwarp();
     float v[kMT + 1][2];
@@ -407,12 +387,9 @@ __device__ __forceinline__ void scatter_one(const FlexBackwardParams& p, const t
       float sum = 0.f;
       for (int w = 0; w < Traits::kRowGroups; ++w) {
         const int dl = i + 15 + 16 * w - (kBlockN - 1);
-        if (dl >= 0 && dl < kWarpDiags) sum += slot_base[w * 2 * kBlockM + dl];
+        if (dl >= 0 && dl < kWarpDiags) sum += sh_red[w * 2 * kBlockM + dl];
       }
-      if (to_acc) {
-        // One thread per index in this tile; indices from q >= Sq (sum 0) lie past the accumulator.
-        if (m0 + i < p.seqlen_q + kBlockN - 1) diag_acc[m0 + i] += sum;
-      } else if (sum != 0.f) {
+      if (sum != 0.f) {
         const int q = i >= kBlockN - 1 ? m0 + i - (kBlockN - 1) : m0;
         const int kv = i >= kBlockN - 1 ? n0 : n0 + (kBlockN - 1 - i);
         long long off;
@@ -421,18 +398,18 @@ __device__ __forceinline__ void scatter_one(const FlexBackwardParams& p, const t
         accumulate<kDeterministic>(grad, off, sum);
       }
     }
-    if (!to_acc) __syncthreads();
+    __syncthreads();
   }
   if constexpr (I + 1 < Variant::kNumScatters)
     scatter_one<Traits, Variant, kDeterministic, I + 1>(p, vp, ds_v, score_v, acc_uniform, acc_kvrow, sh_red, sh_red64, sh_diag, sh_diag64,
-                                                        b, h, hkv, m0, n0, kv_r0, warp, lane, active, diag_acc);
+                                                        b, h, hkv, m0, n0, kv_r0, warp, lane, active);
 }
 
 // End of a head of the group: the uniform scatters (one atomic per CTA) and the kv-only ones (one per KV row).
 template <class Traits, class Variant, bool kDeterministic, int I>
 __device__ __forceinline__ void flush_one(const FlexBackwardParams& p, const typename Variant::Params& vp, float* acc_uniform,
                                           float (*acc_kvrow)[2], float* sh_red, int b, int h, int hkv, int kv_r0, int warp, int lane,
-                                          bool active, float* diag_acc = nullptr, int n0 = 0) {
+                                          bool active) {
   constexpr int kClass = Variant::kScatterClass[I];
   void* grad = p.grad_ptr[I];
   if constexpr (kClass == kScatterUniform) {
@@ -468,31 +445,9 @@ __device__ __forceinline__ void flush_one(const FlexBackwardParams& p, const typ
       }
       acc_kvrow[I][half] = 0.f;
     }
-  } else if constexpr (kClass == kScatterDiagonal) {
-    // The per-head diagonal accumulator (scatter_one): every warp's adds are in once all threads pass this barrier;
-    // the emptied entries are next added to after the barrier that starts the next query tile.
-    if (diag_acc != nullptr && I == first_diagonal_scatter<Variant>()) {
-      constexpr int kBlockN = Traits::kBlockN;
-      __syncthreads();
-      const int n = p.seqlen_q + kBlockN - 1;
-      for (int i = threadIdx.x; i < n; i += Traits::kNThreads) {
-        const float s = diag_acc[i];
-        if (s != 0.f) {
-          // Any (q, kv) on the diagonal names its target; q < Sq, kv within the CTA's KV block.
-          const int q = i >= kBlockN - 1 ? i - (kBlockN - 1) : 0;
-          const int kv = i >= kBlockN - 1 ? n0 : n0 + (kBlockN - 1 - i);
-          long long off;
-          float coef;
-          Variant::template scatter<I>(vp, b, h, hkv, q, kv, 0.f, off, coef);
-          accumulate<kDeterministic>(grad, off, s);
-          diag_acc[i] = 0.f;
-        }
-      }
-    }
   }
   if constexpr (I + 1 < Variant::kNumScatters)
-    flush_one<Traits, Variant, kDeterministic, I + 1>(p, vp, acc_uniform, acc_kvrow, sh_red, b, h, hkv, kv_r0, warp, lane, active, diag_acc,
-                                                      n0);
+    flush_one<Traits, Variant, kDeterministic, I + 1>(p, vp, acc_uniform, acc_kvrow, sh_red, b, h, hkv, kv_r0, warp, lane, active);
 }
 
 }  // namespace flex_bwd

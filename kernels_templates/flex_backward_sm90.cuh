@@ -5,7 +5,7 @@
 
 // Drop-in replacement of flex_backward_main for head dims 32..128 on sm_90a (docs/BACKWARD_SM90.md): the same
 // FlexBackwardParams, variant contract, grid (ceil(Skv / 128), Hkv, B), 256 threads, tile classes, schedule and
-// preprocess / dQ-conversion kernels; shared memory flex_bwd_sm90::Smem<Traits, diag_accum_floats<Variant, kDet>()>::kAllocBytes.
+// preprocess / dQ-conversion kernels; shared memory flex_bwd_sm90::Smem<Traits>::kAllocBytes.
 //
 // Two warpgroups; warpgroup w owns KV rows 64w..64w+63 of the CTA's 128, so warp `warp` owns rows 16 warp..+15
 // as in the mma.sync kernel, and a wgmma accumulator of a warp is the m16n8 C layout of those rows repeated per
@@ -23,20 +23,7 @@ namespace flex_bwd_sm90 {
 
 // Shared-memory tiles and their offsets. Swizzle: 128 B at D = 128, 64 B at 64 and 96, 32 B at 32 and 80, so D
 // has at least two swizzle regions and the dQ column split lands on a region boundary.
-// Floats of the per-head accumulator of a diagonal-class scatter (flex_bwd::scatter_one), with the warps' slots
-// (flex_bwd::diag_slot_floats: 8 x 128) in front: query lengths up to 8193 accumulate in shared memory, longer
-// ones take the per-tile path with global atomics.
-constexpr int kDiagAccumSlots = 8 * 2 * 64;
-constexpr int kDiagAccumFloats = kDiagAccumSlots + 8192 + 128;
-
-// The accumulator's size for a variant: only for a diagonal scatter and outside the deterministic mode (the
-// shared-memory adds are float atomics in no fixed order).
-template <class Variant, bool kDeterministic>
-__host__ __device__ constexpr int diag_accum_floats() {
-  return !kDeterministic && flex_bwd::first_diagonal_scatter<Variant>() >= 0 ? kDiagAccumFloats : 0;
-}
-
-template <class Traits, int kDiagFloats = 0>
+template <class Traits>
 struct Smem {
   static constexpr int kHeadDim = Traits::kHeadDim;
   static constexpr int kBlockM = Traits::kBlockM;
@@ -56,8 +43,7 @@ struct Smem {
   static constexpr int kOffRed = kOffDelta + kStages * kBlockM * 4;     // [kNWarps][kBlockM] 8-byte slots
   static constexpr int kOffDiag = kOffRed + Traits::kNWarps * kBlockM * 8;  // [kBlockM + kBlockN] 8-byte slots
   static constexpr int kOffSched = kOffDiag + (kBlockM + kBlockN) * 8;  // tile classes of the CTA's column
-  static constexpr int kOffDiagAcc = kOffSched + Traits::kMaxSched;  // [kDiagFloats] per-head diagonal sums
-  static constexpr int kBytes = kOffDiagAcc + kDiagFloats * 4;
+  static constexpr int kBytes = kOffSched + Traits::kMaxSched;
   // What the launch must give: 1 KB of slack, so the tiles can start on a 1024-byte boundary (the swizzle
   // XOR acts on absolute address bits) whatever the base of dynamic shared memory.
   static constexpr int kAllocBytes = kBytes + 1024;
@@ -128,15 +114,13 @@ __device__ __forceinline__ void dq_block(const FlexBackwardParams& p, unsigned s
 }  // namespace flex_bwd_sm90
 
 // The main backward kernel for sm_90a. grid = (ceil(Skv / 128), Hkv, B), block = 256,
-// dynamic shared memory = flex_bwd_sm90::Smem<Traits, diag_accum_floats<Variant, kDeterministic>()>::kAllocBytes (the
-// diagonal accumulator only for variants with a diagonal scatter). Traits = FlexBackwardTraits<D, Element>.
+// dynamic shared memory = flex_bwd_sm90::Smem<Traits>::kAllocBytes. Traits = FlexBackwardTraits<D, Element>.
 // kDq = false: dQ is left to another pass (no dS^T store, no dQ GEMM, no dQ atomics).
 template <class Traits, class Variant, bool kDeterministic, bool kDq = true>
 __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams& p, const typename Variant::Params& vp) {
   using Element = typename Traits::Element;
   using Mma = flex::Mma16816<Element>;  // fragment packing only
-  constexpr int kDiagFloats = flex_bwd_sm90::diag_accum_floats<Variant, kDeterministic>();
-  using S = flex_bwd_sm90::Smem<Traits, kDiagFloats>;
+  using S = flex_bwd_sm90::Smem<Traits>;
   using TileKV = typename S::TileKV;
   using TileQ = typename S::TileQ;
   using TileDS = typename S::TileDS;
@@ -233,16 +217,6 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   float acc_kvrow[kNumScatters > 0 ? kNumScatters : 1][2];
 #pragma unroll
   for (int i = 0; i < (kNumScatters > 0 ? kNumScatters : 1); ++i) acc_uniform[i] = acc_kvrow[i][0] = acc_kvrow[i][1] = 0.f;
-
-  // The diagonal scatter's per-head accumulator when the query range fits (zeroed before the first tile's barrier).
-  float* diag_acc = nullptr;
-  if constexpr (kDiagFloats > 0) {
-    static_assert(flex_bwd::diag_slot_floats<Traits>() == flex_bwd_sm90::kDiagAccumSlots, "flex_backward_main_sm90: diagonal slots");
-    if (seqlen_q + kBlockN - 1 <= kDiagFloats - flex_bwd_sm90::kDiagAccumSlots) {
-      diag_acc = reinterpret_cast<float*>(smem + S::kOffDiagAcc) + flex_bwd_sm90::kDiagAccumSlots;
-      for (int i = tid; i < seqlen_q + kBlockN - 1; i += kNThreads) diag_acc[i] = 0.f;
-    }
-  }
 
   const float scale_log2 = p.scale * kLog2e;
   int stage = 0;
@@ -365,7 +339,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     // Scatters (buffer gradients) from dS, then dS_pre = dS * d_score.
     if constexpr (kNumScatters > 0)
       flex_bwd::scatter_one<Traits, Variant, kDeterministic, 0>(p, vp, acc_dp, score_v, acc_uniform, acc_kvrow, sh_red, sh_red64, sh_diag,
-                                                                sh_diag64, b, h, hkv, m0, n0, kv_r0, warp, lane, true, diag_acc);
+                                                                sh_diag64, b, h, hkv, m0, n0, kv_r0, warp, lane, true);
     if constexpr (!Variant::kDScoreIsOne && !kFoldDScore) {
 #pragma unroll
       for (int nt = 0; nt < kMT; ++nt)
@@ -426,9 +400,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     // End of a head: flush the per-head scatter accumulators.
     if constexpr (kNumScatters > 0) {
       const bool head_done = pos_next >= total || head_next != head_in_group;
-      if (head_done)
-        flex_bwd::flush_one<Traits, Variant, kDeterministic, 0>(p, vp, acc_uniform, acc_kvrow, sh_red, b, h, hkv, kv_r0, warp, lane, true,
-                                                                diag_acc, n0);
+      if (head_done) flex_bwd::flush_one<Traits, Variant, kDeterministic, 0>(p, vp, acc_uniform, acc_kvrow, sh_red, b, h, hkv, kv_r0, warp, lane, true);
     }
     pos = pos_next;
     head_in_group = head_next;

@@ -8,8 +8,7 @@
 namespace flexjit {
 
 std::string BackwardConfig::str() const {
-  return fmt::format("d{}_m{}_n{}_w{}_s{}{}{}", head_dim, block_m, block_n, warps, stages, hopper ? "_sm90" : "",
-                     diag_accum_floats > 0 ? fmt::format("_diag{}", diag_accum_floats) : std::string());
+  return fmt::format("d{}_m{}_n{}_w{}_s{}{}", head_dim, block_m, block_n, warps, stages, hopper ? "_sm90" : "");
 }
 
 int BackwardConfig::shared_bytes() const {
@@ -18,7 +17,6 @@ int BackwardConfig::shared_bytes() const {
     // then the same small arrays as the mma.sync kernel, and 1 KB to align the base.
     int bytes = 2 * block_n * head_dim * 2 + 2 * stages * block_m * head_dim * 2 + block_n * block_m * 2;
     bytes += 2 * stages * block_m * 4 + warps * block_m * 8 + (block_m + block_n) * 8 + 2048;
-    bytes += diag_accum_floats * 4;
     return bytes + 1024;
   }
   const int stride = head_dim + 8;
@@ -68,10 +66,6 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
   GradVariantOptions kv_major;
   kv_major.query_major_pass = qm;
   out.grad = generate_cuda_grad_variant(ir, grad, ranges, options.variant, "FlexGradVariant", kv_major);
-  if (out.config.hopper && !options.deterministic) {
-    for (ScatterClass c : out.grad.scatter_classes)
-      if (kv_major_scatter_class(c, qm) == static_cast<int>(ScatterClass::Diagonal)) out.config.diag_accum_floats = kDiagAccumFloats;
-  }
   std::string variants = out.grad.code;
   if (qm) {
     out.qconfig = query_major_config(options.head_dim);
@@ -128,10 +122,9 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
       fmt::arg("dq_kernel", dq_kernel), fmt::arg("conv", kBwdConvertEntry), fmt::arg("ts", kBwdTileStateEntry),
       fmt::arg("hopper_header", out.config.hopper ? "#include \"flex_backward_sm90.cuh\"\n" : ""),
       fmt::arg("main_fn", out.config.hopper ? "flex_backward_main_sm90" : "flex_backward_main"),
-      fmt::arg("smem_check", out.config.hopper ? fmt::format("static_assert(flex_bwd_sm90::Smem<FlexBwdTraits, flex_bwd_sm90::diag_accum_floats<FlexGradVariant, {}>()>"
-                                                              "::kAllocBytes == {}, "
+      fmt::arg("smem_check", out.config.hopper ? fmt::format("static_assert(flex_bwd_sm90::Smem<FlexBwdTraits>::kAllocBytes == {}, "
                                                               "\"host and template disagree on the backward's shared memory\");\n",
-                                                              det, out.config.shared_bytes())
+                                                              out.config.shared_bytes())
                                                : std::string()));
   const VariantOptions& vo = options.variant;
   ks.key_text = fmt::format(

@@ -17,10 +17,6 @@ inline constexpr const char* kBwdTileStateEntry = "flexjit_bwd_tile_state";
 inline constexpr const char* kBwdQMajorEntry = "flexjit_bwd_qmajor";
 
 // Host mirror of FlexBackwardTraits (flex_backward.cuh).
-// Floats of the Hopper backward's per-head diagonal accumulator: flex_bwd_sm90::kDiagAccumFloats, which the generated
-// source's static_assert on the shared-memory size checks against this.
-constexpr int kDiagAccumFloats = 8 * 2 * 64 + 8192 + 128;
-
 struct BackwardConfig {
   int head_dim;
   int block_m;  // query rows per tile
@@ -30,9 +26,6 @@ struct BackwardConfig {
   // The Hopper main kernel (flex_backward_sm90.cuh: wgmma, two warpgroups) instead of the mma.sync one; same
   // tiles, grid and schedule.
   bool hopper = false;
-  // Floats of the Hopper kernel's per-head accumulator for a diagonal-class scatter (flex_bwd_sm90::kDiagAccumFloats
-  // when the variant has one and the mode is not deterministic; 0 otherwise).
-  int diag_accum_floats = 0;
   std::string str() const;
   int threads() const { return warps * 32; }
   // Dynamic shared memory of the main kernel (the generated source static_asserts it against the template's).

@@ -286,6 +286,10 @@ TEST_CASE("backward: learnable buffers (bias, slopes, kv bias, offset bias, SAM)
   check_case(load_spec(backward_data("alibi_learnable.json")), c);
   check_case(load_spec(backward_data("softcap_bias_learnable.json")), c);
   check_case(load_spec(backward_data("offset_bias_learnable.json")), c);
+  // Unmasked learnable slopes: d slope[h] sums dS (kv - q) over every (q, kv) of the head, terms of both signs
+  // 100-1000x larger than their sum (ill-conditioned; PyTorch's compiled flex_attention lands 5e-2 away), so it is
+  // checked here against the float64 reference.
+  check_case(inline_spec("alibi_learnable_unmasked", "score + slope[h] * (kv - q)", std::nullopt, 128, {"slope: f32[H]"}, {"slope"}), c);
   BwdCase sam;
   sam.Sq = sam.Skv = 320;
   check_case(load_spec(backward_data("sam_learnable.json")), sam);

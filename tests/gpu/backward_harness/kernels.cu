@@ -1,7 +1,5 @@
 // Instantiates the backward kernels for one head dim (FLEX_HEAD_DIM): the sm_90a main kernel, the mma.sync one for
 // comparison, and the preprocess / dQ kernels, with every harness variant the checks and benchmarks use.
-#include <type_traits>
-
 #include "flex_backward.cuh"
 #include "flex_backward_sm90.cuh"
 #include "harness.h"
@@ -35,20 +33,17 @@ __global__ void __launch_bounds__(256) harness_bwd_dq(const FlexBackwardParams p
   flex_backward_dq<Element, kHeadDim, kDet>(p);
 }
 
-// Without a variant: the sm_90a kernel's size for variants with no diagonal accumulator (the printed figure).
-template <KernelKind kKernel, class Variant = void, bool kDet = false>
+template <KernelKind kKernel>
 constexpr int smem_bytes() {
   using T = Traits<__nv_bfloat16>;
-  if constexpr (kKernel == KernelKind::Old) return T::kSmemBytes;
-  else if constexpr (std::is_void_v<Variant>) return flex_bwd_sm90::Smem<T>::kAllocBytes;
-  else return flex_bwd_sm90::Smem<T, flex_bwd_sm90::diag_accum_floats<Variant, kDet>()>::kAllocBytes;
+  return kKernel == KernelKind::Old ? T::kSmemBytes : flex_bwd_sm90::Smem<T>::kAllocBytes;
 }
 
 template <class Element, class Variant, bool kDet, KernelKind kKernel>
 cudaError_t launch(const FlexBackwardParams& p, const HarnessBuffers& hb, cudaStream_t stream) {
   using T = Traits<Element>;
   auto kernel = harness_bwd_main<T, Variant, kDet, kKernel>;
-  constexpr int kSmem = smem_bytes<kKernel, Variant, kDet>();
+  constexpr int kSmem = smem_bytes<kKernel>();
   static bool attribute_set = false;  // once per instantiation, so timed launches carry no extra API call
   if (!attribute_set) {
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);

@@ -2,7 +2,8 @@
 # Runs on the GPU machine over binaries staged by tools/build_for_gpu.sh: the GPU tests,
 # compute-sanitizer on three representative launches, the PyTorch cross-check and the
 # benchmarks. Logs and result tables go to $OUT (or ./gpu-out).
-#   tools/gpu_check.sh [tests] [sanitize] [torch] [bench] [backward]   (default: the first four)
+#   tools/gpu_check.sh [tests] [sanitize] [sanitize_bwd] [torch] [bench] [backward]   (default: tests sanitize torch bench)
+#   sanitize_bwd: compute-sanitizer memcheck and racecheck on `flexjit run --backward` of causal, document and SAM
 #   backward: the [backward] GPU tests, then bench/bench_backward.py (table in $OUT/backward_table.md)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +33,23 @@ for step in $steps; do
           rc=$?
           echo "$tool $spec: exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san_${tool}_${spec}.log" | tail -1)"
           [ $rc -eq 0 ] || status=1
+        done
+      done
+      ;;
+    sanitize_bwd)
+      echo "== compute-sanitizer on backward launches (memcheck, racecheck)"
+      python3 tests/gpu/sanitize_inputs.py "$OUT/san" || status=1
+      for tool in memcheck racecheck; do
+        for spec in causal document sam_relpos; do
+          args=(run "examples/gallery/$spec.json" --q "$OUT/san/q.npy" --k "$OUT/san/k.npy" --v "$OUT/san/v.npy" --out "$OUT/san/o.npy"
+                --backward --do "$OUT/san/q.npy" --dq "$OUT/san/dq.npy" --dk "$OUT/san/dk.npy" --dv "$OUT/san/dv.npy" --device cuda:0)
+          [ "$spec" = document ] && args+=(--load "doc=$OUT/san/doc.npy")
+          [ "$spec" = sam_relpos ] && args+=(--load "rel_h=$OUT/san/rel.npy" --load "rel_w=$OUT/san/rel.npy"
+                                             --grad "rel_h=$OUT/san/drh.npy" --grad "rel_w=$OUT/san/drw.npy")
+          compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/flexjit" "${args[@]}" > "$OUT/san_bwd_${tool}_${spec}.log" 2>&1
+          rc=$?
+          echo "$tool $spec backward: exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san_bwd_${tool}_${spec}.log" | tail -1)"
+          [ $rc -eq 0 ] || { status=1; tail -5 "$OUT/san_bwd_${tool}_${spec}.log"; }
         done
       done
       ;;

@@ -96,6 +96,12 @@ def compiled_flex():
     # dynamo anyway, and fails on captured buffers in torch 2.11); compiled once, recompiled per mod.
     global _compiled_flex
     if _compiled_flex is None:
+        # One recompilation per gallery mod: past dynamo's default limit of 8 it would fall back to the eager
+        # flex_attention for the remaining specs (seen on the H100: the last three ran unfused).
+        import torch._dynamo
+
+        torch._dynamo.config.recompile_limit = 64
+        torch._dynamo.config.cache_size_limit = 64
         _compiled_flex = torch.compile(flex_attention, dynamic=False)
     return _compiled_flex
 

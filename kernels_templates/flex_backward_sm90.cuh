@@ -268,8 +268,8 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     const bool check_elements = cls == 2 || kv_tail || m0 + kBlockM > seqlen_q;
     float score_v[kMT][4];  // kept only for the scatters / a late d_score (dead code otherwise)
     unsigned pa[kBlockM / 16][4];
-    auto p_tile = [&](auto masked) {
-      constexpr bool kMasked = decltype(masked)::value;
+    auto p_tile = [&](auto checked) {
+      constexpr bool kChecked = decltype(checked)::value;
 #pragma unroll
       for (int nt = 0; nt < kMT; ++nt) {
         const float2 lse2 = *reinterpret_cast<const float2*>(lse_st + nt * 8 + 2 * t4);
@@ -280,21 +280,21 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
           const int kv = kv_r0 + (e / 2) * 8;
           const float score = acc_s[nt][e] * p.scale;
           score_v[nt][e] = score;
-          bool keep = !kMasked || (q < seqlen_q && kv < seqlen_kv);
+          bool keep = !kChecked || (q < seqlen_q && kv < seqlen_kv);
           float z = score;
           if (keep) {
             typename Variant::Row rs{};
             typename Variant::Col cs{};
             typename Variant::Tile ts{};
             if constexpr (Variant::kHasScoreMod) z = Variant::score_mod(vp, rs, cs, ts, b, h, hkv, q, kv, 0, score);
-            if constexpr (Variant::kHasMaskMod && kMasked) {
+            if constexpr (Variant::kHasMaskMod && kChecked) {
               if (cls == 2 && !Variant::mask_mod(vp, rs, cs, ts, b, h, hkv, q, kv, 0)) keep = false;
             }
           }
           // Without a score_mod, scale and log2(e) fold into one FFMA on the raw q.k.
           const float x2 = Variant::kHasScoreMod ? z * kLog2e : acc_s[nt][e] * scale_log2;
           const float ex = flex::ex2(x2 - (e % 2 ? lse2.y : lse2.x));
-          pv[e] = kMasked ? (keep ? ex : 0.f) : ex;
+          pv[e] = kChecked && !keep ? 0.f : ex;
           // dS_pre = P d_score (dP - delta): d_score only where P != 0, so it sees in-range (q, kv) only.
           float pd = pv[e];
           if constexpr (kFoldDScore) {
@@ -319,7 +319,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     // dS = P (dP - delta) in place of dP^T (the dS_pre directly when d_score was folded in).
     flex::wgmma_wait<1>();
     flex::fence_operands(flex_bwd_sm90::flat(acc_dp));
-    auto ds_tile = [&](auto masked) {
+    auto ds_tile = [&](auto checked) {
 #pragma unroll
       for (int nt = 0; nt < kMT; ++nt) {
         const float2 dl = *reinterpret_cast<const float2*>(delta_st + nt * 8 + 2 * t4);
@@ -329,7 +329,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
           const float dsv = pr * (acc_dp[nt][e] - (e % 2 ? dl.y : dl.x));
           // Masked and out-of-range elements stay exactly 0 even where dO holds a non-finite value; interior
           // full tiles have no such element, so only the tiles that test elements pay for the select.
-          acc_dp[nt][e] = decltype(masked)::value && pr == 0.f ? 0.f : dsv;
+          acc_dp[nt][e] = decltype(checked)::value && pr == 0.f ? 0.f : dsv;
         }
       }
     };

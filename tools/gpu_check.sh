@@ -15,6 +15,30 @@ export PYTHONUNBUFFERED=1
 steps=${*:-tests sanitize torch bench}
 status=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+
+# compute-sanitizer memcheck and racecheck on `flexjit run` of causal, document and SAM (small random inputs);
+# $1 = forward, or backward (adds --backward, and SAM's rel_h / rel_w gradients).
+sanitize_launches() {
+  local pass=$1
+  echo "== compute-sanitizer on $pass launches (memcheck, racecheck)"
+  python3 tests/gpu/sanitize_inputs.py "$OUT/san" || status=1
+  for tool in memcheck racecheck; do
+    for spec in causal document sam_relpos; do
+      local san="$OUT/san"
+      local args=(run "examples/gallery/$spec.json" --q "$san/q.npy" --k "$san/k.npy" --v "$san/v.npy" --out "$san/o.npy" --device cuda:0)
+      [ "$pass" = backward ] && args+=(--backward --do "$san/q.npy" --dq "$san/dq.npy" --dk "$san/dk.npy" --dv "$san/dv.npy")
+      [ "$spec" = document ] && args+=(--load "doc=$san/doc.npy")
+      [ "$spec" = sam_relpos ] && args+=(--load "rel_h=$san/rel.npy" --load "rel_w=$san/rel.npy")
+      [ "$spec" = sam_relpos ] && [ "$pass" = backward ] && args+=(--grad "rel_h=$san/drh.npy" --grad "rel_w=$san/drw.npy")
+      local log="$OUT/san_${pass}_${tool}_${spec}.log"
+      compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/flexjit" "${args[@]}" > "$log" 2>&1
+      local rc=$?
+      echo "$tool $spec $pass: exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)"
+      [ $rc -eq 0 ] || { status=1; tail -5 "$log"; }
+    done
+  done
+}
+
 for step in $steps; do
   case $step in
     tests)
@@ -22,36 +46,10 @@ for step in $steps; do
       "$BIN/gpu_tests" 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 || status=1
       ;;
     sanitize)
-      echo "== compute-sanitizer (memcheck, racecheck)"
-      python3 tests/gpu/sanitize_inputs.py "$OUT/san" || status=1
-      for tool in memcheck racecheck; do
-        for spec in causal document sam_relpos; do
-          args=(run "examples/gallery/$spec.json" --q "$OUT/san/q.npy" --k "$OUT/san/k.npy" --v "$OUT/san/v.npy" --out "$OUT/san/o.npy" --device cuda:0)
-          [ "$spec" = document ] && args+=(--load "doc=$OUT/san/doc.npy")
-          [ "$spec" = sam_relpos ] && args+=(--load "rel_h=$OUT/san/rel.npy" --load "rel_w=$OUT/san/rel.npy")
-          compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/flexjit" "${args[@]}" > "$OUT/san_${tool}_${spec}.log" 2>&1
-          rc=$?
-          echo "$tool $spec: exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san_${tool}_${spec}.log" | tail -1)"
-          [ $rc -eq 0 ] || status=1
-        done
-      done
+      sanitize_launches forward
       ;;
     sanitize_bwd)
-      echo "== compute-sanitizer on backward launches (memcheck, racecheck)"
-      python3 tests/gpu/sanitize_inputs.py "$OUT/san" || status=1
-      for tool in memcheck racecheck; do
-        for spec in causal document sam_relpos; do
-          args=(run "examples/gallery/$spec.json" --q "$OUT/san/q.npy" --k "$OUT/san/k.npy" --v "$OUT/san/v.npy" --out "$OUT/san/o.npy"
-                --backward --do "$OUT/san/q.npy" --dq "$OUT/san/dq.npy" --dk "$OUT/san/dk.npy" --dv "$OUT/san/dv.npy" --device cuda:0)
-          [ "$spec" = document ] && args+=(--load "doc=$OUT/san/doc.npy")
-          [ "$spec" = sam_relpos ] && args+=(--load "rel_h=$OUT/san/rel.npy" --load "rel_w=$OUT/san/rel.npy"
-                                             --grad "rel_h=$OUT/san/drh.npy" --grad "rel_w=$OUT/san/drw.npy")
-          compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/flexjit" "${args[@]}" > "$OUT/san_bwd_${tool}_${spec}.log" 2>&1
-          rc=$?
-          echo "$tool $spec backward: exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san_bwd_${tool}_${spec}.log" | tail -1)"
-          [ $rc -eq 0 ] || { status=1; tail -5 "$OUT/san_bwd_${tool}_${spec}.log"; }
-        done
-      done
+      sanitize_launches backward
       ;;
     torch)
       echo "== gallery against torch flex_attention"

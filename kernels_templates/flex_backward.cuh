@@ -256,18 +256,176 @@ __device__ __forceinline__ void add_partial(void* base, long long off, float v32
   else atomicAdd(static_cast<float*>(base) + off, v32);
 }
 
+// The tile-reduced scatters (q-only and diagonal) in three steps, so that a kernel can put each where it costs
+// least: thread_sum (per element, into registers), warp_sum (shuffles into the warp's own shared-memory slots:
+// warp-synchronous, no CTA barrier) and cta_sum (after a CTA barrier: the warps' slots summed in a fixed order,
+// one atomic per target). scatter_one runs them back to back with barriers of its own; the Hopper kernel
+// overlaps warp_sum with its dK GEMM and cta_sum with its dQ GEMM, and shares the barrier it has before dQ.
+// Slots: q-only sh_red[warp][kBlockM], diagonal sh_red[warp][2 kBlockM] (the kNWarps * kBlockM 8-byte region).
+template <class Traits, class Variant, bool kDeterministic, int I>
+struct TileScatter {
+  static constexpr int kClass = Variant::kScatterClass[I];
+  static constexpr int kMT = Traits::kBlockM / 8;
+  static constexpr int kBlockM = Traits::kBlockM;
+  static constexpr int kBlockN = Traits::kBlockN;
+  static constexpr int kWarpDiags = kBlockM + 15;  // local diagonals of a warp's 16 x kBlockM block
+  // warp_sum_planes: per warp, 4 planes (k parity x c) of kPlaneStride floats.
+  static constexpr int kPlaneStride = kBlockM + 16;
+  static constexpr int kPlaneFloats = Traits::kNWarps * 4 * kPlaneStride;
+  static constexpr bool kReduced = kClass == kScatterQOnly || kClass == kScatterDiagonal;
+
+  // q-only: part[nt][c] = the thread's two rows of query column nt * 8 + 2t + c (part[kMT] unused).
+  // Diagonal: part[k][c] = the thread's elements on local diagonal dl = 8 (k - 1) + 2t + c - g + 15 of the
+  // warp, with r the row in the warp and dl = (q - m0) - r + 15 (rows g and g + 8 meet at n-tiles nt, nt + 1).
+  float part[kMT + 1][2];
+
+  // kChecked: the tile may hold masked or out-of-range elements (dS = 0 there), whose target index and coefficient
+  // must not be evaluated. Without it every element is in range and unmasked, so each is added without a test
+  // (an element whose dS is exactly 0 adds d * coef = 0; the test only paid off for masked elements).
+  template <bool kChecked = true>
+  __device__ __forceinline__ void thread_sum(const typename Variant::Params& vp, const float (&ds_v)[kMT][4],
+                                             const float (&score_v)[kMT][4], int b, int h, int hkv, int m0, int kv_r0, int t4,
+                                             bool active) {
+#pragma unroll
+    for (int k = 0; k <= kMT; ++k) part[k][0] = part[k][1] = 0.f;
+    if (!active) return;
+#pragma unroll
+    for (int nt = 0; nt < kMT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float d = ds_v[nt][e];
+        if (!kChecked || d != 0.f) {
+          long long off;
+          float coef;
+          Variant::template scatter<I>(vp, b, h, hkv, m0 + nt * 8 + 2 * t4 + (e % 2), kv_r0 + (e / 2) * 8, score_v[nt][e], off, coef);
+          if constexpr (kClass == kScatterQOnly) part[nt][e % 2] += d * coef;
+          else part[nt - e / 2 + 1][e % 2] += d * coef;
+        }
+      }
+  }
+
+  __device__ __forceinline__ void warp_sum(float* sh_red, int warp, int lane) const {
+    const int g = lane / 4, t4 = lane % 4;
+    if constexpr (kClass == kScatterQOnly) {
+      // Column sums over the 8 row lanes of the warp; lanes 0..3 write them.
+#pragma unroll
+      for (int nt = 0; nt < kMT; ++nt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          float s = part[nt][c];
+          s += __shfl_xor_sync(0xffffffffu, s, 4);
+          s += __shfl_xor_sync(0xffffffffu, s, 8);
+          s += __shfl_xor_sync(0xffffffffu, s, 16);
+          if (lane < 4) sh_red[warp * kBlockM + nt * 8 + 2 * t4 + c] = s;
+        }
+    } else {
+      // Lanes (g, t), (g + 2, t + 1), ... share a diagonal: shuffles in a fixed order, then one leader per
+      // diagonal adds into the warp's slots (distinct addresses per instruction: no atomics).
+      float* slots = sh_red + warp * 2 * kBlockM;
+      for (int i = lane; i < kWarpDiags; i += 32) slots[i] = 0.f;
+      __syncwarp();
+      const bool has9 = g + 2 < 8 && t4 + 1 < 4, has18 = g + 4 < 8 && t4 + 2 < 4;
+      const bool leader = g < 2 || t4 == 0;
+#pragma unroll
+      for (int k = 0; k <= kMT; ++k)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          float x = part[k][c];
+          const float y9 = __shfl_down_sync(0xffffffffu, x, 9);
+          x += has9 ? y9 : 0.f;
+          const float y18 = __shfl_down_sync(0xffffffffu, x, 18);
+          x += has18 ? y18 : 0.f;
+          if (leader) {
+            const int dl = 8 * (k - 1) + 2 * t4 + c - g + 15;
+            if (dl >= 0 && dl < kWarpDiags) slots[dl] += x;
+          }
+          __syncwarp();  // the next (k, c) may update the same slot from another lane
+        }
+    }
+  }
+
+  // warp_sum of the diagonal class for kernels with shared memory for planes (kPlaneFloats): each leader's sum
+  // goes to its own entry of plane (k % 2, c) of the warp. Within a plane no two (k, lane) pairs share an entry
+  // (same k: distinct 2t - g; k and k + 2: 16 apart), so there is no read-modify-write and no __syncwarp per
+  // (k, c), and the 18 shuffle chains are independent: the warp_sum above serialises them on its slot updates.
+  // The four planes are then added per warp diagonal into the same slots cta_sum reads. Entries no leader
+  // writes must hold zero: zero_planes once per kernel (the written set is the same in every tile).
+  __device__ __forceinline__ void warp_sum_planes(float* sh_red, float* planes, int warp, int lane) const {
+    static_assert(kClass == kScatterDiagonal, "TileScatter::warp_sum_planes: diagonal scatters only");
+    const int g = lane / 4, t4 = lane % 4;
+    float* pl = planes + warp * 4 * kPlaneStride;
+    const bool has9 = g + 2 < 8 && t4 + 1 < 4, has18 = g + 4 < 8 && t4 + 2 < 4;
+    const bool leader = g < 2 || t4 == 0;
+    float* lead = pl + 2 * t4 - g + 7;  // + 8 k + c + plane: local diagonal 8 (k - 1) + 2t + c - g + 15, in [0, kWarpDiags)
+#pragma unroll
+    for (int k = 0; k <= kMT; ++k)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float x = part[k][c];
+        const float y9 = __shfl_down_sync(0xffffffffu, x, 9);
+        x += has9 ? y9 : 0.f;
+        const float y18 = __shfl_down_sync(0xffffffffu, x, 18);
+        x += has18 ? y18 : 0.f;
+        if (leader) lead[((k % 2) * 2 + c) * kPlaneStride + 8 * k + c] = x;
+      }
+    __syncwarp();
+    float* slots = sh_red + warp * 2 * kBlockM;
+#pragma unroll
+    for (int j = 0; j < (kWarpDiags + 31) / 32; ++j) {
+      const int dl = lane + 32 * j;
+      if (dl < kWarpDiags) slots[dl] = (pl[dl] + pl[kPlaneStride + dl]) + (pl[2 * kPlaneStride + dl] + pl[3 * kPlaneStride + dl]);
+    }
+  }
+
+  __device__ static __forceinline__ void zero_planes(float* planes, int tid) {
+    for (int i = tid; i < kPlaneFloats; i += Traits::kNThreads) planes[i] = 0.f;
+  }
+
+  // After a CTA barrier that follows every warp's warp_sum; the slots may be rewritten only after another one.
+  __device__ static __forceinline__ void cta_sum(const FlexBackwardParams& p, const typename Variant::Params& vp, const float* sh_red, int b,
+                                                 int h, int hkv, int m0, int n0, int tid) {
+    void* grad = p.grad_ptr[I];
+    if constexpr (kClass == kScatterQOnly) {
+      if (tid < kBlockM && m0 + tid < p.seqlen_q) {
+        float s = 0.f;
+        for (int w = 0; w < Traits::kNWarps; ++w) s += sh_red[w * kBlockM + tid];
+        if (s != 0.f) {
+          long long off;
+          float coef;
+          Variant::template scatter<I>(vp, b, h, hkv, m0 + tid, n0, 0.f, off, coef);
+          accumulate<kDeterministic>(grad, off, s);
+        }
+      }
+    } else {
+      for (int i = tid; i < kBlockM + kBlockN - 1; i += Traits::kNThreads) {
+        // Tile diagonal i = (q - m0) - (kv - n0) + kBlockN - 1; warp row group w holds it at i + 15 + 16w - (kBlockN - 1).
+        float sum = 0.f;
+        for (int w = 0; w < Traits::kRowGroups; ++w) {
+          const int dl = i + 15 + 16 * w - (kBlockN - 1);
+          if (dl >= 0 && dl < kWarpDiags) sum += sh_red[w * 2 * kBlockM + dl];
+        }
+        if (sum != 0.f) {
+          const int q = i >= kBlockN - 1 ? m0 + i - (kBlockN - 1) : m0;
+          const int kv = i >= kBlockN - 1 ? n0 : n0 + (kBlockN - 1 - i);
+          long long off;
+          float coef;
+          Variant::template scatter<I>(vp, b, h, hkv, q, kv, 0.f, off, coef);
+          accumulate<kDeterministic>(grad, off, sum);
+        }
+      }
+    }
+  }
+};
+
 // The scatters of one S^T tile (dS in ds_v, the thread's KV rows kv_r0 and kv_r0 + 8, query columns
 // m0 + nt * 8 + 2 * t4 + e % 2). Every thread of the CTA calls it (it synchronises for the shared-memory
 // reductions); `active` is false for the second warp of a KV row group under kDSplit = 2 (same values).
 template <class Traits, class Variant, bool kDeterministic, int I>
 __device__ __forceinline__ void scatter_one(const FlexBackwardParams& p, const typename Variant::Params& vp,
                                             const float (&ds_v)[Traits::kBlockM / 8][4], const float (&score_v)[Traits::kBlockM / 8][4],
-                                            float* acc_uniform, float (*acc_kvrow)[2], float* sh_red, unsigned long long* sh_red64,
-                                            float* sh_diag, unsigned long long* sh_diag64, int b, int h, int hkv, int m0, int n0,
-                                            int kv_r0, int warp, int lane, bool active) {
+                                            float* acc_uniform, float (*acc_kvrow)[2], float* sh_red, int b, int h, int hkv, int m0,
+                                            int n0, int kv_r0, int warp, int lane, bool active) {
   constexpr int kMT = Traits::kBlockM / 8;
-  constexpr int kBlockM = Traits::kBlockM;
-  constexpr int kBlockN = Traits::kBlockN;
   constexpr int kClass = Variant::kScatterClass[I];
   const int tid = threadIdx.x, t4 = lane % 4;
   void* grad = p.grad_ptr[I];
@@ -290,119 +448,17 @@ __device__ __forceinline__ void scatter_one(const FlexBackwardParams& p, const t
           }
         }
     }
-  } else if constexpr (kClass == kScatterQOnly) {
-    // Column sums: the thread's two rows, then the 8 row lanes of the warp, then the warps in order.
-    float col[kMT][2];
-#pragma unroll
-    for (int nt = 0; nt < kMT; ++nt)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        float s = 0.f;
-        if (active) {
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const float d = ds_v[nt][half * 2 + c];
-            if (d != 0.f) {
-              long long off;
-              float coef;
-              Variant::template scatter<I>(vp, b, h, hkv, m0 + nt * 8 + 2 * t4 + c, kv_r0 + half * 8, score_v[nt][half * 2 + c], off, coef);
-              s += d * coef;
-            }
-          }
-        }
-        s += __shfl_xor_sync(0xffffffffu, s, 4);
-        s += __shfl_xor_sync(0xffffffffu, s, 8);
-        s += __shfl_xor_sync(0xffffffffu, s, 16);
-        col[nt][c] = s;
-      }
-    if (lane < 4) {
-#pragma unroll
-      for (int nt = 0; nt < kMT; ++nt)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) sh_red[warp * kBlockM + nt * 8 + 2 * t4 + c] = col[nt][c];
-    }
+  } else if constexpr (TileScatter<Traits, Variant, kDeterministic, I>::kReduced) {
+    TileScatter<Traits, Variant, kDeterministic, I> ts;
+    ts.thread_sum(vp, ds_v, score_v, b, h, hkv, m0, kv_r0, t4, active);
+    ts.warp_sum(sh_red, warp, lane);
     __syncthreads();
-    if (tid < kBlockM && m0 + tid < p.seqlen_q) {
-      float s = 0.f;
-      for (int w = 0; w < Traits::kNWarps; ++w) s += sh_red[w * kBlockM + tid];
-      if (s != 0.f) {
-        long long off;
-        float coef;
-        Variant::template scatter<I>(vp, b, h, hkv, m0 + tid, n0, 0.f, off, coef);
-        accumulate<kDeterministic>(grad, off, s);
-      }
-    }
-    __syncthreads();
-  } else if constexpr (kClass == kScatterDiagonal) {
-    // Per warp (16 KV rows x kBlockM queries), local diagonal dl = (q - m0) - r + 15 with r the row in the
-    // warp: the thread first adds its two elements of each diagonal (rows g and g + 8 meet at n-tiles nt and
-    // nt + 1), then lanes (g, t), (g + 2, t + 1), ... that share a diagonal reduce by shuffles in a fixed
-    // order, and one leader per diagonal adds it into the warp's own slots (distinct addresses per
-    // instruction: no atomics). The warps' slots are then summed in a fixed order per tile diagonal.
-    constexpr int kWarpDiags = kBlockM + 15;
-    const int g = lane / 4;
-    float* slots = sh_red + warp * 2 * kBlockM;  // kWarpDiags <= 2 * kBlockM floats per warp
-    for (int i = lane; i < kWarpDiags; i += 32) slots[i] = 0.f;
-    __syncwarp();
-    float v[kMT + 1][2];
-#pragma unroll
-    for (int k = 0; k <= kMT; ++k) v[k][0] = v[k][1] = 0.f;
-    if (active) {
-#pragma unroll
-      for (int nt = 0; nt < kMT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float d = ds_v[nt][e];
-          if (d != 0.f) {
-            const int q = m0 + nt * 8 + 2 * t4 + (e % 2);
-            const int kv = kv_r0 + (e / 2) * 8;
-            long long off;
-            float coef;
-            Variant::template scatter<I>(vp, b, h, hkv, q, kv, score_v[nt][e], off, coef);
-            // row g + 8 * (e / 2), column nt * 8 + 2t + e % 2: local diagonal 8 * (nt - e / 2) + 2t + e % 2 - g + 15
-            v[nt - e / 2 + 1][e % 2] += d * coef;
-          }
-        }
-    }
-    const bool has9 = g + 2 < 8 && t4 + 1 < 4, has18 = g + 4 < 8 && t4 + 2 < 4;
-    const bool leader = g < 2 || t4 == 0;
-#pragma unroll
-    for (int k = 0; k <= kMT; ++k)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        float x = v[k][c];
-        const float y9 = __shfl_down_sync(0xffffffffu, x, 9);
-        x += has9 ? y9 : 0.f;
-        const float y18 = __shfl_down_sync(0xffffffffu, x, 18);
-        x += has18 ? y18 : 0.f;
-        if (leader) {
-          const int dl = 8 * (k - 1) + 2 * t4 + c - g + 15;
-          if (dl >= 0 && dl < kWarpDiags) slots[dl] += x;
-        }
-        __syncwarp();  // the next (k, c) may update the same slot from another lane
-      }
-    __syncthreads();
-    for (int i = tid; i < kBlockM + kBlockN - 1; i += Traits::kNThreads) {
-      // Tile diagonal i = (q - m0) - (kv - n0) + kBlockN - 1; warp row group w holds it at i + 15 + 16w - (kBlockN - 1).
-      float sum = 0.f;
-      for (int w = 0; w < Traits::kRowGroups; ++w) {
-        const int dl = i + 15 + 16 * w - (kBlockN - 1);
-        if (dl >= 0 && dl < kWarpDiags) sum += sh_red[w * 2 * kBlockM + dl];
-      }
-      if (sum != 0.f) {
-        const int q = i >= kBlockN - 1 ? m0 + i - (kBlockN - 1) : m0;
-        const int kv = i >= kBlockN - 1 ? n0 : n0 + (kBlockN - 1 - i);
-        long long off;
-        float coef;
-        Variant::template scatter<I>(vp, b, h, hkv, q, kv, 0.f, off, coef);
-        accumulate<kDeterministic>(grad, off, sum);
-      }
-    }
+    TileScatter<Traits, Variant, kDeterministic, I>::cta_sum(p, vp, sh_red, b, h, hkv, m0, n0, tid);
     __syncthreads();
   }
   if constexpr (I + 1 < Variant::kNumScatters)
-    scatter_one<Traits, Variant, kDeterministic, I + 1>(p, vp, ds_v, score_v, acc_uniform, acc_kvrow, sh_red, sh_red64, sh_diag, sh_diag64,
-                                                        b, h, hkv, m0, n0, kv_r0, warp, lane, active);
+    scatter_one<Traits, Variant, kDeterministic, I + 1>(p, vp, ds_v, score_v, acc_uniform, acc_kvrow, sh_red, b, h, hkv, m0, n0, kv_r0,
+                                                        warp, lane, active);
 }
 
 // End of a head of the group: the uniform scatters (one atomic per CTA) and the kv-only ones (one per KV row).
@@ -566,9 +622,6 @@ __device__ __forceinline__ void flex_backward_main(const FlexBackwardParams& p, 
   float* sh_lse = reinterpret_cast<float*>(flex_smem + Traits::kOffLse);
   float* sh_delta = reinterpret_cast<float*>(flex_smem + Traits::kOffDelta);
   float* sh_red = reinterpret_cast<float*>(flex_smem + Traits::kOffRed);
-  unsigned long long* sh_red64 = reinterpret_cast<unsigned long long*>(flex_smem + Traits::kOffRed);
-  float* sh_diag = reinterpret_cast<float*>(flex_smem + Traits::kOffDiag);
-  unsigned long long* sh_diag64 = reinterpret_cast<unsigned long long*>(flex_smem + Traits::kOffDiag);
 
   const Element* g_k = static_cast<const Element*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
   const Element* g_v = static_cast<const Element*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
@@ -706,8 +759,8 @@ __device__ __forceinline__ void flex_backward_main(const FlexBackwardParams& p, 
 
     // Scatters (buffer gradients) and dS_pre = dS * d_score.
     if constexpr (kNumScatters > 0)
-      flex_bwd::scatter_one<Traits, Variant, kDeterministic, 0>(p, vp, ds_v, score_v, acc_uniform, acc_kvrow, sh_red, sh_red64, sh_diag,
-                                                                sh_diag64, b, h, hkv, m0, n0, kv_r0, warp, lane, ds == 0);
+      flex_bwd::scatter_one<Traits, Variant, kDeterministic, 0>(p, vp, ds_v, score_v, acc_uniform, acc_kvrow, sh_red, b, h, hkv, m0, n0,
+                                                                kv_r0, warp, lane, ds == 0);
     if constexpr (!Variant::kDScoreIsOne) {
 #pragma unroll
       for (int nt = 0; nt < kMT; ++nt)

@@ -41,8 +41,9 @@ struct Smem {
   static constexpr int kOffLse = kOffDS + TileDS::kBytes;
   static constexpr int kOffDelta = kOffLse + kStages * kBlockM * 4;
   static constexpr int kOffRed = kOffDelta + kStages * kBlockM * 4;     // [kNWarps][kBlockM] 8-byte slots
-  static constexpr int kOffDiag = kOffRed + Traits::kNWarps * kBlockM * 8;  // [kBlockM + kBlockN] 8-byte slots
-  static constexpr int kOffSched = kOffDiag + (kBlockM + kBlockN) * 8;  // tile classes of the CTA's column
+  // Planes of a diagonal scatter's warp reduction (flex_bwd::TileScatter::warp_sum_planes): [warp][4][kBlockM + 16] floats.
+  static constexpr int kOffPlanes = kOffRed + Traits::kNWarps * kBlockM * 8;
+  static constexpr int kOffSched = kOffPlanes + Traits::kNWarps * 4 * (kBlockM + 16) * 4;  // tile classes of the CTA's column
   static constexpr int kBytes = kOffSched + Traits::kMaxSched;
   // What the launch must give: 1 KB of slack, so the tiles can start on a 1024-byte boundary (the swizzle
   // XOR acts on absolute address bits) whatever the base of dynamic shared memory.
@@ -79,10 +80,11 @@ __device__ __forceinline__ float (&flat(float (&a)[M][N]))[M * N] {
 }
 
 // dQ (unscaled) += dS K for this warpgroup's kN columns from kCol0 (the caller has fenced dS^T into the async
-// proxy and synchronised the CTA); waits for every wgmma group of the warpgroup, then adds into the accumulator.
-template <int kN, class Layout, class Element, bool kDeterministic>
+// proxy and synchronised the CTA); runs `overlap` while the GEMM is in flight, waits for every wgmma group of the
+// warpgroup, then adds into the accumulator.
+template <int kN, class Layout, class Element, bool kDeterministic, class Overlap>
 __device__ __forceinline__ void dq_block(const FlexBackwardParams& p, unsigned s_ds, unsigned s_k, int col0, long long row_base,
-                                         int q_row0, int t4) {
+                                         int q_row0, int t4, Overlap&& overlap) {
   constexpr int kHeadDim = Layout::kHeadDim;
   float acc[kN / 2];
   flex::wgmma_fence();
@@ -91,6 +93,7 @@ __device__ __forceinline__ void dq_block(const FlexBackwardParams& p, unsigned s
     flex::Wgmma<kN>::template ss<Element, 1, 1>(acc, flex::desc_mn_major<typename Layout::TileDS>(s_ds, kk * 16, 0),
                                                 flex::desc_mn_major<typename Layout::TileKV>(s_k, kk * 16, col0), kk > 0 ? 1 : 0);
   flex::wgmma_commit();
+  overlap();
   flex::wgmma_wait<0>();
   flex::fence_operands(acc);
 #pragma unroll
@@ -134,6 +137,12 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   constexpr int kNumScatters = Variant::kNumScatters;
   // Without scatters, d_score is folded into P before dS (no score kept across the dP wait).
   constexpr bool kFoldDScore = !Variant::kDScoreIsOne && kNumScatters == 0;
+  // A single tile-reduced scatter (q-only or diagonal, e.g. the learnable bias[h, q - kv + S - 1]) is split
+  // around the GEMMs: its per-element sums right after dS, its warp shuffles while dK runs, its cross-warp sums
+  // and atomics while dQ runs, behind the barrier dQ needs anyway (scatter_one would add two barriers and keep
+  // the tensor cores idle through all of it).
+  using TileScatter0 = flex_bwd::TileScatter<Traits, Variant, kDeterministic, 0>;
+  constexpr bool kSplitScatter = kDq && kNumScatters == 1 && TileScatter0::kReduced;
 
   extern __shared__ __align__(1024) unsigned char flex_smem_sm90[];
   const unsigned raw_base = flex::smem_addr(flex_smem_sm90);
@@ -169,9 +178,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   float* sh_lse = reinterpret_cast<float*>(smem + S::kOffLse);
   float* sh_delta = reinterpret_cast<float*>(smem + S::kOffDelta);
   float* sh_red = reinterpret_cast<float*>(smem + S::kOffRed);
-  unsigned long long* sh_red64 = reinterpret_cast<unsigned long long*>(smem + S::kOffRed);
-  float* sh_diag = reinterpret_cast<float*>(smem + S::kOffDiag);
-  unsigned long long* sh_diag64 = reinterpret_cast<unsigned long long*>(smem + S::kOffDiag);
+  float* sh_planes = reinterpret_cast<float*>(smem + S::kOffPlanes);
 
   const Element* g_k = static_cast<const Element*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
   const Element* g_v = static_cast<const Element*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
@@ -217,6 +224,9 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   float acc_kvrow[kNumScatters > 0 ? kNumScatters : 1][2];
 #pragma unroll
   for (int i = 0; i < (kNumScatters > 0 ? kNumScatters : 1); ++i) acc_uniform[i] = acc_kvrow[i][0] = acc_kvrow[i][1] = 0.f;
+
+  static_assert(TileScatter0::kPlaneFloats * 4 == S::kOffSched - S::kOffPlanes, "flex_backward_main_sm90: plane region size");
+  if constexpr (kSplitScatter && TileScatter0::kClass == flex_bwd::kScatterDiagonal) TileScatter0::zero_planes(sh_planes, tid);  // ordered by the loop's first barrier
 
   const float scale_log2 = p.scale * kLog2e;
   int stage = 0;
@@ -337,9 +347,13 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     else ds_tile(flex_bwd::BoolTag<false>{});
 
     // Scatters (buffer gradients) from dS, then dS_pre = dS * d_score.
-    if constexpr (kNumScatters > 0)
-      flex_bwd::scatter_one<Traits, Variant, kDeterministic, 0>(p, vp, acc_dp, score_v, acc_uniform, acc_kvrow, sh_red, sh_red64, sh_diag,
-                                                                sh_diag64, b, h, hkv, m0, n0, kv_r0, warp, lane, true);
+    TileScatter0 split_scatter;
+    if constexpr (kSplitScatter) {
+      if (check_elements) split_scatter.template thread_sum<true>(vp, acc_dp, score_v, b, h, hkv, m0, kv_r0, t4, true);
+      else split_scatter.template thread_sum<false>(vp, acc_dp, score_v, b, h, hkv, m0, kv_r0, t4, true);
+    } else if constexpr (kNumScatters > 0)
+      flex_bwd::scatter_one<Traits, Variant, kDeterministic, 0>(p, vp, acc_dp, score_v, acc_uniform, acc_kvrow, sh_red, b, h, hkv, m0, n0,
+                                                                kv_r0, warp, lane, true);
     if constexpr (!Variant::kDScoreIsOne && !kFoldDScore) {
 #pragma unroll
       for (int nt = 0; nt < kMT; ++nt)
@@ -378,18 +392,25 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     for (int kk = 0; kk < kBlockM / 16; ++kk)
       flex::Wgmma<kHeadDim>::template rs<Element, 1>(acc_dk, da[kk], flex::desc_mn_major<TileQ>(sq, kk * 16, 0), 1);
     flex::wgmma_commit();
+    if constexpr (kSplitScatter) {
+      if constexpr (TileScatter0::kClass == flex_bwd::kScatterDiagonal) split_scatter.warp_sum_planes(sh_red, sh_planes, warp, ln);
+      else split_scatter.warp_sum(sh_red, warp, ln);
+    }
 
     if constexpr (kDq) {
-      // dQ needs the dS^T rows of both warpgroups.
+      // dQ needs the dS^T rows of both warpgroups (and the split scatter every warp's slots).
       flex::fence_proxy_async();
       __syncthreads();
       const long long row_base = ((long long)b * p.heads + h) * seqlen_q;
       const int q_row0 = m0 + (warp % 4) * 16 + g;
+      auto while_dq = [&] {
+        if constexpr (kSplitScatter) TileScatter0::cta_sum(p, vp, sh_red, b, h, hkv, m0, n0, tid);
+      };
       if constexpr (S::kDqN0 == S::kDqN1) {
-        flex_bwd_sm90::dq_block<S::kDqN0, S, Element, kDeterministic>(p, s_ds, s_k, wg * S::kDqN0, row_base, q_row0, t4);
+        flex_bwd_sm90::dq_block<S::kDqN0, S, Element, kDeterministic>(p, s_ds, s_k, wg * S::kDqN0, row_base, q_row0, t4, while_dq);
       } else {
-        if (wg == 0) flex_bwd_sm90::dq_block<S::kDqN0, S, Element, kDeterministic>(p, s_ds, s_k, 0, row_base, q_row0, t4);
-        else flex_bwd_sm90::dq_block<S::kDqN1, S, Element, kDeterministic>(p, s_ds, s_k, S::kDqN0, row_base, q_row0, t4);
+        if (wg == 0) flex_bwd_sm90::dq_block<S::kDqN0, S, Element, kDeterministic>(p, s_ds, s_k, 0, row_base, q_row0, t4, while_dq);
+        else flex_bwd_sm90::dq_block<S::kDqN1, S, Element, kDeterministic>(p, s_ds, s_k, S::kDqN0, row_base, q_row0, t4, while_dq);
       }
     } else {
       flex::wgmma_wait<0>();

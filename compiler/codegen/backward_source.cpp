@@ -14,9 +14,10 @@ std::string BackwardConfig::str() const {
 int BackwardConfig::shared_bytes() const {
   if (hopper) {
     // flex_bwd_sm90::Smem: dense swizzled K, V [block_n][D] and Q, dO [block_m][D] per stage, dS^T [block_n][block_m],
-    // then the same small arrays as the mma.sync kernel, and 1 KB to align the base.
+    // lse2 / delta, the reduction slots, the diagonal scatter's planes [warps][4][block_m + 16] floats, the cached
+    // tile classes, and 1 KB to align the base.
     int bytes = 2 * block_n * head_dim * 2 + 2 * stages * block_m * head_dim * 2 + block_n * block_m * 2;
-    bytes += 2 * stages * block_m * 4 + warps * block_m * 8 + (block_m + block_n) * 8 + 2048;
+    bytes += 2 * stages * block_m * 4 + warps * block_m * 8 + warps * 4 * (block_m + 16) * 4 + 2048;
     return bytes + 1024;
   }
   const int stride = head_dim + 8;

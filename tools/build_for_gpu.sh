@@ -12,5 +12,7 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLEXJIT_CPU_BACKEND
 cmake --build "$build" --target flexjit gpu_tests -j "$(nproc)"
 mkdir -p "$stage"
 cp "$build/tools/flexjit" "$build/tests/gpu_tests" "$stage/"
+# No .git travels to the GPU machine: the benchmarks' tables read the commit from here (gpu_check.sh).
+echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!bench/RESULTS.md' || echo '+local changes')" > "$stage/COMMIT"
 strip "$stage/flexjit" "$stage/gpu_tests"
 ls -la "$stage"

@@ -3,7 +3,8 @@
 # compute-sanitizer on three representative launches, the PyTorch cross-check and the
 # benchmarks. Logs and result tables go to $OUT (or ./gpu-out).
 #   tools/gpu_check.sh [tests] [sanitize] [sanitize_bwd] [torch] [bench] [backward]   (default: tests sanitize torch bench)
-#   sanitize_bwd: compute-sanitizer memcheck and racecheck on `flexjit run --backward` of causal, document and SAM
+#   sanitize_bwd: compute-sanitizer memcheck and racecheck on `flexjit run --backward` of causal, document, SAM and the
+#   learnable relative bias (its gradient: the diagonal scatter)
 #   backward: the [backward] GPU tests, then bench/bench_backward.py (table in $OUT/backward_table.md)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -12,24 +13,28 @@ OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 export FLEXJIT_CACHE_DIR=${FLEXJIT_CACHE_DIR:-/tmp/flexjit-cache}
 export PYTHONUNBUFFERED=1
+# The commit the binaries were built from (tools/build_for_gpu.sh), for the benchmark tables.
+export FLEXJIT_COMMIT=${FLEXJIT_COMMIT:-$(cat "$BIN/COMMIT" 2>/dev/null || echo unknown)}
 steps=${*:-tests sanitize torch bench}
 status=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 
-# compute-sanitizer memcheck and racecheck on `flexjit run` of causal, document and SAM (small random inputs);
-# $1 = forward, or backward (adds --backward, and SAM's rel_h / rel_w gradients).
+# compute-sanitizer memcheck and racecheck on `flexjit run` of causal, document, SAM and the relative bias (small
+# random inputs); $1 = forward, or backward (adds --backward, and the rel_h / rel_w and bias gradients).
 sanitize_launches() {
   local pass=$1
   echo "== compute-sanitizer on $pass launches (memcheck, racecheck)"
   python3 tests/gpu/sanitize_inputs.py "$OUT/san" || status=1
   for tool in memcheck racecheck; do
-    for spec in causal document sam_relpos; do
+    for spec in causal document sam_relpos relative_bias; do
       local san="$OUT/san"
       local args=(run "examples/gallery/$spec.json" --q "$san/q.npy" --k "$san/k.npy" --v "$san/v.npy" --out "$san/o.npy" --device cuda:0)
       [ "$pass" = backward ] && args+=(--backward --do "$san/q.npy" --dq "$san/dq.npy" --dk "$san/dk.npy" --dv "$san/dv.npy")
       [ "$spec" = document ] && args+=(--load "doc=$san/doc.npy")
       [ "$spec" = sam_relpos ] && args+=(--load "rel_h=$san/rel.npy" --load "rel_w=$san/rel.npy")
       [ "$spec" = sam_relpos ] && [ "$pass" = backward ] && args+=(--grad "rel_h=$san/drh.npy" --grad "rel_w=$san/drw.npy")
+      [ "$spec" = relative_bias ] && args+=(--load "bias=$san/bias.npy")
+      [ "$spec" = relative_bias ] && [ "$pass" = backward ] && args+=(--grad "bias=$san/dbias.npy")
       local log="$OUT/san_${pass}_${tool}_${spec}.log"
       compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/flexjit" "${args[@]}" > "$log" 2>&1
       local rc=$?

@@ -186,7 +186,7 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
     // O += P @ V: P packed into the A fragments of 4 k-steps of 16 KV rows; left running on the tensor cores.
     unsigned pa[kBlockN / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) K::exp_pack(acc_s, 0, kk, mult, max_scaled, row_sum, pa[kk]);
+    for (int kk = 0; kk < kBlockN / 16; ++kk) K::template exp_pack<kHeadDim == 128>(acc_s, 0, kk, mult, max_scaled, row_sum, pa[kk]);
     flex::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk)

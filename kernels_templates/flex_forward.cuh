@@ -38,6 +38,20 @@
 
 namespace flex {
 
+// The constant factors a generated variant may split off its score_mod (compiler/codegen/score_scales.h):
+// score_mod(s) = kScoreOutScale * score_mod_core(kScoreInScale * s) with kScoreOutScale > 0. Variants without
+// them (hand-written ones, and score_mods of another form) keep kSplit = false.
+template <class Variant, class = void>
+struct ScoreScales {
+  static constexpr bool kSplit = false;
+  static constexpr float kIn = 1.f, kOut = 1.f;
+};
+template <class Variant>
+struct ScoreScales<Variant, decltype(void(Variant::kScoreOutScale))> {
+  static constexpr bool kSplit = true;
+  static constexpr float kIn = Variant::kScoreInScale, kOut = Variant::kScoreOutScale;
+};
+
 // Per-thread helpers of one (Traits, Variant) instantiation.
 template <class Traits, class Variant>
 struct ForwardKernel {
@@ -62,6 +76,18 @@ struct ForwardKernel {
   static constexpr int kSmemStride = Traits::kSmemStride;
 
   static __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
+
+  // With a split score_mod the S tile holds core values: the softmax's exp2 factor and the LSE's unit carry
+  // kScoreOutScale (a positive factor leaves the row maximum where it is), and apply_mods multiplies the raw
+  // q.k by scale * kScoreInScale once: softcap's three multiplies per element become one.
+  using Scales = ScoreScales<Variant>;
+  // exp2 factor of an S element: log2(e) per score unit, and the softmax scale when there is no score_mod.
+  static __device__ __forceinline__ float exp2_mult(float scale) {
+    constexpr float kLog2e = 1.4426950408889634f;
+    return Variant::kHasScoreMod ? kLog2e * Scales::kOut : scale * kLog2e;
+  }
+  // What one unit of an S element is in natural-log score units, for the LSE.
+  static __device__ __forceinline__ float score_unit(float scale) { return Variant::kHasScoreMod ? Scales::kOut : scale; }
 
   // Tile row of the thread's accumulator row r (0 <= r < kRowsPerThread): m-tile r/2, half r%2.
   static __device__ __forceinline__ int row_in_tile(int warp, int lane, int r) {
@@ -121,7 +147,10 @@ struct ForwardKernel {
           if (in_range) {
             if constexpr (Variant::kHasScoreMod) {
               // FUSION POINT: score_mod
-              x = Variant::score_mod(vp, row[r], col[r][c], tile[r], b, h, hkv, q, k0, j, x * scale);
+              if constexpr (Scales::kSplit)
+                x = Variant::score_mod_core(vp, row[r], col[r][c], tile[r], b, h, hkv, q, k0, j, x * (scale * Scales::kIn));
+              else
+                x = Variant::score_mod(vp, row[r], col[r][c], tile[r], b, h, hkv, q, k0, j, x * scale);
             }
             if constexpr (kPartial) {
               // FUSION POINT: mask_mod
@@ -466,7 +495,6 @@ __device__ __forceinline__ void flex_forward(const FlexForwardParams& p, const t
   constexpr int kRowsPerThread = Traits::kRowsPerThread;
   constexpr int kColsPerThread = Traits::kColsPerThread;
   constexpr int kSmemStride = Traits::kSmemStride;
-  constexpr float kLog2e = 1.4426950408889634f;
 
   extern __shared__ __align__(128) unsigned char flex_smem[];
 
@@ -543,7 +571,7 @@ __device__ __forceinline__ void flex_forward(const FlexForwardParams& p, const t
   }
   // exp(score - max) = exp2((x - max) * mult): without score_mod x = q.k and score = scale * x, so the scale
   // folds into the same FFMA as log2(e).
-  const float mult = Variant::kHasScoreMod ? kLog2e : p.scale * kLog2e;
+  const float mult = K::exp2_mult(p.scale);
   const bool q_tail = m0 + kBlockM > seqlen_q;
 
   // ============================================ Mainloop ============================================
@@ -655,7 +683,7 @@ __device__ __forceinline__ void flex_forward(const FlexForwardParams& p, const t
 
   // ============================================ Epilogue ============================================
   float lse[kRowsPerThread];
-  K::normalize(acc_o, row_max, row_sum, Variant::kHasScoreMod ? 1.f : p.scale, lse);
+  K::normalize(acc_o, row_max, row_sum, K::score_unit(p.scale), lse);
   // O is staged through the Q tile's shared memory once every copy has landed and every warp is done.
   flex::cp_async_wait<0>();
   __syncthreads();

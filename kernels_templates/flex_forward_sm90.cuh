@@ -67,7 +67,6 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
   constexpr int kColsPerThread = Traits::kColsPerThread;
   constexpr int kKVStages = Traits::kKVStages;
   constexpr int kLookahead = Traits::kLookahead;
-  constexpr float kLog2e = 1.4426950408889634f;
   static_assert(Traits::kMTiles == 1 && kNTiles * 8 == 64, "flex_forward_sm90: one m16 row block per warp, 64-column S tiles");
 
   extern __shared__ __align__(1024) unsigned char flex_smem_raw[];
@@ -126,7 +125,7 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
     row_max[r] = K::neg_inf();
     row_sum[r] = 0.f;
   }
-  const float mult = Variant::kHasScoreMod ? kLog2e : p.scale * kLog2e;
+  const float mult = K::exp2_mult(p.scale);
   const bool q_tail = m0 + kBlockM > seqlen_q;
 
   const int wg_row0 = (warp / 4) * 64;  // the warpgroup's first Q row: the A rows of its S wgmma
@@ -198,7 +197,7 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
 
   // ============================================ Epilogue ============================================
   float lse[kRowsPerThread];
-  K::normalize(acc_o, row_max, row_sum, Variant::kHasScoreMod ? 1.f : p.scale, lse);
+  K::normalize(acc_o, row_max, row_sum, K::score_unit(p.scale), lse);
   // O is staged through the Q region once every copy has landed and every warpgroup's last S wgmma has read Q.
   flex::cp_async_wait<0>();
   __syncthreads();

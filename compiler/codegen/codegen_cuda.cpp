@@ -6,6 +6,7 @@
 #include <cstring>
 #include <unordered_map>
 
+#include "compiler/codegen/score_scales.h"
 #include "compiler/ir/ir_mutator.h"
 #include "compiler/ir/ir_printer.h"
 
@@ -500,6 +501,18 @@ GeneratedVariant generate_cuda_variant(const SpecIR& ir, const RangeInfo& ranges
     em.line("return score;");
   }
   code += fmt::format("{} float score_mod({}, float score) {{\n{}  }}\n", attrs, element_args, em.body(4));
+  if (staged.score_mod) {
+    const ScoreScales scales = split_score_scales(staged.score_mod);
+    if (scales.split) {
+      em.begin(Stage::Element);
+      em.line(fmt::format("return {};", em.emit(scales.core)));
+      code += "  // score_mod(score) = kScoreOutScale * score_mod_core(kScoreInScale * score), kScoreOutScale > 0: the forward\n"
+              "  // kernels fold both constants into multiplies of their own (flex::ForwardKernel).\n";
+      code += fmt::format("  static constexpr float kScoreInScale = {};\n  static constexpr float kScoreOutScale = {};\n", cuda_float(scales.in),
+                          cuda_float(scales.out));
+      code += fmt::format("{} float score_mod_core({}, float score) {{\n{}  }}\n", attrs, element_args, em.body(4));
+    }
+  }
   em.begin(Stage::Element);
   em.line(fmt::format("return {};", staged.mask_mod ? em.emit(staged.mask_mod) : "true"));
   code += fmt::format("{} bool mask_mod({}) {{\n{}  }}\n", attrs, element_args, em.body(4));

@@ -34,6 +34,14 @@ struct FlexVariant {
     const float t2 = (t1 * 30.0f);
     return t2;
   }
+  // score_mod(score) = kScoreOutScale * score_mod_core(kScoreInScale * score), kScoreOutScale > 0: the forward
+  // kernels fold both constants into multiplies of their own (flex::ForwardKernel).
+  static constexpr float kScoreInScale = 0.033333335f;
+  static constexpr float kScoreOutScale = 30.0f;
+  __device__ static __forceinline__ float score_mod_core(const Params& p, const Row& row, const Col& col, const Tile& tile, int b, int h, int hkv, int q, int k0, int j, float score) {
+    const float t3 = fj::tanh_fast(score);
+    return t3;
+  }
   __device__ static __forceinline__ bool mask_mod(const Params& p, const Row& row, const Col& col, const Tile& tile, int b, int h, int hkv, int q, int k0, int j) {
     return true;
   }

@@ -46,3 +46,28 @@ TEST_CASE("a buffer-free mask gets an interval block-mask builder, a data-depend
   std::string doc = source_for("", "doc[q] == doc[kv]", {"doc: i32[Sq]"});
   CHECK(doc.find("flex_build_block_mask_dense") != std::string::npos);
 }
+
+TEST_CASE("a score_mod of the form out * core(in * score) exposes its constants to the forward kernels", "[codegen]") {
+  std::string softcap = source_for("30 * tanh(score / 30)", "", {});
+  INFO(softcap);
+  CHECK(softcap.find("kScoreInScale = 0.033333335f;") != std::string::npos);
+  CHECK(softcap.find("kScoreOutScale = 30.0f;") != std::string::npos);
+  // The core takes the already scaled score: no multiply left in it.
+  const size_t core = softcap.find("float score_mod_core(");
+  REQUIRE(core != std::string::npos);
+  const std::string core_body = softcap.substr(core, softcap.find("  }\n", core) - core);
+  CHECK(core_body.find("tanh_fast(score)") != std::string::npos);
+  CHECK(core_body.find(" * ") == std::string::npos);
+  // Either operand order, and a multiply instead of the division.
+  CHECK(source_for("tanh(0.5 * score) * 4", "", {}).find("kScoreInScale = 0.5f;") != std::string::npos);
+}
+
+TEST_CASE("score_mods not of the form out * core(in * score) are not split", "[codegen]") {
+  for (const char* score : {"score + 30 * tanh(score / 30)",       // a bare score beside the scaled one
+                            "-30 * tanh(score / 30)",               // a negative factor would turn the row maximum into a minimum
+                            "30 * tanh(score / 30 + score / 10)",   // two different input factors
+                            "score * 2", "score + bias[h]"}) {
+    INFO(score);
+    CHECK(source_for(score, "", {"bias: f32[H]"}).find("score_mod_core") == std::string::npos);
+  }
+}

@@ -279,6 +279,15 @@ struct TileScatter {
   // warp, with r the row in the warp and dl = (q - m0) - r + 15 (rows g and g + 8 meet at n-tiles nt, nt + 1).
   float part[kMT + 1][2];
 
+  // The sum of one diagonal's partials over the lanes (g, t), (g + 2, t + 1), (g + 4, t + 2), (g + 6, t + 3) that
+  // hold it, in a fixed order; complete in the chain's leader (g < 2 or t == 0).
+  static __device__ __forceinline__ float diagonal_chain_sum(float x, int g, int t4) {
+    const float y9 = __shfl_down_sync(0xffffffffu, x, 9);
+    x += g + 2 < 8 && t4 + 1 < 4 ? y9 : 0.f;
+    const float y18 = __shfl_down_sync(0xffffffffu, x, 18);
+    return x + (g + 4 < 8 && t4 + 2 < 4 ? y18 : 0.f);
+  }
+
   // kChecked: the tile may hold masked or out-of-range elements (dS = 0 there), whose target index and coefficient
   // must not be evaluated. Without it every element is in range and unmasked, so each is added without a test
   // (an element whose dS is exactly 0 adds d * coef = 0; the test only paid off for masked elements).
@@ -324,17 +333,12 @@ struct TileScatter {
       float* slots = sh_red + warp * 2 * kBlockM;
       for (int i = lane; i < kWarpDiags; i += 32) slots[i] = 0.f;
       __syncwarp();
-      const bool has9 = g + 2 < 8 && t4 + 1 < 4, has18 = g + 4 < 8 && t4 + 2 < 4;
       const bool leader = g < 2 || t4 == 0;
 #pragma unroll
       for (int k = 0; k <= kMT; ++k)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          float x = part[k][c];
-          const float y9 = __shfl_down_sync(0xffffffffu, x, 9);
-          x += has9 ? y9 : 0.f;
-          const float y18 = __shfl_down_sync(0xffffffffu, x, 18);
-          x += has18 ? y18 : 0.f;
+          const float x = diagonal_chain_sum(part[k][c], g, t4);
           if (leader) {
             const int dl = 8 * (k - 1) + 2 * t4 + c - g + 15;
             if (dl >= 0 && dl < kWarpDiags) slots[dl] += x;
@@ -354,18 +358,13 @@ struct TileScatter {
     static_assert(kClass == kScatterDiagonal, "TileScatter::warp_sum_planes: diagonal scatters only");
     const int g = lane / 4, t4 = lane % 4;
     float* pl = planes + warp * 4 * kPlaneStride;
-    const bool has9 = g + 2 < 8 && t4 + 1 < 4, has18 = g + 4 < 8 && t4 + 2 < 4;
     const bool leader = g < 2 || t4 == 0;
     float* lead = pl + 2 * t4 - g + 7;  // + 8 k + c + plane: local diagonal 8 (k - 1) + 2t + c - g + 15, in [0, kWarpDiags)
 #pragma unroll
     for (int k = 0; k <= kMT; ++k)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        float x = part[k][c];
-        const float y9 = __shfl_down_sync(0xffffffffu, x, 9);
-        x += has9 ? y9 : 0.f;
-        const float y18 = __shfl_down_sync(0xffffffffu, x, 18);
-        x += has18 ? y18 : 0.f;
+        const float x = diagonal_chain_sum(part[k][c], g, t4);
         if (leader) lead[((k % 2) * 2 + c) * kPlaneStride + 8 * k + c] = x;
       }
     __syncwarp();

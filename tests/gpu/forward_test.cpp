@@ -139,6 +139,9 @@ TEST_CASE("every head dim, natively", "[gpu]") {
     c.Skv = 170;
     expect_close(run_case(inline_spec("causal_d", std::nullopt, "q >= kv", d), c));
     expect_close(run_case(inline_spec("plain_d", std::nullopt, std::nullopt, d), c));
+    // Soft-capping runs split (score_mod_core with its constants folded into the kernel's multiplies) on both
+    // main loops, and at D128 with part of the exponentials on the FMA pipe.
+    expect_close(run_case(inline_spec("softcap_d", std::string("30 * tanh(score / 30)"), std::nullopt, d), c));
   }
 }
 

@@ -1,12 +1,15 @@
-// `flexjit dump SPEC --emit=ast|ir|cuda|ptx`: show what a spec becomes at each stage.
+// `flexjit dump SPEC --emit=ast|ir|cuda|ptx [--backward]`: show what a spec becomes at each stage.
 #include <fmt/format.h>
 
+#include "compiler/codegen/backward_source.h"
+#include "compiler/codegen/codegen_cuda_grad.h"
 #include "compiler/codegen/kernel_source.h"
 #include "compiler/frontend.h"
 #include "compiler/ir_report.h"
 #include "compiler/ir/ir_printer.h"
 #include "compiler/passes/autodiff.h"
 #include "compiler/passes/pipeline.h"
+#include "compiler/passes/range_analysis.h"
 #include "dsl/ast.h"
 #include "runtime/nvrtc.h"
 #include "tools/commands.h"
@@ -21,7 +24,29 @@ struct DumpOptions {
   std::string emit = "cuda";
   std::string dump_after;
   std::string arch = "sm_90a";
+  bool backward = false;
+  std::string dq = "auto";
+  bool deterministic = false;
 };
+
+// The backward module a launch of the spec compiles (with the gradients the spec marks), as the runtime builds it:
+// dQ by the query-major pass when `dq` says so, or, for auto, when a scatter only that pass reduces (SAM's rel_h).
+KernelSource backward_module(const SpecIR& ir, const DumpOptions& o) {
+  ScoreModGradient grad = differentiate_score_mod(ir);
+  RangeInfo ranges = analyze_ranges(backward_roots(grad), ir.checked, VarDomains::forward(ir.checked));
+  bool row_owned = false;
+  for (const GradScatter& s : grad.scatters) {
+    const ScatterClass c = classify_scatter(s);
+    row_owned |= c == ScatterClass::RowCol || c == ScatterClass::RowTile;
+  }
+  BackwardKernelOptions bo;
+  bo.dtype = ir.spec().dtype;
+  bo.head_dim = ir.spec().head_dim;
+  bo.deterministic = o.deterministic;
+  bo.query_major = o.dq == "qmajor" || (o.dq == "auto" && row_owned);
+  bo.arch = o.arch;
+  return backward_kernel_source(ir, grad, ranges, bo).module;
+}
 
 int run_dump(const DumpOptions& o) {
   dsl::Spec spec = o.spec.load();
@@ -34,6 +59,7 @@ int run_dump(const DumpOptions& o) {
     return 0;
   }
   if (!o.dump_after.empty() && o.emit != "ir") throw Error("--dump-after goes with --emit=ir");
+  if (o.backward && o.emit != "cuda" && o.emit != "ptx") throw Error("--backward goes with --emit=cuda or --emit=ptx");
   if (!o.dump_after.empty()) {
     const auto& names = pass_names();
     if (std::find(names.begin(), names.end(), o.dump_after) == names.end())
@@ -60,12 +86,16 @@ int run_dump(const DumpOptions& o) {
     if (g.scatters.empty()) fmt::print("# no buffer requires a gradient (mark one with --grad NAME or \"grad\" in the spec)\n");
     return 0;
   }
-  RangeInfo ranges = analyze_ir_ranges(ir);
-  ForwardKernelOptions fo;
-  fo.dtype = spec.dtype;
-  fo.head_dim = spec.head_dim;
-  fo.arch = o.arch;
-  KernelSource ks = forward_kernel_source(ir, ranges, fo);
+  KernelSource ks;
+  if (o.backward) {
+    ks = backward_module(ir, o);
+  } else {
+    ForwardKernelOptions fo;
+    fo.dtype = spec.dtype;
+    fo.head_dim = spec.head_dim;
+    fo.arch = o.arch;
+    ks = forward_kernel_source(ir, analyze_ir_ranges(ir), fo);
+  }
   if (o.emit == "cuda") {
     fmt::print("{}", ks.source);
     return 0;
@@ -89,6 +119,11 @@ void add_dump_command(CLI::App& app, Action& action) {
   cmd->add_option("--emit", o->emit, "What to print: ast, ir, grad (score_mod derivatives), cuda or ptx")->check(CLI::IsMember({"ast", "ir", "grad", "cuda", "ptx"}))->capture_default_str();
   cmd->add_option("--dump-after", o->dump_after, "With --emit=ir: print the IR right after this pass (lower, fold, simplify, cse)");
   cmd->add_option("--arch", o->arch, "With --emit=cuda or ptx: target architecture, e.g. sm_80, sm_90a (the Hopper main loop)")->capture_default_str();
+  cmd->add_flag("--backward", o->backward, "With --emit=cuda or ptx: the backward module (gradients of the buffers marked with --grad)");
+  cmd->add_option("--dq", o->dq, "With --backward: dQ strategy of the module, atomic, qmajor or auto (as a launch picks it)")
+      ->check(CLI::IsMember({"auto", "atomic", "qmajor"}))
+      ->capture_default_str();
+  cmd->add_flag("--deterministic", o->deterministic, "With --backward: the deterministic (fixed-point) module");
   cmd->callback([o, &action] { action = [o] { return run_dump(*o); }; });
 }
 

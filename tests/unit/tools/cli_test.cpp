@@ -83,6 +83,14 @@ TEST_CASE("dump: ast, ir with analyses, cuda and ptx", "[cli]") {
   CHECK(ptx.status == 0);
   CHECK(ptx.out.find(".target sm_80") != std::string::npos);
   CHECK(ptx.out.find("mma.sync") != std::string::npos);
+  // The backward module: SAM's row-owned gradients pick the query-major pass, as a launch does.
+  Result bwd = sh(fj() + " dump " + gallery("sam_relpos.json") + " --grad rel_h --grad rel_w --backward --emit=cuda");
+  CHECK(bwd.status == 0);
+  CHECK(bwd.out.find("struct FlexGradVariant") != std::string::npos);
+  CHECK(bwd.out.find("flexjit_bwd_qmajor") != std::string::npos);
+  Result atomic = sh(fj() + " dump " + gallery("sam_relpos.json") + " --grad rel_h --backward --dq atomic --emit=cuda");
+  CHECK(atomic.out.find("flexjit_bwd_qmajor") == std::string::npos);
+  CHECK(sh(fj() + " dump " + gallery("causal.json") + " --backward --emit=ir").status == 1);
 }
 
 TEST_CASE("eval: Python arithmetic, round-trip floats, errors", "[cli]") {

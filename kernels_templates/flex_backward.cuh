@@ -105,8 +105,7 @@ struct FlexBackwardTraits {
   static constexpr int kOffLse = kOffDS + kBlockN * kDsStride * 2;
   static constexpr int kOffDelta = kOffLse + kStages * kBlockM * 4;
   static constexpr int kOffRed = kOffDelta + kStages * kBlockM * 4;    // [kNWarps][kBlockM] 8-byte slots
-  static constexpr int kOffDiag = kOffRed + kNWarps * kBlockM * 8;      // [kBlockM + kBlockN] 8-byte slots
-  static constexpr int kOffSched = kOffDiag + (kBlockM + kBlockN) * 8;  // tile classes of the CTA's column
+  static constexpr int kOffSched = kOffRed + kNWarps * kBlockM * 8;     // tile classes of the CTA's column
   static constexpr int kMaxSched = 2048;                                 // (head, query tile) positions cached
   static constexpr int kSmemBytes = kOffSched + kMaxSched;
 

@@ -102,10 +102,7 @@ KernelImpl::BackwardState& KernelImpl::backward_state() {
     auto st = std::make_shared<BackwardState>();
     st->grad = differentiate_score_mod(ir_);
     st->ranges = analyze_ranges(backward_roots(st->grad), ir_.checked, VarDomains::forward(ir_.checked));
-    for (const GradScatter& s : st->grad.scatters) {
-      const ScatterClass c = classify_scatter(s);
-      st->row_col_or_tile |= c == ScatterClass::RowCol || c == ScatterClass::RowTile;
-    }
+    st->row_col_or_tile = needs_query_major_pass(st->grad);
     backward_state_ = st;
   }
   return *backward_state_;

@@ -34,16 +34,11 @@ struct DumpOptions {
 KernelSource backward_module(const SpecIR& ir, const DumpOptions& o) {
   ScoreModGradient grad = differentiate_score_mod(ir);
   RangeInfo ranges = analyze_ranges(backward_roots(grad), ir.checked, VarDomains::forward(ir.checked));
-  bool row_owned = false;
-  for (const GradScatter& s : grad.scatters) {
-    const ScatterClass c = classify_scatter(s);
-    row_owned |= c == ScatterClass::RowCol || c == ScatterClass::RowTile;
-  }
   BackwardKernelOptions bo;
   bo.dtype = ir.spec().dtype;
   bo.head_dim = ir.spec().head_dim;
   bo.deterministic = o.deterministic;
-  bo.query_major = o.dq == "qmajor" || (o.dq == "auto" && row_owned);
+  bo.query_major = o.dq == "qmajor" || (o.dq == "auto" && needs_query_major_pass(grad));
   bo.arch = o.arch;
   return backward_kernel_source(ir, grad, ranges, bo).module;
 }

@@ -26,7 +26,6 @@ int BackwardConfig::shared_bytes() const {
   bytes += block_n * (block_m + 8) * 2;        // dS^T
   bytes += 2 * stages * block_m * 4;           // lse2, delta
   bytes += warps * block_m * 8;                // reductions
-  bytes += (block_m + block_n) * 8;            // diagonal slots
   bytes += 2048;                               // cached tile classes (FlexBackwardTraits::kMaxSched)
   return bytes;
 }

@@ -92,6 +92,14 @@ ScatterClass classify_scatter(const GradScatter& s) {
 
 bool row_owned(ScatterClass c) { return c == ScatterClass::QOnly || c == ScatterClass::RowCol || c == ScatterClass::RowTile; }
 
+bool needs_query_major_pass(const ScoreModGradient& grad) {
+  for (const GradScatter& s : grad.scatters) {
+    const ScatterClass c = classify_scatter(s);
+    if (c == ScatterClass::RowCol || c == ScatterClass::RowTile) return true;
+  }
+  return false;
+}
+
 int kv_major_scatter_class(ScatterClass c, bool query_major_pass) {
   constexpr int kQMajor = 5;  // flex_bwd::kScatterQMajor
   if (query_major_pass && row_owned(c)) return kQMajor;

@@ -37,6 +37,10 @@ ScatterClass classify_scatter(const GradScatter& s);
 // Whether a query-major CTA owns the scatter's targets per row: QOnly, RowCol, RowTile.
 bool row_owned(ScatterClass c);
 
+// Whether some scatter of `grad` is one only the query-major pass reduces (RowCol / RowTile, SAM's rel_h and
+// rel_w): the automatic dQ strategy then picks that pass.
+bool needs_query_major_pass(const ScoreModGradient& grad);
+
 // The class value the KV-major kernel is given (kScatterClass): RowCol / RowTile are General there, and with a
 // query-major pass every row-owned class is kScatterQMajor (5, skipped).
 int kv_major_scatter_class(ScatterClass c, bool query_major_pass);

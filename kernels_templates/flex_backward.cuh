@@ -37,6 +37,16 @@ enum : int {
   kScatterDiagonal = 3,  // q and kv only through q - kv: reduced per diagonal of the tile in shared memory
   kScatterGeneral = 4,   // anything else: one atomic per nonzero score element
   kScatterQMajor = 5,    // a row-owned target the query-major pass (flex_backward_qmajor.cuh) computes: skipped here
+  kScatterStaged = 6,    // a staged term's (flex_backward_staged.cuh), reduced by the Hopper kernel itself: skipped here
+};
+
+// Where a staged term's rows live (flex_backward_staged.cuh), from the variant's staged_col / staged_tile.
+struct StagedRows {
+  const void* base;      // element [lead..., 0, 0] of the buffer (2-byte elements)
+  long long row_stride;  // elements from one query row to the next
+  long long col_stride;  // elements from one column to the next (1: contiguous rows, copied asynchronously)
+  long long cols;        // the buffer's last dim: the row length of its contiguous gradient
+  long long grad_base;   // offset of element [lead..., 0, 0] in that gradient
 };
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
@@ -579,6 +589,7 @@ struct ColumnSchedule {
 // kDq = false when the query-major pass computes dq: no dS^T staging, no dQ GEMM, no dQ atomics here.
 template <class Traits, class Variant, bool kDeterministic, bool kDq = true>
 __device__ __forceinline__ void flex_backward_main(const FlexBackwardParams& p, const typename Variant::Params& vp) {
+  static_assert(!Variant::kStagedCol && !Variant::kStagedTile, "flex_backward_main: staged terms are the Hopper kernel's (flex_backward_sm90.cuh)");
   using Element = typename Traits::Element;
   using Mma = flex::Mma16816<Element>;
   using L = flex_bwd::Loader<Traits>;

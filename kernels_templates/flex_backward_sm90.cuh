@@ -1,6 +1,7 @@
 // The Hopper (sm_90a) backward main kernel: flex_backward_main's algorithm with warpgroup MMA (wgmma) on swizzled tiles.
 #pragma once
 #include "flex_backward.cuh"
+#include "flex_backward_staged.cuh"
 #include "flex_wgmma.cuh"
 
 // Drop-in replacement of flex_backward_main for head dims 32..128 on sm_90a (docs/BACKWARD_SM90.md): the same
@@ -22,9 +23,11 @@
 namespace flex_bwd_sm90 {
 
 // Shared-memory tiles and their offsets. Swizzle: 128 B at D = 128, 64 B at 64 and 96, 32 B at 32 and 80, so D
-// has at least two swizzle regions and the dQ column split lands on a region boundary.
-template <class Traits>
+// has at least two swizzle regions and the dQ column split lands on a region boundary. The variant adds the
+// regions of its staged terms (flex_backward_staged.cuh) at the end.
+template <class Traits, class Variant = void>
 struct Smem {
+  using Staged = flex_bwd_staged::Flags<Variant>;
   static constexpr int kHeadDim = Traits::kHeadDim;
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kBlockN = Traits::kBlockN;
@@ -44,7 +47,10 @@ struct Smem {
   // Planes of a diagonal scatter's warp reduction (flex_bwd::TileScatter::warp_sum_planes): [warp][4][kBlockM + 16] floats.
   static constexpr int kOffPlanes = kOffRed + Traits::kNWarps * kBlockM * 8;
   static constexpr int kOffSched = kOffPlanes + Traits::kNWarps * 4 * (kBlockM + 16) * 4;  // tile classes of the CTA's column
-  static constexpr int kBytes = kOffSched + Traits::kMaxSched;
+  static constexpr int kOffStCol = kOffSched + Traits::kMaxSched;                               // [stages] Col tiles
+  static constexpr int kOffStGrad = kOffStCol + (Staged::kCol ? kStages * flex_bwd_staged::kColBytes : 0);  // dS^T planes
+  static constexpr int kOffStTile = kOffStGrad + (Staged::kGrad ? flex_bwd_staged::kGradBytes : 0);       // [stages] Tile values
+  static constexpr int kBytes = kOffStTile + (Staged::kTile ? kStages * flex_bwd_staged::kTileBytes : 0);
   // What the launch must give: 1 KB of slack, so the tiles can start on a 1024-byte boundary (the swizzle
   // XOR acts on absolute address bits) whatever the base of dynamic shared memory.
   static constexpr int kAllocBytes = kBytes + 1024;
@@ -60,6 +66,7 @@ struct Smem {
   static_assert(TileKV::kBytes % 1024 == 0 && TileQ::kBytes % 1024 == 0 && TileDS::kBytes % 1024 == 0,
                 "flex_backward_main_sm90: every tile must keep the next one 1024-byte aligned");
   static_assert(kDqN1 > 0 && kDqN0 % TileKV::kRegionCols == 0, "flex_backward_main_sm90: dQ split must land on a region boundary");
+  static_assert(kOffStCol % 16 == 0 && kBlockM == flex_bwd_staged::kRows, "flex_backward_main_sm90: staged tiles need 16-byte rows of 64 queries");
 };
 
 // x, through an instruction the compiler cannot look through. Used at the top of the query-tile loop for the
@@ -123,7 +130,8 @@ template <class Traits, class Variant, bool kDeterministic, bool kDq = true>
 __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams& p, const typename Variant::Params& vp) {
   using Element = typename Traits::Element;
   using Mma = flex::Mma16816<Element>;  // fragment packing only
-  using S = flex_bwd_sm90::Smem<Traits>;
+  using S = flex_bwd_sm90::Smem<Traits, Variant>;
+  using Staged = flex_bwd_staged::Flags<Variant>;
   using TileKV = typename S::TileKV;
   using TileQ = typename S::TileQ;
   using TileDS = typename S::TileDS;
@@ -143,6 +151,8 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   // the tensor cores idle through all of it).
   using TileScatter0 = flex_bwd::TileScatter<Traits, Variant, kDeterministic, 0>;
   constexpr bool kSplitScatter = kDq && kNumScatters == 1 && TileScatter0::kReduced;
+  // Staged terms reduce their gradients behind the dQ barrier: only modules with the KV-major dQ stage them.
+  static_assert(kDq || !Staged::kAny, "flex_backward_main_sm90: staged terms need kDq");
 
   extern __shared__ __align__(1024) unsigned char flex_smem_sm90[];
   const unsigned raw_base = flex::smem_addr(flex_smem_sm90);
@@ -179,6 +189,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   float* sh_delta = reinterpret_cast<float*>(smem + S::kOffDelta);
   float* sh_red = reinterpret_cast<float*>(smem + S::kOffRed);
   float* sh_planes = reinterpret_cast<float*>(smem + S::kOffPlanes);
+  float* sh_st_grad = reinterpret_cast<float*>(smem + S::kOffStGrad);
 
   const Element* g_k = static_cast<const Element*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
   const Element* g_v = static_cast<const Element*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
@@ -195,6 +206,16 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     const Element* g_do = static_cast<const Element*>(p.d_o) + b * p.do_stride_b + h * p.do_stride_h;
     flex::load_swizzled_rows<TileQ, kBlockM, kNThreads>(s_q0 + stage * TileQ::kBytes, g_q, p.q_stride_s, m0, seqlen_q, tid);
     flex::load_swizzled_rows<TileQ, kBlockM, kNThreads>(s_do0 + stage * TileQ::kBytes, g_do, p.do_stride_s, m0, seqlen_q, tid);
+    if constexpr (Staged::kCol) {
+      const int off = S::kOffStCol + stage * flex_bwd_staged::kColBytes;
+      flex_bwd_staged::load_col<kNThreads>(smem + off, s_base + off, Variant::staged_col(vp, b, h, hkv), m0, seqlen_q, tid);
+    }
+    if constexpr (Staged::kTile) {
+      if (tid >= kBlockM && tid < 2 * kBlockM) {
+        const int off = S::kOffStTile + stage * flex_bwd_staged::kTileBytes;
+        flex_bwd_staged::load_tile(smem + off, s_base + off, Variant::staged_tile(vp, b, h, hkv), m0, seqlen_q, n0 / 64, seqlen_kv, tid - kBlockM);
+      }
+    }
     if (tid < kBlockM) {
       // Rows past Sq: lse2 = +inf (P = 0) by a plain store, delta zero-filled.
       const long long row = ((long long)b * p.heads + h) * seqlen_q + m0 + tid;
@@ -278,11 +299,20 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     const bool check_elements = cls == 2 || kv_tail || m0 + kBlockM > seqlen_q;
     float score_v[kMT][4];  // kept only for the scatters / a late d_score (dead code otherwise)
     unsigned pa[kBlockM / 16][4];
+    // Staged terms of this query tile (flex_backward_staged.cuh): Col values per element, Tile per query column.
+    unsigned st_col[kMT][2];
+    if constexpr (Staged::kCol) flex_bwd_staged::read_col(st_col, s_base + S::kOffStCol + stage * flex_bwd_staged::kColBytes, warp, ln);
+    const unsigned char* st_tile = smem + S::kOffStTile + stage * flex_bwd_staged::kTileBytes;
     auto p_tile = [&](auto checked) {
       constexpr bool kChecked = decltype(checked)::value;
 #pragma unroll
       for (int nt = 0; nt < kMT; ++nt) {
         const float2 lse2 = *reinterpret_cast<const float2*>(lse_st + nt * 8 + 2 * t4);
+        float st_add[2] = {0.f, 0.f};  // the Tile term per query column
+        if constexpr (Staged::kTile) {
+          st_add[0] = flex_bwd_staged::read_tile<typename Variant::StagedTileElement>(st_tile, nt * 8 + 2 * t4, wg);
+          st_add[1] = flex_bwd_staged::read_tile<typename Variant::StagedTileElement>(st_tile, nt * 8 + 2 * t4 + 1, wg);
+        }
         float pv[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
@@ -301,9 +331,20 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
               if (cls == 2 && !Variant::mask_mod(vp, rs, cs, ts, b, h, hkv, q, kv, 0)) keep = false;
             }
           }
-          // Without a score_mod, scale and log2(e) fold into one FFMA on the raw q.k.
-          const float x2 = Variant::kHasScoreMod ? z * kLog2e : acc_s[nt][e] * scale_log2;
-          const float ex = flex::ex2(x2 - (e % 2 ? lse2.y : lse2.x));
+          float ex;
+          if constexpr (Staged::kAny) {
+            // The staged terms join the logit: with no score_mod left, scale and log2(e) still fold into one
+            // FFMA on the raw q.k, the terms into its addend.
+            float add = st_add[e % 2];
+            if constexpr (Staged::kCol) add += flex_bwd_staged::unpack<typename Variant::StagedColElement>(st_col[nt][e / 2], e % 2);
+            const float lse_e = e % 2 ? lse2.y : lse2.x;
+            ex = Variant::kHasScoreMod ? flex::ex2((z + add) * kLog2e - lse_e)
+                                       : flex::ex2(fmaf(acc_s[nt][e], scale_log2, fmaf(add, kLog2e, -lse_e)));
+          } else {
+            // Without a score_mod, scale and log2(e) fold into one FFMA on the raw q.k.
+            const float x2 = Variant::kHasScoreMod ? z * kLog2e : acc_s[nt][e] * scale_log2;
+            ex = flex::ex2(x2 - (e % 2 ? lse2.y : lse2.x));
+          }
           pv[e] = kChecked && !keep ? 0.f : ex;
           // dS_pre = P d_score (dP - delta): d_score only where P != 0, so it sees in-range (q, kv) only.
           float pd = pv[e];
@@ -346,7 +387,8 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     if (check_elements) ds_tile(flex_bwd::BoolTag<true>{});
     else ds_tile(flex_bwd::BoolTag<false>{});
 
-    // Scatters (buffer gradients) from dS, then dS_pre = dS * d_score.
+    // Scatters (buffer gradients) from dS, then dS_pre = dS * d_score; the staged terms' dS^T into their planes.
+    if constexpr (Staged::kGrad) flex_bwd_staged::write_plane(sh_st_grad, acc_dp, wg, warp, ln);
     TileScatter0 split_scatter;
     if constexpr (kSplitScatter) {
       if (check_elements) split_scatter.template thread_sum<true>(vp, acc_dp, score_v, b, h, hkv, m0, kv_r0, t4, true);
@@ -405,6 +447,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
       const int q_row0 = m0 + (warp % 4) * 16 + g;
       auto while_dq = [&] {
         if constexpr (kSplitScatter) TileScatter0::cta_sum(p, vp, sh_red, b, h, hkv, m0, n0, tid);
+        if constexpr (Staged::kGrad) flex_bwd_staged::flush_grads<Variant, kDeterministic>(p, vp, sh_st_grad, b, h, hkv, m0, n0, tid);
       };
       if constexpr (S::kDqN0 == S::kDqN1) {
         flex_bwd_sm90::dq_block<S::kDqN0, S, Element, kDeterministic>(p, s_ds, s_k, wg * S::kDqN0, row_base, q_row0, t4, while_dq);

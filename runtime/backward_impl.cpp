@@ -81,7 +81,6 @@ void CpuExecutor::backward(const SpecIR&, const BackwardArgs&) { throw Error("th
 struct KernelImpl::BackwardState {
   ScoreModGradient grad;
   RangeInfo ranges;
-  bool row_col_or_tile = false;  // a scatter only the query-major pass reduces (SAM): Auto picks that pass
   std::mutex mutex;
   struct Functions {
     // dq: flexjit_bwd_dq (atomic modules) or flexjit_bwd_qmajor (query-major modules)
@@ -102,7 +101,6 @@ KernelImpl::BackwardState& KernelImpl::backward_state() {
     auto st = std::make_shared<BackwardState>();
     st->grad = differentiate_score_mod(ir_);
     st->ranges = analyze_ranges(backward_roots(st->grad), ir_.checked, VarDomains::forward(ir_.checked));
-    st->row_col_or_tile = needs_query_major_pass(st->grad);
     backward_state_ = st;
   }
   return *backward_state_;
@@ -196,8 +194,21 @@ void KernelImpl::backward(const BackwardArgs& a) {
   // ---- the dQ strategy: the query-major pass needs the forward's 128 x 64 geometry (or multiples) in the
   // block mask it walks, and its shared memory ----
   const runtime::DeviceInfo& info = runtime::device_info(device);
+  BoundValues values = runtime::bind_launch(ir_.checked, shape, buffers, fa);
+  runtime::VariantChoice choice = runtime::choose_variant(st.ranges, ir_.checked, values);
+  BackwardKernelOptions bo;
+  bo.dtype = spec().dtype;
+  bo.head_dim = spec().head_dim;
+  bo.deterministic = a.deterministic;
+  bo.arch = info.arch;
+  bo.variant.int32 = choice.int32;
+  bo.variant.checked_loads = choice.checked_loads;
+  bo.variant.error_flags = options_.checked;
+  // Auto: the query-major pass only for a row-owned scatter the atomic module's kernel does not stage (SAM's
+  // rel_h / rel_w are staged by the Hopper kernel).
   BackwardDqMode dq_mode = requested_dq_mode(a.dq_mode);
-  if (dq_mode == BackwardDqMode::Auto) dq_mode = st.row_col_or_tile ? BackwardDqMode::QueryMajor : BackwardDqMode::Atomic;
+  if (dq_mode == BackwardDqMode::Auto)
+    dq_mode = auto_picks_query_major(grad, st.ranges, bo) ? BackwardDqMode::QueryMajor : BackwardDqMode::Atomic;
   if (dq_mode == BackwardDqMode::QueryMajor) {
     const QueryMajorConfig qc = query_major_config(spec().head_dim);
     const ForwardConfig fc = forward_config(spec().head_dim);
@@ -213,10 +224,9 @@ void KernelImpl::backward(const BackwardArgs& a) {
     }
   }
   const bool query_major = dq_mode == BackwardDqMode::QueryMajor;
+  bo.query_major = query_major;
 
   // ---- the gradient variant for these values ----
-  BoundValues values = runtime::bind_launch(ir_.checked, shape, buffers, fa);
-  runtime::VariantChoice choice = runtime::choose_variant(st.ranges, ir_.checked, values);
   std::string key = fmt::format("{}_{}_{}{}", choice.key(), info.arch, a.deterministic ? "det" : "atomic", query_major ? "_qdq" : "");
   BackwardState::Module* mod = nullptr;
   {
@@ -224,15 +234,6 @@ void KernelImpl::backward(const BackwardArgs& a) {
     auto& slot = st.modules[key];
     if (!slot) {
       auto m = std::make_unique<BackwardState::Module>();
-      BackwardKernelOptions bo;
-      bo.dtype = spec().dtype;
-      bo.head_dim = spec().head_dim;
-      bo.deterministic = a.deterministic;
-      bo.query_major = query_major;
-      bo.arch = info.arch;
-      bo.variant.int32 = choice.int32;
-      bo.variant.checked_loads = choice.checked_loads;
-      bo.variant.error_flags = options_.checked;
       m->source = backward_kernel_source(ir_, grad, st.ranges, bo);
       runtime::CacheLookup r = runtime::compile_kernel(m->source.module, canonical_, info.arch);
       runtime::log_info("flexjit: kernel {} for {}: {} in {:.3f} s", m->source.module.name, info.arch, runtime::cache_source_name(r.source),

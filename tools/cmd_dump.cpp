@@ -30,7 +30,8 @@ struct DumpOptions {
 };
 
 // The backward module a launch of the spec compiles (with the gradients the spec marks), as the runtime builds it:
-// dQ by the query-major pass when `dq` says so, or, for auto, when a scatter only that pass reduces (SAM's rel_h).
+// dQ by the query-major pass when `dq` says so, or, for auto, when a scatter only that pass reduces (SAM's rel_h)
+// is not staged by the Hopper kernel.
 KernelSource backward_module(const SpecIR& ir, const DumpOptions& o) {
   ScoreModGradient grad = differentiate_score_mod(ir);
   RangeInfo ranges = analyze_ranges(backward_roots(grad), ir.checked, VarDomains::forward(ir.checked));
@@ -38,8 +39,8 @@ KernelSource backward_module(const SpecIR& ir, const DumpOptions& o) {
   bo.dtype = ir.spec().dtype;
   bo.head_dim = ir.spec().head_dim;
   bo.deterministic = o.deterministic;
-  bo.query_major = o.dq == "qmajor" || (o.dq == "auto" && needs_query_major_pass(grad));
   bo.arch = o.arch;
+  bo.query_major = o.dq == "qmajor" || (o.dq == "auto" && auto_picks_query_major(grad, ranges, bo));
   return backward_kernel_source(ir, grad, ranges, bo).module;
 }
 

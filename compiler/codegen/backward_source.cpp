@@ -8,7 +8,9 @@
 namespace flexjit {
 
 std::string BackwardConfig::str() const {
-  return fmt::format("d{}_m{}_n{}_w{}_s{}{}", head_dim, block_m, block_n, warps, stages, hopper ? "_sm90" : "");
+  std::string staged;
+  if (staged_col || staged_tile) staged = fmt::format("_st{}{}{}", staged_col ? "c" : "", staged_tile ? "t" : "", staged_grad ? "g" : "");
+  return fmt::format("d{}_m{}_n{}_w{}_s{}{}{}", head_dim, block_m, block_n, warps, stages, hopper ? "_sm90" : "", staged);
 }
 
 int BackwardConfig::shared_bytes() const {
@@ -18,6 +20,9 @@ int BackwardConfig::shared_bytes() const {
     // tile classes, and 1 KB to align the base.
     int bytes = 2 * block_n * head_dim * 2 + 2 * stages * block_m * head_dim * 2 + block_n * block_m * 2;
     bytes += 2 * stages * block_m * 4 + warps * block_m * 8 + warps * 4 * (block_m + 16) * 4 + 2048;
+    if (staged_col) bytes += stages * block_m * 64 * 2;
+    if (staged_tile) bytes += stages * block_m * 2 * 2;
+    if (staged_grad) bytes += 2 * block_m * 68 * 4;
     return bytes + 1024;
   }
   const int stride = head_dim + 8;
@@ -58,19 +63,36 @@ QueryMajorConfig query_major_config(int head_dim) {
   return c;
 }
 
+StagedTerms backward_staged_terms(const ScoreModGradient& grad, const RangeInfo& ranges, const BackwardKernelOptions& options) {
+  if (options.query_major || !backward_config(options.head_dim, options.arch).hopper) return {};
+  return find_staged_terms(grad, ranges, options.variant);
+}
+
+bool auto_picks_query_major(const ScoreModGradient& grad, const RangeInfo& ranges, const BackwardKernelOptions& options) {
+  BackwardKernelOptions atomic = options;
+  atomic.query_major = false;
+  return needs_query_major_pass(grad, backward_staged_terms(grad, ranges, atomic));
+}
+
 BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGradient& grad, const RangeInfo& ranges,
                                             const BackwardKernelOptions& options) {
   BackwardKernelSource out;
   out.config = backward_config(options.head_dim, options.arch);
   const bool qm = options.query_major;
+  const StagedTerms staged = backward_staged_terms(grad, ranges, options);
+  out.config.staged_col = staged.find(StagedKind::Col) != nullptr;
+  out.config.staged_tile = staged.find(StagedKind::Tile) != nullptr;
+  for (const StagedTerm& t : staged.terms) out.config.staged_grad = out.config.staged_grad || t.scatter >= 0;
   GradVariantOptions kv_major;
   kv_major.query_major_pass = qm;
+  kv_major.staged = &staged;
   out.grad = generate_cuda_grad_variant(ir, grad, ranges, options.variant, "FlexGradVariant", kv_major);
   std::string variants = out.grad.code;
   if (qm) {
     out.qconfig = query_major_config(options.head_dim);
     GradVariantOptions q_major = kv_major;
     q_major.hoisted = true;
+    q_major.staged = nullptr;
     variants += "\n" + generate_cuda_grad_variant(ir, grad, ranges, options.variant, "FlexGradVariantQ", q_major).code;
   }
   const char* element = cuda_element_type(options.dtype);
@@ -122,7 +144,7 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
       fmt::arg("dq_kernel", dq_kernel), fmt::arg("conv", kBwdConvertEntry), fmt::arg("ts", kBwdTileStateEntry),
       fmt::arg("hopper_header", out.config.hopper ? "#include \"flex_backward_sm90.cuh\"\n" : ""),
       fmt::arg("main_fn", out.config.hopper ? "flex_backward_main_sm90" : "flex_backward_main"),
-      fmt::arg("smem_check", out.config.hopper ? fmt::format("static_assert(flex_bwd_sm90::Smem<FlexBwdTraits>::kAllocBytes == {}, "
+      fmt::arg("smem_check", out.config.hopper ? fmt::format("static_assert(flex_bwd_sm90::Smem<FlexBwdTraits, FlexGradVariant>::kAllocBytes == {}, "
                                                               "\"host and template disagree on the backward's shared memory\");\n",
                                                               out.config.shared_bytes())
                                                : std::string()));

@@ -26,6 +26,12 @@ struct BackwardConfig {
   // The Hopper main kernel (flex_backward_sm90.cuh: wgmma, two warpgroups) instead of the mma.sync one; same
   // tiles, grid and schedule.
   bool hopper = false;
+  // Staged terms of the Hopper kernel (compiler/codegen/staged_terms.h): a kv % 64 term ([stages][64][64]
+  // 2-byte tiles), a kv // 64 term ([stages][64][2]), and the fp32 dS^T planes their gradients are reduced
+  // through ([2][64][68]).
+  bool staged_col = false;
+  bool staged_tile = false;
+  bool staged_grad = false;
   std::string str() const;
   int threads() const { return warps * 32; }
   // Dynamic shared memory of the main kernel (the generated source static_asserts it against the template's).
@@ -61,6 +67,13 @@ struct BackwardKernelOptions {
   std::string arch;  // the NVRTC target: "sm_90a" selects the Hopper main kernel (see backward_config)
   VariantOptions variant;
 };
+
+// The terms the module's KV-major kernel stages: the Hopper kernel of an atomic (not query-major) module only.
+StagedTerms backward_staged_terms(const ScoreModGradient& grad, const RangeInfo& ranges, const BackwardKernelOptions& options);
+
+// The automatic dQ strategy: the query-major pass when a scatter only that pass reduces (RowCol / RowTile) is
+// not staged by the atomic module's kernel (`options.query_major` is ignored).
+bool auto_picks_query_major(const ScoreModGradient& grad, const RangeInfo& ranges, const BackwardKernelOptions& options);
 
 struct BackwardKernelSource {
   KernelSource module;          // source, name, entries, key_text (module.variant holds the layout and loads)

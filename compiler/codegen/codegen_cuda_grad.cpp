@@ -4,6 +4,8 @@
 
 #include <functional>
 
+#include "compiler/codegen/params_layout.h"
+#include "compiler/ir/ir_printer.h"
 #include "compiler/passes/dependence.h"
 #include "compiler/passes/staging.h"
 
@@ -92,10 +94,10 @@ ScatterClass classify_scatter(const GradScatter& s) {
 
 bool row_owned(ScatterClass c) { return c == ScatterClass::QOnly || c == ScatterClass::RowCol || c == ScatterClass::RowTile; }
 
-bool needs_query_major_pass(const ScoreModGradient& grad) {
-  for (const GradScatter& s : grad.scatters) {
-    const ScatterClass c = classify_scatter(s);
-    if (c == ScatterClass::RowCol || c == ScatterClass::RowTile) return true;
+bool needs_query_major_pass(const ScoreModGradient& grad, const StagedTerms& staged) {
+  for (size_t i = 0; i < grad.scatters.size(); ++i) {
+    const ScatterClass c = classify_scatter(grad.scatters[i]);
+    if ((c == ScatterClass::RowCol || c == ScatterClass::RowTile) && !staged.covers_scatter(static_cast<int>(i))) return true;
   }
   return false;
 }
@@ -167,6 +169,54 @@ std::string offset_text(const SpecIR& ir, const GradScatter& s, const std::vecto
   return off;
 }
 
+// The staged terms' constants and accessors (flex_backward_sm90.cuh, "staged terms"); every variant declares
+// the constants, the accessors exist only for the terms present.
+std::string staged_block(const SpecIR& ir, const RangeInfo& ranges, const VariantOptions& vo, const StagedTerms* staged) {
+  std::string code =
+      "  // Staged additive terms: left out of score_mod above; the Hopper KV-major kernel reads them per query tile\n"
+      "  // from shared memory and reduces their gradients (kScatterStaged).\n";
+  for (StagedKind kind : {StagedKind::Col, StagedKind::Tile}) {
+    const StagedTerm* t = staged ? staged->find(kind) : nullptr;
+    const std::string Name = kind == StagedKind::Col ? "Col" : "Tile";
+    const std::string name = kind == StagedKind::Col ? "col" : "tile";
+    if (!t) {
+      code += fmt::format("  static constexpr bool kStaged{0} = false;\n  static constexpr int kStaged{0}Scatter = -1;\n", Name);
+      continue;
+    }
+    const Load* l = t->load.as<Load>();
+    const dsl::BufferDecl& decl = ir.spec().buffers.at(t->buffer);
+    const std::string f = buffer_field(decl);
+    const size_t n = l->indices.size();
+    std::vector<Expr> lead(l->indices.begin(), l->indices.end() - 2);
+    EmittedExpressions e = emit_cuda_expressions(ir, ranges, vo, lead, 4);
+    std::string elem_off = "0ll", grad_off = "0ll";
+    for (size_t d = 0; d < lead.size(); ++d) {
+      elem_off += fmt::format(" + (long long){} * p.{}_s{}", e.values[d], f, d);
+      grad_off = fmt::format("({}) * p.{}_n{} + (long long){}", grad_off, f, d, e.values[d]);
+    }
+    code += fmt::format(
+        "  static constexpr bool kStaged{Name} = true;  // {load}\n"
+        "  static constexpr int kStaged{Name}Scatter = {scatter};\n"
+        "  using Staged{Name}Element = {elem};\n"
+        "{attrs} flex_bwd::StagedRows staged_{name}(const Params& p, int b, int h, int hkv) {{\n"
+        "    const int q = 0, kv = 0, k0 = 0, j = 0;\n"
+        "    (void)p; (void)b; (void)h; (void)hkv; (void)q; (void)kv; (void)k0; (void)j;\n"
+        "{body}"
+        "    flex_bwd::StagedRows r;\n"
+        "    r.base = static_cast<const {elem}*>(p.{f}) + ({elem_off});\n"
+        "    r.row_stride = p.{f}_s{rs};\n"
+        "    r.col_stride = p.{f}_s{cs};\n"
+        "    r.cols = p.{f}_n{cs};\n"
+        "    r.grad_base = (({grad_off}) * p.{f}_n{rs}) * p.{f}_n{cs};\n"
+        "    return r;\n"
+        "  }}\n",
+        fmt::arg("Name", Name), fmt::arg("name", name), fmt::arg("load", print_inline(t->load)), fmt::arg("scatter", t->scatter),
+        fmt::arg("elem", decl.dtype == dsl::DType::F16 ? "__half" : "__nv_bfloat16"), fmt::arg("attrs", kAttrs), fmt::arg("body", e.body),
+        fmt::arg("f", f), fmt::arg("elem_off", elem_off), fmt::arg("rs", n - 2), fmt::arg("cs", n - 1), fmt::arg("grad_off", grad_off));
+  }
+  return code;
+}
+
 }  // namespace
 
 GeneratedGradVariant generate_cuda_grad_variant(const SpecIR& ir_in, const ScoreModGradient& grad, const RangeInfo& ranges,
@@ -175,7 +225,8 @@ GeneratedGradVariant generate_cuda_grad_variant(const SpecIR& ir_in, const Score
   // The forward part: unhoisted with tile size 1 for the KV-major kernel (called with k0 = kv and j = 0, so the
   // staging rewrite stays exact), or hoisted with the forward's tiles for the query-major kernel.
   SpecIR ir = ir_in;
-  ir.score_mod = grad.score_mod;
+  const StagedTerms* staged = grad_options.staged && !grad_options.staged->terms.empty() ? grad_options.staged : nullptr;
+  ir.score_mod = staged ? staged->residual : grad.score_mod;
   ir.mask_mod = grad.mask_mod;
   VariantOptions vo = options;
   vo.hoist = grad_options.hoisted;
@@ -194,11 +245,16 @@ GeneratedGradVariant generate_cuda_grad_variant(const SpecIR& ir_in, const Score
   code += fmt::format("  static constexpr bool kDScoreIsOne = {};\n", out.d_score_is_one ? "true" : "false");
   code += fmt::format("  static constexpr int kNumScatters = {};\n", grad.scatters.size());
   std::vector<std::string> kv_classes, row_classes;
-  for (const GradScatter& s : grad.scatters) {
+  for (size_t i = 0; i < grad.scatters.size(); ++i) {
+    const GradScatter& s = grad.scatters[i];
     const ScatterClass c = classify_scatter(s);
     out.scatter_buffers.push_back(s.buffer);
     out.scatter_classes.push_back(c);
-    kv_classes.push_back(fmt::format("{} /* {} */", kv_major_scatter_class(c, grad_options.query_major_pass), scatter_class_name(c)));
+    constexpr int kStagedClass = 6;  // flex_bwd::kScatterStaged
+    if (staged && staged->covers_scatter(static_cast<int>(i)))
+      kv_classes.push_back(fmt::format("{} /* {}, staged */", kStagedClass, scatter_class_name(c)));
+    else
+      kv_classes.push_back(fmt::format("{} /* {} */", kv_major_scatter_class(c, grad_options.query_major_pass), scatter_class_name(c)));
     row_classes.push_back(fmt::format("{}", grad_options.query_major_pass ? query_major_scatter_class(c) : 0));
   }
   if (kv_classes.empty()) {  // a zero-length array is not C++
@@ -206,7 +262,8 @@ GeneratedGradVariant generate_cuda_grad_variant(const SpecIR& ir_in, const Score
     row_classes.push_back("0");
   }
   const size_t n = kv_classes.size();
-  code += fmt::format("  // KV-major kernel's class per scatter (5: computed by the query-major pass instead).\n"
+  code += staged_block(ir, ranges, vo, staged);
+  code += fmt::format("  // KV-major kernel's class per scatter (5: computed by the query-major pass instead, 6: a staged term's).\n"
                       "  static constexpr int kScatterClass[{}] = {{{}}};\n",
                       n, fmt::join(kv_classes, ", "));
   code += fmt::format("  // Query-major pass's class per scatter (0 none, 1 row sum, 2 row-col, 3 row-tile).\n"

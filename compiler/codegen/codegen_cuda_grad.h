@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "compiler/codegen/codegen_cuda.h"
+#include "compiler/codegen/staged_terms.h"
 #include "compiler/passes/autodiff.h"
 
 namespace flexjit {
@@ -38,8 +39,9 @@ ScatterClass classify_scatter(const GradScatter& s);
 bool row_owned(ScatterClass c);
 
 // Whether some scatter of `grad` is one only the query-major pass reduces (RowCol / RowTile, SAM's rel_h and
-// rel_w): the automatic dQ strategy then picks that pass.
-bool needs_query_major_pass(const ScoreModGradient& grad);
+// rel_w) and `staged` does not cover (the Hopper KV-major kernel reduces the staged terms' gradients itself):
+// the automatic dQ strategy then picks that pass.
+bool needs_query_major_pass(const ScoreModGradient& grad, const StagedTerms& staged = {});
 
 // The class value the KV-major kernel is given (kScatterClass): RowCol / RowTile are General there, and with a
 // query-major pass every row-owned class is kScatterQMajor (5, skipped).
@@ -52,6 +54,9 @@ struct GradVariantOptions {
   bool query_major_pass = false;  // the launch runs the query-major pass: row-owned scatters are routed to it
   bool hoisted = false;           // for the query-major kernel: Row / Col / Tile hoisting with kQueryMajorTile-wide
                                   // tiles, as the forward; else unhoisted (the KV-major loop has no fixed row)
+  // For the Hopper KV-major kernel of an atomic module: the terms it stages (left out of score_mod, their
+  // scatters given class kScatterStaged). Null or empty: none.
+  const StagedTerms* staged = nullptr;
 };
 
 struct GeneratedGradVariant {

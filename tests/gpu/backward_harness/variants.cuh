@@ -59,6 +59,8 @@ struct PlainGrad {
   static constexpr bool kDScoreIsOne = true;
   static constexpr int kNumScatters = 0;
   static constexpr int kScatterClass[1] = {0};
+  static constexpr bool kStagedCol = false, kStagedTile = false;  // no staged terms (flex_backward_staged.cuh)
+  static constexpr int kStagedColScatter = -1, kStagedTileScatter = -1;
   __device__ static __forceinline__ float d_score(const Params& p, int, int, int, int q, int kv, float) {
     CallCheck<kCheck>::qkv(p, q, kv);
     return 1.0f;
@@ -154,6 +156,8 @@ struct BiasGrad {
   static constexpr bool kDScoreIsOne = true;
   static constexpr int kNumScatters = 1;
   static constexpr int kScatterClass[1] = {3 /* diagonal */};
+  static constexpr bool kStagedCol = false, kStagedTile = false;  // no staged terms (flex_backward_staged.cuh)
+  static constexpr int kStagedColScatter = -1, kStagedTileScatter = -1;
   __device__ static __forceinline__ float d_score(const Params& p, int, int, int, int q, int kv, float) {
     CallCheck<kCheck>::qkv(p, q, kv);
     return 1.0f;
@@ -217,6 +221,8 @@ struct SlopeGrad {
   static constexpr bool kDScoreIsOne = true;
   static constexpr int kNumScatters = 1;
   static constexpr int kScatterClass[1] = {0 /* uniform */};
+  static constexpr bool kStagedCol = false, kStagedTile = false;  // no staged terms (flex_backward_staged.cuh)
+  static constexpr int kStagedColScatter = -1, kStagedTileScatter = -1;
   __device__ static __forceinline__ float d_score(const Params& p, int, int, int, int q, int kv, float) {
     CallCheck<kCheck>::qkv(p, q, kv);
     return 1.0f;

@@ -129,3 +129,42 @@ TEST_CASE("the query-major backward modules compile: learnable buffers, masks, e
   INFO(bs.module.source);
   CHECK(runtime::compile_kernel(bs.module, canonical_ir_text(ir), "sm_80").artefact->binary.size() > 1000);
 }
+
+TEST_CASE("the staged Hopper backward modules compile: SAM deterministic, fp16 at head dim 128, strided rows, a residual", "[nvrtc][backward]") {
+  struct Case {
+    const char* name;
+    const char* score_mod;
+    std::vector<std::string> buffers;
+    std::vector<std::string> grads;
+    dsl::DType dtype;
+    int head_dim;
+    bool deterministic;
+  };
+  const char* sam = "score + rel_h[b, h, q, kv // 64] + rel_w[b, h, q, kv % 64]";
+  const std::vector<Case> cases = {
+      {"sam_det", sam, {"rel_h: bf16[B, H, Sq, 64]", "rel_w: bf16[B, H, Sq, 64]"}, {"rel_h", "rel_w"}, dsl::DType::BF16, 64, true},
+      {"sam_f16", sam, {"rel_h: f16[B, H, Sq, 64]", "rel_w: f16[B, H, Sq, 64]"}, {"rel_h", "rel_w"}, dsl::DType::F16, 128, false},
+      {"sam_strided", sam, {"rel_h: bf16[B, H, Sq, 65]", "rel_w: bf16[B, H, Sq, 66]"}, {"rel_w"}, dsl::DType::BF16, 80, false},
+      {"sam_residual", "score * (1.0 - 0.25 * (q % 3)) + rel_h[b, h, q, kv // 64] + rel_w[b, h, q, kv % 64] + slope[h] * (kv - q)",
+       {"rel_h: bf16[B, H, Sq, 64]", "rel_w: bf16[B, H, Sq, 64]", "slope: f32[H]"}, {"rel_h", "slope"}, dsl::DType::BF16, 32, false},
+  };
+  for (const Case& c : cases) {
+    dsl::Spec spec;
+    spec.name = c.name;
+    spec.score_mod = c.score_mod;
+    spec.head_dim = c.head_dim;
+    spec.dtype = c.dtype;
+    dsl::Diagnostics diags;
+    for (const std::string& b : c.buffers) REQUIRE(dsl::add_buffer(spec, b, "test", diags));
+    for (dsl::BufferDecl& b : spec.buffers)
+      for (const std::string& g : c.grads) b.requires_grad = b.requires_grad || b.name == g;
+    SpecIR ir = build_spec_ir(spec);
+    BackwardKernelSource bs = make_source(ir, c.deterministic, c.head_dim, false, "sm_90a");
+    INFO(bs.module.source);
+    CHECK(bs.config.staged_col);
+    CHECK(bs.config.staged_tile);
+    runtime::CacheLookup r = runtime::compile_kernel(bs.module, canonical_ir_text(ir), "sm_90a");
+    CHECK(r.artefact->binary.size() > 1000);
+    print_resources(r, bs.module.name, "sm_90a");
+  }
+}

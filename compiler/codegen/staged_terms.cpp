@@ -1,0 +1,142 @@
+#include "compiler/codegen/staged_terms.h"
+
+#include <functional>
+#include <optional>
+#include <unordered_set>
+
+#include "compiler/passes/dependence.h"
+
+namespace flexjit {
+
+using namespace ir;
+
+namespace {
+
+bool is_var(const Expr& e, dsl::VarId v) {
+  const Var* x = e.as<Var>();
+  return x && x->var == v;
+}
+
+bool is_float_one(const Expr& e) {
+  const FloatImm* f = e.as<FloatImm>();
+  return f && f->value == 1.f;
+}
+
+// `kv % 64` (Col) or `kv // 64` (Tile); nothing for any other index.
+std::optional<StagedKind> last_index_kind(const Expr& e) {
+  const Binary* b = e.as<Binary>();
+  if (!b || !is_var(b->a, dsl::VarId::KV)) return std::nullopt;
+  const IntImm* c = b->b.as<IntImm>();
+  if (!c || c->value != kStagedTermTile) return std::nullopt;
+  if (b->op == BinaryOp::Mod) return StagedKind::Col;
+  if (b->op == BinaryOp::FloorDiv) return StagedKind::Tile;
+  return std::nullopt;
+}
+
+// The summands of a chain of float additions.
+void summands(const Expr& e, std::vector<Expr>& out) {
+  const Binary* b = e.as<Binary>();
+  if (b && b->op == BinaryOp::Add && e.type() == Type::Float) {
+    summands(b->a, out);
+    summands(b->b, out);
+    return;
+  }
+  out.push_back(e);
+}
+
+// Distinct Load nodes of `buffer` reachable from the roots.
+int loads_of(const std::vector<Expr>& roots, int buffer) {
+  std::unordered_set<const Node*> seen;
+  int n = 0;
+  std::function<void(const Expr&)> walk = [&](const Expr& e) {
+    if (!e || !seen.insert(e.get()).second) return;
+    if (const Load* l = e.as<Load>(); l && l->buffer == buffer) ++n;
+    for (const Expr& c : children(e)) walk(c);
+  };
+  for (const Expr& r : roots) walk(r);
+  return n;
+}
+
+// Whether the variant emits the load without index checks (codegen_cuda.cpp's rule).
+bool emitted_unchecked(const RangeInfo& ranges, const VariantOptions& options, const Expr& load) {
+  for (size_t i = 0; i < ranges.loads.size(); ++i) {
+    if (!ranges.loads[i].load.same_as(load)) continue;
+    switch (ranges.loads[i].status) {
+      case LoadCheck::Status::Proven: return true;
+      case LoadCheck::Status::Unproven: return false;
+      case LoadCheck::Status::Conditional: return i < 64 && !((options.checked_loads >> i) & 1);
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+const char* staged_kind_name(StagedKind k) { return k == StagedKind::Col ? "col" : "tile"; }
+
+const StagedTerm* StagedTerms::find(StagedKind k) const {
+  for (const StagedTerm& t : terms)
+    if (t.kind == k) return &t;
+  return nullptr;
+}
+
+bool StagedTerms::covers_scatter(int i) const {
+  for (const StagedTerm& t : terms)
+    if (t.scatter == i) return true;
+  return false;
+}
+
+StagedTerms find_staged_terms(const ScoreModGradient& grad, const RangeInfo& ranges, const VariantOptions& options) {
+  StagedTerms out;
+  out.residual = grad.score_mod;
+  if (!grad.score_mod) return out;
+  std::vector<Expr> parts;
+  summands(grad.score_mod, parts);
+  std::vector<Expr> roots = {grad.score_mod};
+  if (grad.mask_mod) roots.push_back(grad.mask_mod);
+
+  std::vector<bool> staged(parts.size(), false);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Load* l = parts[i].as<Load>();
+    if (!l || (l->dtype != DType::BF16 && l->dtype != DType::F16) || l->indices.size() < 2) continue;
+    const std::optional<StagedKind> kind = last_index_kind(l->indices.back());
+    if (!kind || out.find(*kind) || !is_var(l->indices[l->indices.size() - 2], dsl::VarId::Q)) continue;
+    DependenceInfo deps(l->indices);
+    bool lead_ok = true;
+    for (size_t d = 0; d + 2 < l->indices.size(); ++d) {
+      const Dependence& dep = deps.of(l->indices[d]);
+      lead_ok = lead_ok && !dep.uses(dsl::VarId::Q) && !dep.uses(dsl::VarId::KV) && !dep.uses(dsl::VarId::Score) && !dep.has_load;
+    }
+    if (!lead_ok || loads_of(roots, l->buffer) != 1 || !emitted_unchecked(ranges, options, parts[i])) continue;
+    StagedTerm t{*kind, l->buffer, parts[i], -1};
+    bool grad_ok = true;
+    for (size_t s = 0; s < grad.scatters.size(); ++s) {
+      const GradScatter& g = grad.scatters[s];
+      if (g.buffer != l->buffer) continue;
+      bool same = g.indices.size() == l->indices.size() && is_float_one(g.coefficient) && t.scatter < 0;
+      for (size_t d = 0; same && d < g.indices.size(); ++d) same = g.indices[d].same_as(l->indices[d]);
+      if (!same) grad_ok = false;
+      t.scatter = static_cast<int>(s);
+    }
+    if (!grad_ok) continue;
+    staged[i] = true;
+    out.terms.push_back(t);
+  }
+  if (out.terms.empty()) return out;
+
+  // The residual: the other summands in their order; the bare score means no score_mod is left.
+  Expr rest;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (staged[i]) continue;
+    rest = rest ? Binary::make(BinaryOp::Add, rest, parts[i]) : parts[i];
+  }
+  if (!rest) {  // no summand left (score_mod = rel_h + rel_w): keep the generic code
+    out.terms.clear();
+    out.residual = grad.score_mod;
+    return out;
+  }
+  out.residual = is_var(rest, dsl::VarId::Score) ? Expr() : rest;
+  return out;
+}
+
+}  // namespace flexjit

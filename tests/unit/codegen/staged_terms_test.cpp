@@ -1,0 +1,142 @@
+// Staged additive terms of the Hopper KV-major backward (compiler/codegen/staged_terms.h): which summands of a
+// score_mod qualify, what the generated variant then carries, and the automatic dQ strategy that follows.
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "compiler/codegen/backward_source.h"
+#include "compiler/frontend.h"
+#include "compiler/ir/ir_printer.h"
+#include "compiler/passes/autodiff.h"
+
+using namespace flexjit;
+
+namespace {
+
+const char* kSam = "score + rel_h[b, h, q, kv // 64] + rel_w[b, h, q, kv % 64]";
+const std::vector<std::string> kSamBufs = {"rel_h: bf16[B, H, Sq, 64]", "rel_w: bf16[B, H, Sq, 64]"};
+
+struct Built {
+  SpecIR ir;
+  ScoreModGradient grad;
+  RangeInfo ranges;
+};
+
+Built build(const std::string& score_mod, const std::vector<std::string>& buffers, const std::vector<std::string>& grads,
+            const std::string& mask = "") {
+  dsl::Spec spec;
+  spec.name = "staged";
+  spec.score_mod = score_mod;
+  if (!mask.empty()) spec.mask_mod = mask;
+  spec.head_dim = 64;
+  dsl::Diagnostics diags;
+  for (const std::string& b : buffers) REQUIRE(dsl::add_buffer(spec, b, "test", diags));
+  for (dsl::BufferDecl& b : spec.buffers)
+    for (const std::string& g : grads) b.requires_grad = b.requires_grad || b.name == g;
+  Built out{build_spec_ir(spec), {}, {}};
+  out.grad = differentiate_score_mod(out.ir);
+  out.ranges = analyze_ranges(backward_roots(out.grad), out.ir.checked, VarDomains::forward(out.ir.checked));
+  return out;
+}
+
+// "col:rel_w:1" per term (kind, buffer, scatter index), in the order found.
+std::vector<std::string> describe(const Built& b, const StagedTerms& t) {
+  std::vector<std::string> out;
+  for (const StagedTerm& x : t.terms)
+    out.push_back(std::string(staged_kind_name(x.kind)) + ":" + b.ir.spec().buffers.at(x.buffer).name + ":" + std::to_string(x.scatter));
+  return out;
+}
+
+std::vector<std::string> staged(const std::string& score_mod, const std::vector<std::string>& buffers, const std::vector<std::string>& grads = {},
+                                const std::string& mask = "") {
+  Built b = build(score_mod, buffers, grads, mask);
+  return describe(b, find_staged_terms(b.grad, b.ranges, VariantOptions{}));
+}
+
+using V = std::vector<std::string>;
+
+}  // namespace
+
+TEST_CASE("staged terms: SAM's rel_h and rel_w, with and without gradients", "[backward][codegen]") {
+  Built b = build(kSam, kSamBufs, {"rel_h", "rel_w"});
+  StagedTerms t = find_staged_terms(b.grad, b.ranges, VariantOptions{});
+  CHECK(describe(b, t) == V{"tile:rel_h:0", "col:rel_w:1"});
+  CHECK(!t.residual);  // only the score is left: no score_mod in the staged module
+  CHECK(t.covers_scatter(0));
+  CHECK(t.covers_scatter(1));
+  CHECK(!needs_query_major_pass(b.grad, t));
+  CHECK(needs_query_major_pass(b.grad));  // without staging, the query-major pass
+  CHECK(staged(kSam, kSamBufs) == V{"tile:rel_h:-1", "col:rel_w:-1"});
+  CHECK(staged(kSam, kSamBufs, {"rel_w"}) == V{"tile:rel_h:-1", "col:rel_w:0"});
+  // fp16 buffers, a mask beside them, and lead indices of b / h only.
+  CHECK(staged(kSam, {"rel_h: f16[B, H, Sq, 64]", "rel_w: f16[B, H, Sq, 64]"}, {}, "kv <= q") == V{"tile:rel_h:-1", "col:rel_w:-1"});
+  CHECK(staged("score + r[h // 2, q, kv % 64]", {"r: bf16[H, Sq, 64]"}) == V{"col:r:-1"});
+  CHECK(staged("score + r[q, kv % 64]", {"r: bf16[Sq, 64]"}) == V{"col:r:-1"});
+}
+
+TEST_CASE("staged terms: the residual keeps everything else", "[backward][codegen]") {
+  Built b = build("score * 0.5 + rel_w[b, h, q, kv % 64] + slope[h] * (kv - q)", {"rel_w: bf16[B, H, Sq, 64]", "slope: f32[H]"},
+                  {"rel_w", "slope"});
+  StagedTerms t = find_staged_terms(b.grad, b.ranges, VariantOptions{});
+  REQUIRE(describe(b, t) == V{"col:rel_w:0"});
+  REQUIRE(t.residual);
+  const std::string r = ir::print_inline(t.residual);
+  CHECK(r.find("rel_w") == std::string::npos);
+  CHECK(r.find("slope") != std::string::npos);
+  CHECK(!t.covers_scatter(1));  // slope's scatter stays with the scatter code
+}
+
+TEST_CASE("staged terms: what does not qualify stays generic", "[backward][codegen]") {
+  const std::vector<std::string> r64 = {"r: bf16[B, H, Sq, 64]"};
+  CHECK(staged("score + r[b, h, q, kv % 32]", r64).empty());                         // not the warpgroup's 64 rows
+  CHECK(staged("score + r[b, h, q, kv // 128]", r64).empty());
+  CHECK(staged("score + r[b, h, q + 1, kv % 64]", {"r: bf16[B, H, L, 64]"}).empty());  // the row is not q
+  CHECK(staged("score + r[b, h, kv % 64, q]", {"r: bf16[B, H, 64, Sq]"}).empty());     // transposed
+  CHECK(staged("score + r[b, q % 4, q, kv % 64]", {"r: bf16[B, 4, Sq, 64]"}).empty()); // a lead index uses q
+  CHECK(staged("score + r[b, h, q, kv % 64]", {"r: f32[B, H, Sq, 64]"}).empty());      // 4-byte elements
+  CHECK(staged("score - r[b, h, q, kv % 64]", r64).empty());                          // not a summand
+  CHECK(staged("score + 2.0 * r[b, h, q, kv % 64]", r64).empty());
+  CHECK(staged("r[b, h, q, kv % 64]", r64).empty());                                  // nothing would be left
+  // A second load of the buffer: not staged. The very same load in the mask is (mask_mod keeps its own read).
+  CHECK(staged("score + r[b, h, q, kv % 64] + r[b, h, q, 0]", r64).empty());
+  CHECK(staged("score + r[b, h, q, kv % 64]", r64, {}, "r[b, h, q, kv % 64] > 0.0") == V{"col:r:-1"});
+  // kv // 64 past a last dim of 8 unless the launch proves Skv <= 512: checked loads are not staged.
+  Built b = build("score + r[b, h, q, kv // 64]", {"r: bf16[B, H, Sq, 8]"}, {});
+  CHECK(describe(b, find_staged_terms(b.grad, b.ranges, VariantOptions{})) == V{"tile:r:-1"});
+  VariantOptions checked;
+  checked.checked_loads = ~0ull;
+  CHECK(find_staged_terms(b.grad, b.ranges, checked).terms.empty());
+}
+
+TEST_CASE("staged terms: only the Hopper kernel of an atomic module stages, and Auto follows", "[backward][codegen]") {
+  Built b = build(kSam, kSamBufs, {"rel_h", "rel_w"});
+  BackwardKernelOptions bo;
+  bo.head_dim = 64;
+  bo.arch = "sm_90a";
+  CHECK(backward_staged_terms(b.grad, b.ranges, bo).terms.size() == 2);
+  CHECK(!auto_picks_query_major(b.grad, b.ranges, bo));
+  BackwardKernelSource src = backward_kernel_source(b.ir, b.grad, b.ranges, bo);
+  CHECK(src.config.staged_col);
+  CHECK(src.config.staged_tile);
+  CHECK(src.config.staged_grad);
+  CHECK(src.module.source.find("static constexpr bool kStagedCol = true;") != std::string::npos);
+  CHECK(src.module.source.find("kScatterClass[2] = {6 /* row-tile, staged */, 6 /* row-col, staged */}") != std::string::npos);
+  CHECK(src.module.key_text.find("_stctg") != std::string::npos);
+  // sm_80 (mma.sync kernel), head dim 192, or a query-major module: nothing staged, Auto takes the pass.
+  BackwardKernelOptions a80 = bo;
+  a80.arch = "sm_80";
+  CHECK(backward_staged_terms(b.grad, b.ranges, a80).terms.empty());
+  CHECK(auto_picks_query_major(b.grad, b.ranges, a80));
+  BackwardKernelOptions d192 = bo;
+  d192.head_dim = 192;
+  CHECK(auto_picks_query_major(b.grad, b.ranges, d192));
+  BackwardKernelOptions qm = bo;
+  qm.query_major = true;
+  CHECK(backward_staged_terms(b.grad, b.ranges, qm).terms.empty());
+  BackwardKernelSource qsrc = backward_kernel_source(b.ir, b.grad, b.ranges, qm);
+  CHECK(!qsrc.config.staged_col);
+  CHECK(qsrc.module.source.find("static constexpr bool kStagedCol = false;") != std::string::npos);
+  // The staged regions are in the host's shared-memory mirror.
+  CHECK(src.config.shared_bytes() == qsrc.config.shared_bytes() + 2 * 64 * 64 * 2 + 2 * 64 * 2 * 2 + 2 * 64 * 68 * 4);
+}

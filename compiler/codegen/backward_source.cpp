@@ -71,7 +71,13 @@ StagedTerms backward_staged_terms(const ScoreModGradient& grad, const RangeInfo&
 bool auto_picks_query_major(const ScoreModGradient& grad, const RangeInfo& ranges, const BackwardKernelOptions& options) {
   BackwardKernelOptions atomic = options;
   atomic.query_major = false;
-  return needs_query_major_pass(grad, backward_staged_terms(grad, ranges, atomic));
+  const StagedTerms staged = backward_staged_terms(grad, ranges, atomic);
+  // Deterministic: the staged gradients would be 64-bit fixed-point atomics per element of each [64 q][64]
+  // block, slower than the query-major pass that owns those rows (SAM ViT-B on an H100: 16.8 against 9.0 ms).
+  if (options.deterministic)
+    for (const StagedTerm& t : staged.terms)
+      if (t.scatter >= 0) return true;
+  return needs_query_major_pass(grad, staged);
 }
 
 BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGradient& grad, const RangeInfo& ranges,

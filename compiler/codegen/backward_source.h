@@ -72,7 +72,8 @@ struct BackwardKernelOptions {
 StagedTerms backward_staged_terms(const ScoreModGradient& grad, const RangeInfo& ranges, const BackwardKernelOptions& options);
 
 // The automatic dQ strategy: the query-major pass when a scatter only that pass reduces (RowCol / RowTile) is
-// not staged by the atomic module's kernel (`options.query_major` is ignored).
+// not staged by the atomic module's kernel, or, deterministic, when a staged term has a gradient
+// (`options.query_major` is ignored).
 bool auto_picks_query_major(const ScoreModGradient& grad, const RangeInfo& ranges, const BackwardKernelOptions& options);
 
 struct BackwardKernelSource {

@@ -128,6 +128,12 @@ TEST_CASE("staged terms: only the Hopper kernel of an atomic module stages, and 
   a80.arch = "sm_80";
   CHECK(backward_staged_terms(b.grad, b.ranges, a80).terms.empty());
   CHECK(auto_picks_query_major(b.grad, b.ranges, a80));
+  BackwardKernelOptions det = bo;  // fixed-point gradients: the query-major pass is faster
+  det.deterministic = true;
+  CHECK(backward_staged_terms(b.grad, b.ranges, det).terms.size() == 2);
+  CHECK(auto_picks_query_major(b.grad, b.ranges, det));
+  Built nograd = build(kSam, kSamBufs, {});
+  CHECK(!auto_picks_query_major(nograd.grad, nograd.ranges, det));
   BackwardKernelOptions d192 = bo;
   d192.head_dim = 192;
   CHECK(auto_picks_query_major(b.grad, b.ranges, d192));

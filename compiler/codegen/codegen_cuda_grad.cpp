@@ -15,11 +15,6 @@ using namespace ir;
 
 namespace {
 
-bool is_var(const Expr& e, dsl::VarId v) {
-  const Var* x = e.as<Var>();
-  return x && x->var == v;
-}
-
 // True when q and kv occur in e only inside `q - kv` subtrees.
 bool only_through_difference(const Expr& e) {
   if (const Binary* b = e.as<Binary>(); b && b->op == BinaryOp::Sub && is_var(b->a, dsl::VarId::Q) && is_var(b->b, dsl::VarId::KV))
@@ -28,11 +23,6 @@ bool only_through_difference(const Expr& e) {
   for (const Expr& c : children(e))
     if (!only_through_difference(c)) return false;
   return true;
-}
-
-bool is_one(const Expr& e) {
-  const FloatImm* f = e.as<FloatImm>();
-  return f && f->value == 1.f;
 }
 
 // Whether a scatter's target is computed from the score (t[int(score)]).
@@ -235,7 +225,7 @@ GeneratedGradVariant generate_cuda_grad_variant(const SpecIR& ir_in, const Score
   GeneratedGradVariant out;
   out.layout = fwd.layout;
   out.loads = fwd.loads;
-  out.d_score_is_one = is_one(grad.d_score);
+  out.d_score_is_one = is_float_const(grad.d_score, 1.f);
 
   std::string code = fwd.code;
   const std::string close = "};\n";

@@ -10,10 +10,7 @@ using namespace ir;
 
 namespace {
 
-bool is_score(const Expr& e) {
-  const Var* v = e.as<Var>();
-  return v && v->var == VarId::Score;
-}
+bool is_score(const Expr& e) { return is_var(e, VarId::Score); }
 
 // The finite nonzero constant c of `score * c`, `c * score` or `score / c` (as the factor score is multiplied
 // by: 1 / c for the division, as the emitter prints it), or 0 when e is none of those.

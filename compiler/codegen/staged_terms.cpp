@@ -12,16 +12,6 @@ using namespace ir;
 
 namespace {
 
-bool is_var(const Expr& e, dsl::VarId v) {
-  const Var* x = e.as<Var>();
-  return x && x->var == v;
-}
-
-bool is_float_one(const Expr& e) {
-  const FloatImm* f = e.as<FloatImm>();
-  return f && f->value == 1.f;
-}
-
 // `kv % 64` (Col) or `kv // 64` (Tile); nothing for any other index.
 std::optional<StagedKind> last_index_kind(const Expr& e) {
   const Binary* b = e.as<Binary>();
@@ -113,7 +103,7 @@ StagedTerms find_staged_terms(const ScoreModGradient& grad, const RangeInfo& ran
     for (size_t s = 0; s < grad.scatters.size(); ++s) {
       const GradScatter& g = grad.scatters[s];
       if (g.buffer != l->buffer) continue;
-      bool same = g.indices.size() == l->indices.size() && is_float_one(g.coefficient) && t.scatter < 0;
+      bool same = g.indices.size() == l->indices.size() && is_float_const(g.coefficient, 1.f) && t.scatter < 0;
       for (size_t d = 0; same && d < g.indices.size(); ++d) same = g.indices[d].same_as(l->indices[d]);
       if (!same) grad_ok = false;
       t.scatter = static_cast<int>(s);

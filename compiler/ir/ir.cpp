@@ -135,6 +135,16 @@ Expr Load::make(int buffer, const std::string& name, DType dtype, std::vector<Ex
   return Expr(std::make_shared<Load>(buffer, name, dtype, std::move(indices), t));
 }
 
+bool is_var(const Expr& e, VarId v) {
+  const Var* x = e.as<Var>();
+  return x && x->var == v;
+}
+
+bool is_float_const(const Expr& e, float c) {
+  const FloatImm* f = e.as<FloatImm>();
+  return f && f->value == c;
+}
+
 std::vector<Expr> children(const Expr& e) {
   switch (e.kind()) {
     case NodeKind::Unary: return {e.as<Unary>()->a};

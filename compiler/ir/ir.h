@@ -208,6 +208,9 @@ const T* Expr::as() const {
 
 // The operands of a node in order (empty for leaves).
 std::vector<Expr> children(const Expr& e);
+// Whether e is the variable v; whether e is the float constant c (compared exactly).
+bool is_var(const Expr& e, VarId v);
+bool is_float_const(const Expr& e, float c);
 // A copy of `e` with new operands (same count and order as children()).
 Expr with_children(const Expr& e, const std::vector<Expr>& kids);
 

@@ -139,6 +139,7 @@ TEST_CASE("the staged Hopper backward modules compile: SAM deterministic, fp16 a
     dsl::DType dtype;
     int head_dim;
     bool deterministic;
+    bool col = true, tile = true;  // the terms expected staged
   };
   const char* sam = "score + rel_h[b, h, q, kv // 64] + rel_w[b, h, q, kv % 64]";
   const std::vector<Case> cases = {
@@ -147,6 +148,8 @@ TEST_CASE("the staged Hopper backward modules compile: SAM deterministic, fp16 a
       {"sam_strided", sam, {"rel_h: bf16[B, H, Sq, 65]", "rel_w: bf16[B, H, Sq, 66]"}, {"rel_w"}, dsl::DType::BF16, 80, false},
       {"sam_residual", "score * (1.0 - 0.25 * (q % 3)) + rel_h[b, h, q, kv // 64] + rel_w[b, h, q, kv % 64] + slope[h] * (kv - q)",
        {"rel_h: bf16[B, H, Sq, 64]", "rel_w: bf16[B, H, Sq, 64]", "slope: f32[H]"}, {"rel_h", "slope"}, dsl::DType::BF16, 32, false},
+      {"tile_only", "score + r[h, q, kv // 64]", {"r: bf16[H, Sq, 64]"}, {"r"}, dsl::DType::BF16, 96, false, false, true},
+      {"col_only", "score + r[q, kv % 64]", {"r: f16[Sq, 64]"}, {}, dsl::DType::F16, 64, false, true, false},
   };
   for (const Case& c : cases) {
     dsl::Spec spec;
@@ -161,8 +164,8 @@ TEST_CASE("the staged Hopper backward modules compile: SAM deterministic, fp16 a
     SpecIR ir = build_spec_ir(spec);
     BackwardKernelSource bs = make_source(ir, c.deterministic, c.head_dim, false, "sm_90a");
     INFO(bs.module.source);
-    CHECK(bs.config.staged_col);
-    CHECK(bs.config.staged_tile);
+    CHECK(bs.config.staged_col == c.col);
+    CHECK(bs.config.staged_tile == c.tile);
     runtime::CacheLookup r = runtime::compile_kernel(bs.module, canonical_ir_text(ir), "sm_90a");
     CHECK(r.artefact->binary.size() > 1000);
     print_resources(r, bs.module.name, "sm_90a");

@@ -25,7 +25,10 @@
 //   score_mod(vp, Row, Col, Tile, b, h, hkv, q, k0 = kv, j = 0, score), mask_mod(...same, no score),
 //   kDScoreIsOne, d_score(vp, b, h, hkv, q, kv, score),
 //   kNumScatters, kScatterClass[i], scatter<I>(vp, b, h, hkv, q, kv, score, off, coef):
-//   offset of the target element in its contiguous gradient and the coefficient dS is multiplied by.
+//   offset of the target element in its contiguous gradient and the coefficient dS is multiplied by;
+//   kStagedCol, kStagedTile, kStagedColScatter, kStagedTileScatter (terms only the Hopper kernel stages,
+//   flex_backward_staged.cuh: false / -1 here), with StagedColElement / staged_col(vp, b, h, hkv) and the
+//   Tile counterparts where a term is staged.
 
 namespace flex_bwd {
 

@@ -82,6 +82,9 @@ struct KernelImpl::BackwardState {
   ScoreModGradient grad;
   RangeInfo ranges;
   std::mutex mutex;
+  // Auto's dQ strategy per (variant choice, arch, deterministic): finding the staged terms walks the IR, so
+  // it runs once per key, not per launch.
+  std::map<std::string, bool> auto_query_major;
   struct Functions {
     // dq: flexjit_bwd_dq (atomic modules) or flexjit_bwd_qmajor (query-major modules)
     CUfunction preprocess = nullptr, main = nullptr, dq = nullptr, convert = nullptr, tile_state = nullptr;
@@ -207,8 +210,13 @@ void KernelImpl::backward(const BackwardArgs& a) {
   // Auto: the query-major pass only for a row-owned scatter the atomic module's kernel does not stage (SAM's
   // rel_h / rel_w are staged by the Hopper kernel).
   BackwardDqMode dq_mode = requested_dq_mode(a.dq_mode);
-  if (dq_mode == BackwardDqMode::Auto)
-    dq_mode = auto_picks_query_major(grad, st.ranges, bo) ? BackwardDqMode::QueryMajor : BackwardDqMode::Atomic;
+  if (dq_mode == BackwardDqMode::Auto) {
+    std::lock_guard<std::mutex> lock(st.mutex);
+    const std::string auto_key = fmt::format("{}_{}_{}", choice.key(), info.arch, a.deterministic ? "det" : "atomic");
+    auto it = st.auto_query_major.find(auto_key);
+    if (it == st.auto_query_major.end()) it = st.auto_query_major.emplace(auto_key, auto_picks_query_major(grad, st.ranges, bo)).first;
+    dq_mode = it->second ? BackwardDqMode::QueryMajor : BackwardDqMode::Atomic;
+  }
   if (dq_mode == BackwardDqMode::QueryMajor) {
     const QueryMajorConfig qc = query_major_config(spec().head_dim);
     const ForwardConfig fc = forward_config(spec().head_dim);

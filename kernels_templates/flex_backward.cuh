@@ -3,6 +3,7 @@
 #pragma once
 #include "flex_backward_params.cuh"
 #include "flex_mma.cuh"
+#include "flex_staged_rows.cuh"
 
 // Tile configuration per head dim (the host mirrors it in compiler/codegen/backward_source.cpp):
 //
@@ -44,13 +45,7 @@ enum : int {
 };
 
 // Where a staged term's rows live (flex_backward_staged.cuh), from the variant's staged_col / staged_tile.
-struct StagedRows {
-  const void* base;      // element [lead..., 0, 0] of the buffer (2-byte elements)
-  long long row_stride;  // elements from one query row to the next
-  long long col_stride;  // elements from one column to the next (1: contiguous rows, copied asynchronously)
-  long long cols;        // the buffer's last dim: the row length of its contiguous gradient
-  long long grad_base;   // offset of element [lead..., 0, 0] in that gradient
-};
+using StagedRows = flex::StagedRows;
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
 __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000u); }

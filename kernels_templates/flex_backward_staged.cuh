@@ -38,8 +38,8 @@ struct Flags<void> {
   static constexpr bool kCol = false, kTile = false, kGrad = false, kAny = false;
 };
 
-// Byte offset of 16-byte chunk `chunk` (columns 8 chunk ..) of query row q in a Col tile.
-__device__ __forceinline__ unsigned col_offset(int q, int chunk) { return (unsigned)(q * 128 + ((chunk ^ (q & 7)) << 4)); }
+// Byte offset of 16-byte chunk `chunk` of query row q in a Col tile (flex::staged_block_offset).
+__device__ __forceinline__ unsigned col_offset(int q, int chunk) { return flex::staged_block_offset(q, chunk); }
 
 template <class E>
 __device__ __forceinline__ float to_float(unsigned short x);
@@ -58,33 +58,12 @@ __device__ __forceinline__ float unpack<__nv_bfloat16>(unsigned pair, int hi) {
   return __uint_as_float(hi ? pair & 0xffff0000u : pair << 16);
 }
 
-__device__ __forceinline__ unsigned short raw_at(const void* base, long long off) {
-  return __ldg(static_cast<const unsigned short*>(base) + off);
-}
+__device__ __forceinline__ unsigned short raw_at(const void* base, long long off) { return flex::staged_raw_at(base, off); }
 
-// One query tile's Col block into `dst` (rows past Sq zero): every thread of the CTA takes chunks tid, tid + n, ...
-// Rows with unit column stride and 16-byte aligned starts go by cp.async; any other layout by plain loads.
+// One query tile's Col block into `dst` (rows past Sq zero).
 template <int kNThreads>
 __device__ __forceinline__ void load_col(unsigned char* smem_dst, unsigned dst, const StagedRows& r, int m0, int seqlen_q, int tid) {
-  const bool fast = r.col_stride == 1 && (reinterpret_cast<unsigned long long>(r.base) & 15) == 0 && (r.row_stride & 7) == 0;
-  for (int i = tid; i < kRows * 8; i += kNThreads) {
-    const int q = i / 8, chunk = i % 8;
-    const int row = m0 + q;
-    const bool valid = row < seqlen_q;
-    const long long off = (long long)row * r.row_stride + (long long)chunk * 8 * r.col_stride;
-    if (fast) {
-      flex::cp_async_16(dst + col_offset(q, chunk), valid ? static_cast<const unsigned short*>(r.base) + off : r.base, valid);
-    } else {
-      unsigned w[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const unsigned lo = valid ? raw_at(r.base, off + (2 * k) * r.col_stride) : 0u;
-        const unsigned hi = valid ? raw_at(r.base, off + (2 * k + 1) * r.col_stride) : 0u;
-        w[k] = lo | (hi << 16);
-      }
-      *reinterpret_cast<uint4*>(smem_dst + col_offset(q, chunk)) = make_uint4(w[0], w[1], w[2], w[3]);
-    }
-  }
+  flex::load_staged_block<kRows, kNThreads>(smem_dst, dst, r, m0, seqlen_q, tid);
 }
 
 // One query tile's Tile values buf[m0 + i][j0], buf[m0 + i][j0 + 1] into `dst` (4 bytes per row), by thread i of

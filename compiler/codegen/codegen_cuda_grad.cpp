@@ -5,6 +5,7 @@
 #include <functional>
 
 #include "compiler/codegen/params_layout.h"
+#include "compiler/codegen/staged_rows_source.h"
 #include "compiler/ir/ir_printer.h"
 #include "compiler/passes/dependence.h"
 #include "compiler/passes/staging.h"
@@ -173,36 +174,14 @@ std::string staged_block(const SpecIR& ir, const RangeInfo& ranges, const Varian
       code += fmt::format("  static constexpr bool kStaged{0} = false;\n  static constexpr int kStaged{0}Scatter = -1;\n", Name);
       continue;
     }
-    const Load* l = t->load.as<Load>();
     const dsl::BufferDecl& decl = ir.spec().buffers.at(t->buffer);
-    const std::string f = buffer_field(decl);
-    const size_t n = l->indices.size();
-    std::vector<Expr> lead(l->indices.begin(), l->indices.end() - 2);
-    EmittedExpressions e = emit_cuda_expressions(ir, ranges, vo, lead, 4);
-    std::string elem_off = "0ll", grad_off = "0ll";
-    for (size_t d = 0; d < lead.size(); ++d) {
-      elem_off += fmt::format(" + (long long){} * p.{}_s{}", e.values[d], f, d);
-      grad_off = fmt::format("({}) * p.{}_n{} + (long long){}", grad_off, f, d, e.values[d]);
-    }
     code += fmt::format(
         "  static constexpr bool kStaged{Name} = true;  // {load}\n"
         "  static constexpr int kStaged{Name}Scatter = {scatter};\n"
-        "  using Staged{Name}Element = {elem};\n"
-        "{attrs} flex_bwd::StagedRows staged_{name}(const Params& p, int b, int h, int hkv) {{\n"
-        "    const int q = 0, kv = 0, k0 = 0, j = 0;\n"
-        "    (void)p; (void)b; (void)h; (void)hkv; (void)q; (void)kv; (void)k0; (void)j;\n"
-        "{body}"
-        "    flex_bwd::StagedRows r;\n"
-        "    r.base = static_cast<const {elem}*>(p.{f}) + ({elem_off});\n"
-        "    r.row_stride = p.{f}_s{rs};\n"
-        "    r.col_stride = p.{f}_s{cs};\n"
-        "    r.cols = p.{f}_n{cs};\n"
-        "    r.grad_base = (({grad_off}) * p.{f}_n{rs}) * p.{f}_n{cs};\n"
-        "    return r;\n"
-        "  }}\n",
-        fmt::arg("Name", Name), fmt::arg("name", name), fmt::arg("load", print_inline(t->load)), fmt::arg("scatter", t->scatter),
-        fmt::arg("elem", decl.dtype == dsl::DType::F16 ? "__half" : "__nv_bfloat16"), fmt::arg("attrs", kAttrs), fmt::arg("body", e.body),
-        fmt::arg("f", f), fmt::arg("elem_off", elem_off), fmt::arg("rs", n - 2), fmt::arg("cs", n - 1), fmt::arg("grad_off", grad_off));
+        "  using Staged{Name}Element = {elem};\n",
+        fmt::arg("Name", Name), fmt::arg("load", print_inline(t->load)), fmt::arg("scatter", t->scatter),
+        fmt::arg("elem", decl.dtype == dsl::DType::F16 ? "__half" : "__nv_bfloat16"));
+    code += staged_rows_function(ir, ranges, vo, *t, "staged_" + name);
   }
   return code;
 }

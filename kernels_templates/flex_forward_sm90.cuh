@@ -1,6 +1,7 @@
 // The Hopper (sm_90a) forward main loop: wgmma on swizzled shared-memory tiles, two warpgroups.
 #pragma once
 #include "flex_forward.cuh"
+#include "flex_staged_rows.cuh"
 #include "flex_wgmma.cuh"
 
 // Tile configuration (head dims up to 128; 192 and 256 keep the mma.sync loop of flex_forward.cuh):
@@ -27,12 +28,31 @@ struct FlexSm90Swizzle {
   static constexpr int value = kHeadDim % 64 == 0 ? 128 : kHeadDim % 32 == 0 ? 64 : 32;
 };
 
-template <int kHeadDim_, class Element_>
+// The column GEMM (a variant with kColGemm, compiler/codegen/kernel_source.cpp): a score_mod summand
+// buf[lead..., q, kv % 64] with bf16 elements (SAM's rel_w) is not added per element but by the tensor cores.
+// With 64-column KV tiles, kv % 64 is the tile column j, so the term is C[q][j] for one [128 q][64] block C per
+// CTA. S = Q K^T is accumulated on top of C (1 / scale) I: per 16 columns, one m64n16k16 wgmma with C's 16
+// columns as A and a 16 x 16 diagonal matrix as B. The raw accumulator is then q.k + C / scale, and every later
+// use multiplies it by scale. 1 / scale is written as up to three bf16 parts (c0 + c1 + c2, one diagonal
+// matrix and one wgmma per part; one when 1 / scale is a power of two), so the product is exact to fp32.
+// Why: holding C in registers (a Col value per accumulator element) cost 32 registers at head dim 64, one CTA
+// per SM instead of two, and two adds per element; the wgmmas add an eighth of the S GEMM's tensor work. The
+// generator uses it up to head dim 64 only: where one CTA per SM remains, the extra wgmmas on each tile's S
+// chain cost more than the adds (compiler/codegen/kernel_source.cpp has the figures).
+// -inf in C (a masked element) would give 0 * -inf = NaN in every other column of its row, so the kernel
+// replaces it by the lowest finite bf16, whose product with c0 >= 2 (scale <= 0.5, the host's rule) is -inf.
+template <int kHeadDim_, class Element_, bool kColGemm_ = false>
 struct FlexForwardTraitsSm90 : FlexForwardTraits<kHeadDim_, 128, 64, 8, Element_> {
   using Base = FlexForwardTraits<kHeadDim_, 128, 64, 8, Element_>;
   static constexpr int kSwizzle = FlexSm90Swizzle<kHeadDim_>::value;
   using QTile = flex::SwizzledTile<128, kHeadDim_, kSwizzle>;
   using KVTile = flex::SwizzledTile<64, kHeadDim_, kSwizzle>;
+  static constexpr bool kColGemm = kColGemm_;
+  using ColTile = flex::SwizzledTile<128, 64, 128>;  // the [128 q][64] block C (flex::staged_block_offset's layout)
+  using DiagTile = flex::SwizzledTile<16, 16, 32>;   // one diagonal part of (1 / scale) I
+  static constexpr int kColGemmParts = 3;
+  static constexpr int kDiagStride = 1024;          // bytes from one diagonal part to the next (aligned atoms)
+  static constexpr int kColBytes = kColGemm ? ColTile::kBytes + kColGemmParts * kDiagStride : 0;
   static constexpr int kKVStages = 4;
   static constexpr int kLookahead = 2;  // K/V tiles in flight beyond the one being consumed
   static constexpr int kOStageBytes = Base::kBlockM * Base::kSmemStride * 2;  // ForwardKernel::store_o_lse's layout
@@ -40,13 +60,65 @@ struct FlexForwardTraitsSm90 : FlexForwardTraits<kHeadDim_, 128, 64, 8, Element_
       ((QTile::kBytes > kOStageBytes ? QTile::kBytes : kOStageBytes) + 1023) / 1024 * 1024;
   static constexpr int kStageBytes = 2 * KVTile::kBytes;  // K then V
   // +1024: the dynamic shared memory base is rounded up to the 1024-byte alignment the swizzle needs.
-  static constexpr int kSmemBytes = kQRegionBytes + kKVStages * kStageBytes + 1024;
+  static constexpr int kSmemBytes = kQRegionBytes + kColBytes + kKVStages * kStageBytes + 1024;
 
   static_assert(kHeadDim_ <= 128, "FlexForwardTraitsSm90: head dims above 128 use the mma.sync loop (registers)");
   static_assert(kKVStages == 2 * kLookahead,
                 "FlexForwardTraitsSm90: a stage is refilled two tiles after its last reader's wait (see the mainloop)");
   static_assert(kSmemBytes <= 232448, "FlexForwardTraitsSm90: shared memory exceeds the 227 KB an sm_90 block may opt into");
+  static_assert(ColTile::kBytes % 1024 == 0 && DiagTile::kBytes <= kDiagStride, "FlexForwardTraitsSm90: column GEMM layout");
 };
+
+namespace flex {
+
+// Whether a variant adds a bf16 column term by the tensor cores (kColGemm, with col_gemm_rows(vp, b, h, hkv)
+// giving the term's rows).
+template <class Variant, class = void>
+struct HasColGemm {
+  static constexpr bool value = false;
+};
+template <class Variant>
+struct HasColGemm<Variant, decltype(void(Variant::kColGemm))> {
+  static constexpr bool value = Variant::kColGemm;
+};
+
+// bf16 -inf (0xff80) in either half of a pair becomes the lowest finite bf16 (0xff7f).
+__device__ __forceinline__ unsigned finite_bf16x2(unsigned w) {
+  if ((w & 0xffffu) == 0xff80u) w = (w & 0xffff0000u) | 0xff7fu;
+  if ((w >> 16) == 0xff80u) w = (w & 0xffffu) | 0xff7f0000u;
+  return w;
+}
+
+// The diagonal parts of (1 / scale) I as DiagTiles at diag, diag + kDiagStride, ...: c0 = bf16(1 / scale), c1 and
+// c2 the bf16 roundings of what is left. Returns how many parts are nonzero (1 .. kParts). Threads 0 .. 32 kParts - 1
+// write one 16-byte chunk each (part t = tid / 32, row (tid % 32) / 2, chunk tid % 2).
+template <class DiagTile, int kParts, int kDiagStride>
+__device__ __forceinline__ int build_scale_diagonal(unsigned char* diag, float scale, int tid) {
+  const float inv = 1.f / scale;
+  unsigned short part[kParts];
+  int n = 0;
+  float rest = inv;
+#pragma unroll
+  for (int t = 0; t < kParts; ++t) {
+    const __nv_bfloat16 c = __float2bfloat16_rn(rest);
+    part[t] = __bfloat16_as_ushort(c);
+    rest -= __bfloat162float(c);
+    if (__bfloat162float(c) != 0.f) n = t + 1;
+  }
+  if (tid < 32 * kParts) {
+    const int t = tid / 32, row = (tid % 32) / 2, chunk = tid % 2;
+    const int k = row - 8 * chunk;  // the diagonal element's column inside this chunk (none unless 0 .. 7)
+    unsigned short c = part[0];     // part[t] and w[k / 2] by selects: no local-memory arrays indexed at run time
+#pragma unroll
+    for (int u = 1; u < kParts; ++u) c = t == u ? part[u] : c;
+    const unsigned word = (unsigned)c << (16 * (k & 1));
+    auto w = [&](int i) { return k >= 0 && k < 8 && k / 2 == i ? word : 0u; };
+    *reinterpret_cast<uint4*>(diag + t * kDiagStride + DiagTile::chunk_offset(row, chunk)) = make_uint4(w(0), w(1), w(2), w(3));
+  }
+  return n;
+}
+
+}  // namespace flex
 
 // One CTA computes O and LSE for kBlockM query rows of one (b, h): the same contract, grid and block mask as
 // flex_forward (flex_forward.cuh), block = 256 threads, dynamic shared memory = Traits::kSmemBytes.
@@ -68,6 +140,10 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
   constexpr int kKVStages = Traits::kKVStages;
   constexpr int kLookahead = Traits::kLookahead;
   static_assert(Traits::kMTiles == 1 && kNTiles * 8 == 64, "flex_forward_sm90: one m16 row block per warp, 64-column S tiles");
+  constexpr bool kColGemm = flex::HasColGemm<Variant>::value;
+  static_assert(kColGemm == Traits::kColGemm, "flex_forward_sm90: the traits' column-GEMM layout must match the variant");
+  using ColTile = typename Traits::ColTile;
+  using DiagTile = typename Traits::DiagTile;
 
   extern __shared__ __align__(1024) unsigned char flex_smem_raw[];
   unsigned char* smem = flex_smem_raw + ((1024 - (flex::smem_addr(flex_smem_raw) & 1023)) & 1023);
@@ -88,7 +164,9 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
   const Element* g_v = static_cast<const Element*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h + w.kv_row0 * p.v_stride_s;
 
   const unsigned s_q = flex::smem_addr(smem);
-  const unsigned s_kv = s_q + Traits::kQRegionBytes;
+  const unsigned s_col = s_q + Traits::kQRegionBytes;  // column GEMM: C, then the diagonal parts
+  const unsigned s_diag = s_col + ColTile::kBytes;
+  const unsigned s_kv = s_q + Traits::kQRegionBytes + Traits::kColBytes;
   auto k_stage = [&](int t) { return s_kv + (unsigned)((t % kKVStages) * Traits::kStageBytes); };
 
   const int n_masked = w.n_partial;
@@ -101,6 +179,13 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
 
   // Copy groups: {Q, KV 0}, then one group per K/V tile, kLookahead tiles ahead (empty groups keep the count).
   flex::load_swizzled_rows<QTile, kBlockM, kNThreads>(s_q, g_q, p.q_stride_s, m0, seqlen_q, tid);
+  int diag_parts = 0;
+  if constexpr (kColGemm) {
+    flex::load_staged_block<kBlockM, kNThreads>(smem + Traits::kQRegionBytes, s_col, Variant::col_gemm_rows(vp, b, h, hkv), m0, seqlen_q,
+                                                tid);
+    diag_parts = flex::build_scale_diagonal<DiagTile, Traits::kColGemmParts, Traits::kDiagStride>(
+        smem + Traits::kQRegionBytes + ColTile::kBytes, p.scale, tid);
+  }
 #pragma unroll
   for (int t = 0; t < kLookahead; ++t) {
     if (t < n_tiles) load_kv(t);
@@ -135,6 +220,18 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
   typename Variant::Tile tile_next[kRowsPerThread];
   if (n_tiles > 0) K::hoist_tile(vp, row_st, tile_next, b, h, hkv, m0, w.at(0) * kBlockN, warp, lane, seqlen_q, seqlen_kv);
 
+  if constexpr (kColGemm) {
+    // C has landed with Q (the oldest copy group); each thread rewrites the chunks it copied, -inf made finite
+    // (see the traits). The first iteration's proxy fence and barrier publish them to the wgmmas.
+    flex::cp_async_wait<kLookahead - 1>();
+    for (int i = tid; i < kBlockM * 8; i += kNThreads) {
+      uint4* chunk = reinterpret_cast<uint4*>(smem + Traits::kQRegionBytes + flex::staged_block_offset(i / 8, i % 8));
+      uint4 v = *chunk;
+      v.x = flex::finite_bf16x2(v.x), v.y = flex::finite_bf16x2(v.y), v.z = flex::finite_bf16x2(v.z), v.w = flex::finite_bf16x2(v.w);
+      *chunk = v;
+    }
+  }
+
   // ============================================ Mainloop ============================================
   // A stage is refilled at the barrier two iterations after its tile was consumed: every thread passing the
   // barrier of iteration it has finished iteration it - 1, whose wgmma_wait<0> retired the P V of tile it - 2.
@@ -163,6 +260,17 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
     for (int kk = 0; kk < kD16; ++kk)
       flex::Wgmma<kBlockN>::template ss<Element, /*kTransA=*/0, /*kTransB=*/0>(
           s_flat, flex::desc_k_major<QTile>(s_q, wg_row0, kk * 16), flex::desc_k_major<KVTile>(sk, 0, kk * 16), kk > 0 ? 1 : 0);
+    if constexpr (kColGemm) {
+      // + C (1 / scale) I: columns 16 jj .. 16 jj + 15 of S get C's same columns, once per diagonal part.
+#pragma unroll
+      for (int jj = 0; jj < kBlockN / 16; ++jj)
+#pragma unroll
+        for (int t = 0; t < Traits::kColGemmParts; ++t)
+          if (t < diag_parts)
+            flex::Wgmma<16>::template ss<__nv_bfloat16, /*kTransA=*/0, /*kTransB=*/0>(
+                reinterpret_cast<float(&)[8]>(s_flat[8 * jj]), flex::desc_k_major<ColTile>(s_col, wg_row0, 16 * jj),
+                flex::desc_k_major<DiagTile>(s_diag + t * Traits::kDiagStride, 0, 0), 1);
+    }
     flex::wgmma_commit();
     flex::wgmma_wait<0>();  // S of this tile and P V of the previous one
     flex::fence_operands(s_flat);

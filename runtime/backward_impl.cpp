@@ -356,7 +356,7 @@ void KernelImpl::backward(const BackwardArgs& a) {
     if (mask) {
       check_mask(*mask, shape, fcfg, device);
     } else {
-      VariantState& fvar = variant(runtime::choose_variant(ranges_, ir_.checked, values), device);
+      VariantState& fvar = variant(forward_choice(values, a.scale), device);
       std::vector<uint64_t> fparams = runtime::fill_variant_params(fvar.source.variant.layout, buffers, values, nullptr);
       build_mask_into(*ws.mask_, fvar, fparams, shape, fcfg, device, a.stream);
       mask = ws.mask_.get();

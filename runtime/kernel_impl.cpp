@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "compiler/codegen/kernel_source.h"
+#include "compiler/codegen/staged_terms.h"
 #include "compiler/frontend.h"
 #include "compiler/ir/ir_mutator.h"
 #include "compiler/passes/dependence.h"
@@ -108,6 +109,7 @@ KernelImpl::KernelImpl(SpecIR ir, RuntimeOptions options) : ir_(std::move(ir)), 
   if (ir_.mask_mod) roots.push_back(ir_.mask_mod);
   ranges_ = analyze_ranges(roots, ir_.checked, VarDomains::forward(ir_.checked));
   canonical_ = canonical_ir_text(ir_);
+  col_gemm_term_ = find_forward_col_gemm(ir_, ranges_, VariantOptions{}).term.has_value();
   if (ir_.mask_mod) {
     DependenceInfo deps({ir_.mask_mod});
     const Dependence& d = deps.of(ir_.mask_mod);
@@ -172,7 +174,7 @@ std::unique_ptr<BlockMask> KernelImpl::build_block_mask(const AttentionArgs& a) 
   std::vector<Tensor> buffers = runtime::collect_buffers(spec(), a, bound_for(device));
   check_pointers(a, buffers, device);
   BoundValues values = runtime::bind_launch(ir_.checked, shape, buffers, a);
-  VariantState& var = variant(runtime::choose_variant(ranges_, ir_.checked, values), device);
+  VariantState& var = variant(forward_choice(values, a.scale), device);
   const ForwardConfig& cfg = var.source.config;
   runtime::ScopedDevice scope(device);
   std::unique_ptr<BlockMask> mask(new BlockMask());
@@ -205,6 +207,7 @@ void KernelImpl::bind_buffer(const std::string& name, const Tensor& t) {
 void KernelImpl::warm_up(int device, DType dtype) {
   if (dtype != spec().dtype) throw Error("warm_up: the spec's dtype differs");
   runtime::VariantChoice c;
+  c.col_gemm = col_gemm_term_;  // what a launch with the default scale takes
   variant(c, device);
 }
 
@@ -280,6 +283,11 @@ KernelImpl::VariantState& KernelImpl::variant_for_launch(const runtime::LaunchSh
     key.push_back(static_cast<int64_t>(t.shape.size()));
     key.insert(key.end(), t.shape.begin(), t.shape.end());
   }
+  if (col_gemm_term_) {  // the scale decides whether the column GEMM may run
+    uint32_t bits = 0;
+    std::memcpy(&bits, &a.scale, sizeof bits);
+    key.push_back(bits);
+  }
   for (const auto& [name, v] : a.params) {
     const dsl::ParamDecl* p = spec().find_param(name);
     int64_t bits = 0;
@@ -295,7 +303,7 @@ KernelImpl::VariantState& KernelImpl::variant_for_launch(const runtime::LaunchSh
     }
   }
   values = runtime::bind_launch(ir_.checked, shape, buffers, a);
-  VariantState& var = variant(runtime::choose_variant(ranges_, ir_.checked, values), device);
+  VariantState& var = variant(forward_choice(values, a.scale), device);
   std::lock_guard<std::mutex> lock(mutex_);
   memo_.key = key;
   memo_.values = values;
@@ -337,6 +345,15 @@ KernelImpl::VariantState& KernelImpl::variant(const runtime::VariantChoice& choi
   return v;
 }
 
+runtime::VariantChoice KernelImpl::forward_choice(const BoundValues& values, float scale) const {
+  runtime::VariantChoice c = runtime::choose_variant(ranges_, ir_.checked, values);
+  // The column GEMM turns a -inf term into -inf only through an overflow, which needs 1 / scale >= 2
+  // (kernels_templates/flex_forward_sm90.cuh).
+  const double s = scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(spec().head_dim));
+  c.col_gemm = col_gemm_term_ && s <= 0.5;
+  return c;
+}
+
 ForwardKernelOptions KernelImpl::forward_options(const runtime::VariantChoice& choice, const std::string& arch) const {
   ForwardKernelOptions fo;
   fo.dtype = spec().dtype;
@@ -345,6 +362,7 @@ ForwardKernelOptions KernelImpl::forward_options(const runtime::VariantChoice& c
   fo.variant.int32 = choice.int32;
   fo.variant.checked_loads = choice.checked_loads;
   fo.variant.error_flags = options_.checked;
+  fo.col_gemm = choice.col_gemm;
   return fo;
 }
 

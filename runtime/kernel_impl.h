@@ -112,6 +112,8 @@ class KernelImpl : public Kernel {
   void check_pointers(const AttentionArgs& a, const std::vector<Tensor>& buffers, int device) const;
 
   VariantState& variant(const runtime::VariantChoice& choice, int device);
+  // The forward's variant choice for a launch's values and softmax scale (0: 1 / sqrt(D)).
+  runtime::VariantChoice forward_choice(const BoundValues& values, float scale) const;
 
   // The launch's bound values and variant. Binding and the range obligations cost a few
   // microseconds per launch, so the last launch's results are reused when its sizes,
@@ -163,6 +165,8 @@ class KernelImpl : public Kernel {
   RangeInfo ranges_;
   std::string canonical_;
   bool mask_uses_b_ = false, mask_uses_h_ = false;
+  // The spec has a score_mod term the Hopper forward can add by its column GEMM (find_forward_col_gemm).
+  bool col_gemm_term_ = false;
   std::mutex mutex_;
   std::map<std::string, std::unique_ptr<VariantState>> variants_;
   std::map<int, std::unique_ptr<Workspace>> workspaces_;

@@ -16,6 +16,9 @@ struct ForwardConfig {
   // The Hopper main loop (kernels_templates/flex_forward_sm90.cuh: wgmma, two warpgroups) instead of the
   // mma.sync one. Same block_m x block_n, so block masks and the staging pass do not depend on it.
   bool hopper = false;
+  // Hopper only: a bf16 score_mod term buf[.., q, kv % 64] is added by the S GEMM (flex_forward_sm90.cuh, the
+  // column GEMM; compiler/codegen/staged_terms.h, find_forward_col_gemm).
+  bool col_gemm = false;
   std::string str() const;
   // Dynamic shared memory of the forward kernel (the generated source static_asserts that it equals the
   // template's Traits::kSmemBytes).

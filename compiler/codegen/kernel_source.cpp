@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include "compiler/codegen/codegen_cuda_interval.h"
+#include "compiler/codegen/staged_rows_source.h"
+#include "compiler/codegen/staged_terms.h"
 #include "compiler/ir/ir_printer.h"
 
 namespace flexjit {
@@ -25,9 +27,9 @@ namespace {
 std::string forward_entry(const ForwardConfig& c, const char* element, const char* entry, const std::string& template_args) {
   std::string traits, body;
   if (c.hopper) {
-    traits = fmt::format("using FlexTraits = FlexForwardTraitsSm90</*kHeadDim=*/{}, {}>;\n"
+    traits = fmt::format("using FlexTraits = FlexForwardTraitsSm90</*kHeadDim=*/{}, {}{}>;\n"
                          "static_assert(FlexTraits::kSmemBytes == {}, \"host and template disagree on the forward's shared memory\");\n",
-                         c.head_dim, element, c.shared_bytes());
+                         c.head_dim, element, c.col_gemm ? ", /*kColGemm=*/true" : "", c.shared_bytes());
     body = fmt::format("  flex_forward_sm90<FlexTraits, FlexVariant{}>(p, vp);\n", template_args);
   } else {
     traits = fmt::format("using FlexTraits = FlexForwardTraits</*kHeadDim=*/{}, /*kBlockM=*/{}, /*kBlockN=*/{}, /*kNWarps=*/{}, {}>;\n",
@@ -46,7 +48,28 @@ KernelSource forward_module(const SpecIR& ir, const RangeInfo& ranges, const For
   ks.config = forward_config(options.head_dim, options.arch);
   VariantOptions vo = options.variant;
   vo.tile_size = ks.config.block_n;
-  ks.variant = generate_cuda_variant(ir, ranges, vo, "FlexVariant");
+  // The column GEMM (Hopper loop, dense kernel): the term leaves score_mod and the S GEMM adds it. Only up to head
+  // dim 64, where the registers it frees give two CTAs per SM: at one CTA per SM its wgmmas lengthen each tile's
+  // S chain more than the adds they replace (H100, SAM forward: D64 2.02 -> 1.62 ms, D32 1.75 -> 1.62, but D96
+  // 1.55 -> 2.14 and D128 1.74 -> 2.30; docs/KERNEL_NOTES.md).
+  ForwardColGemm col_gemm;
+  if (options.col_gemm && ks.config.hopper && ks.config.head_dim <= 64 && !varlen && ks.config.block_n == kStagedTermTile)
+    col_gemm = find_forward_col_gemm(ir, ranges, vo);
+  ks.config.col_gemm = col_gemm.term.has_value();
+  if (col_gemm.term) {
+    SpecIR rest = ir;
+    rest.score_mod = col_gemm.score_mod;
+    ks.variant = generate_cuda_variant(rest, ranges, vo, "FlexVariant");
+    const std::string close = "};\n";
+    ks.variant.code.resize(ks.variant.code.size() - close.size());  // reopen the struct
+    ks.variant.code += fmt::format(
+        "  // Column GEMM (flex_forward_sm90.cuh): {} is left out of score_mod above; the S GEMM adds it.\n"
+        "  static constexpr bool kColGemm = true;\n",
+        ir::print_inline(col_gemm.term->load));
+    ks.variant.code += staged_rows_function(ir, ranges, vo, *col_gemm.term, "col_gemm_rows") + close;
+  } else {
+    ks.variant = generate_cuda_variant(ir, ranges, vo, "FlexVariant");
+  }
   const char* element = cuda_element_type(options.dtype);
   ks.name = fmt::format("{}_fwd{}_{}_{}", ir.spec().name, varlen ? "_varlen" : "", dsl::dtype_name(options.dtype), ks.config.str());
   ks.entries = {varlen ? kForwardVarlenEntry : kForwardEntry};
@@ -102,6 +125,7 @@ std::vector<KernelSource> kernels_for_launch(const SpecIR& ir, dsl::DType dtype,
   fo.dtype = dtype;
   fo.head_dim = head_dim;
   fo.arch = arch;
+  fo.col_gemm = true;  // the default scale, 1 / sqrt(D), is at most 0.5
   std::vector<ir::Expr> roots;
   if (ir.score_mod) roots.push_back(ir.score_mod);
   if (ir.mask_mod) roots.push_back(ir.mask_mod);

@@ -34,6 +34,16 @@ void summands(const Expr& e, std::vector<Expr>& out) {
   out.push_back(e);
 }
 
+// The summands not marked, added in their order (null when every one is marked).
+Expr sum_of_unstaged(const std::vector<Expr>& parts, const std::vector<bool>& marked) {
+  Expr rest;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (marked[i]) continue;
+    rest = rest ? Binary::make(BinaryOp::Add, rest, parts[i]) : parts[i];
+  }
+  return rest;
+}
+
 // Distinct Load nodes of `buffer` reachable from the roots.
 int loads_of(const std::vector<Expr>& roots, int buffer) {
   std::unordered_set<const Node*> seen;
@@ -114,18 +124,43 @@ StagedTerms find_staged_terms(const ScoreModGradient& grad, const RangeInfo& ran
   }
   if (out.terms.empty()) return out;
 
-  // The residual: the other summands in their order; the bare score means no score_mod is left.
-  Expr rest;
-  for (size_t i = 0; i < parts.size(); ++i) {
-    if (staged[i]) continue;
-    rest = rest ? Binary::make(BinaryOp::Add, rest, parts[i]) : parts[i];
-  }
+  const Expr rest = sum_of_unstaged(parts, staged);
   if (!rest) {  // no summand left (score_mod = rel_h + rel_w): keep the generic code
     out.terms.clear();
     out.residual = grad.score_mod;
     return out;
   }
   out.residual = is_var(rest, dsl::VarId::Score) ? Expr() : rest;
+  return out;
+}
+
+ForwardColGemm find_forward_col_gemm(const SpecIR& ir, const RangeInfo& ranges, const VariantOptions& options) {
+  ForwardColGemm out;
+  out.score_mod = ir.score_mod;
+  ScoreModGradient g;
+  g.score_mod = ir.score_mod;
+  g.mask_mod = ir.mask_mod;
+  const StagedTerms staged = find_staged_terms(g, ranges, options);
+  const StagedTerm* col = staged.find(StagedKind::Col);
+  if (!col || col->load.as<Load>()->dtype != DType::BF16) return out;
+  std::vector<Expr> parts;
+  summands(ir.score_mod, parts);
+  std::vector<bool> removed(parts.size(), false);
+  int bare_scores = 0;  // the term must be added to the score itself, which then appears once, as a summand
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (parts[i].same_as(col->load)) {
+      removed[i] = true;
+    } else if (is_var(parts[i], dsl::VarId::Score)) {
+      ++bare_scores;
+    } else {
+      DependenceInfo deps({parts[i]});
+      if (deps.of(parts[i]).uses(dsl::VarId::Score)) return out;
+    }
+  }
+  if (bare_scores != 1) return out;
+  const Expr rest = sum_of_unstaged(parts, removed);
+  out.term = *col;
+  out.score_mod = is_var(rest, dsl::VarId::Score) ? Expr() : rest;
   return out;
 }
 

@@ -9,6 +9,7 @@
 // values are two per row: both are copied asynchronously next to Q and dO, and the gradients leave the CTA as
 // one block of vector atomics (rel_w) and one plain sum per row (rel_h, owned by one warpgroup).
 #pragma once
+#include <optional>
 #include <vector>
 
 #include "compiler/codegen/codegen_cuda.h"
@@ -49,5 +50,15 @@ struct StagedTerms {
 // and, when the buffer requires a gradient, its single scatter is that load with coefficient 1. Anything
 // else stays in the residual and goes through the generic code.
 StagedTerms find_staged_terms(const ScoreModGradient& grad, const RangeInfo& ranges, const VariantOptions& options);
+
+// The Hopper forward's column GEMM (kernels_templates/flex_forward_sm90.cuh, kColGemm): the Col term of the spec's
+// score_mod that the tensor cores can add, and the score_mod without it. The term qualifies as for the backward
+// (find_staged_terms without gradients) and further needs bf16 elements (the wgmma's type), and every other
+// summand must be the bare score or free of it: the kernel adds the term to the raw score before score_mod runs.
+struct ForwardColGemm {
+  std::optional<StagedTerm> term;  // none: the spec has no such term
+  ir::Expr score_mod;              // the spec's score_mod without the term (null when only the score is left)
+};
+ForwardColGemm find_forward_col_gemm(const SpecIR& ir, const RangeInfo& ranges, const VariantOptions& options);
 
 }  // namespace flexjit

@@ -34,6 +34,30 @@ CaseResult run_case(const dsl::Spec& spec_in, const CaseOptions& c, std::map<std
                                         {"L", 2 * c.Skv - 1}, {"N", 64}};
   for (auto& [k2, v2] : extra_symbols) sym[k2] = v2;
   std::vector<HostDeviceBuffer> bufs = make_buffers(spec, sym, dev, rng, 8);
+  std::vector<std::vector<int64_t>> buf_strides(bufs.size());
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    NpyArray& h = bufs[i].host;
+    if (c.edit_buffer) {
+      c.edit_buffer(spec.buffers[i].name, h);
+      bufs[i].mem.upload(h.data.data(), h.data.size());
+    }
+    if (c.buffer_row_pad > 0 && h.shape.size() >= 2) {  // the same values in longer rows: a strided view
+      const int64_t cols = h.shape.back(), rows = h.numel() / cols, row_len = cols + c.buffer_row_pad;
+      const size_t es = dsl::dtype_size(h.dtype);
+      std::vector<unsigned char> padded(size_t(rows * row_len) * es, 0xff);
+      for (int64_t r = 0; r < rows; ++r) std::memcpy(&padded[size_t(r * row_len) * es], &h.data[size_t(r * cols) * es], size_t(cols) * es);
+      bufs[i].mem = runtime::DeviceBuffer(dev, padded.size());
+      bufs[i].mem.upload(padded.data(), padded.size());
+      std::vector<int64_t> st(h.shape.size());
+      int64_t step = row_len;
+      st.back() = 1;
+      for (size_t d = h.shape.size() - 1; d-- > 0;) {
+        st[d] = step;
+        step *= h.shape[d];
+      }
+      buf_strides[i] = st;
+    }
+  }
 
   Runtime rt;
   auto kernel = rt.compile(spec);
@@ -44,8 +68,9 @@ CaseResult run_case(const dsl::Spec& spec_in, const CaseOptions& c, std::map<std
   a.o = dout.tensor;
   a.lse = Tensor{dlse.data(), dsl::DType::F32, {c.B, c.H, c.Sq}, {}};
   a.params = c.params;
+  a.scale = static_cast<float>(c.scale);
   for (size_t i = 0; i < bufs.size(); ++i)
-    a.buffers.emplace_back(spec.buffers[i].name, Tensor{bufs[i].mem.data(), bufs[i].host.dtype, bufs[i].host.shape, {}});
+    a.buffers.emplace_back(spec.buffers[i].name, Tensor{bufs[i].mem.data(), bufs[i].host.dtype, bufs[i].host.shape, buf_strides[i]});
   kernel->forward(a);
   kernel->check_errors(dev, nullptr);
 
@@ -71,7 +96,8 @@ CaseResult run_case(const dsl::Spec& spec_in, const CaseOptions& c, std::map<std
     env.params[i] = val;
   }
   for (const HostDeviceBuffer& b : bufs) env.buffers.push_back(BufferView{b.host.dtype, b.host.data.data(), b.host.shape, contiguous_strides(b.host.shape)});
-  RefResult ref = reference_attention(ir, RefShape{c.B, c.H, c.Hkv, c.Sq, c.Skv, D, Dv}, q, k, v, env, 1.0 / std::sqrt(double(D)));
+  const double scale = c.scale > 0 ? static_cast<double>(static_cast<float>(c.scale)) : 1.0 / std::sqrt(double(D));
+  RefResult ref = reference_attention(ir, RefShape{c.B, c.H, c.Hkv, c.Sq, c.Skv, D, Dv}, q, k, v, env, scale);
   return CaseResult{compare(o, ref.o), compare(lse, ref.lse)};
 }
 
@@ -192,6 +218,56 @@ TEST_CASE("[B, S, H, D] strides work without a copy", "[gpu]") {
   expect_close(run_case(load_spec(gallery_dir() / "sam_relpos.json"), c));
   c.Skv = c.Sq;
   expect_close(run_case(load_spec(gallery_dir() / "document.json"), c));
+}
+
+TEST_CASE("SAM's rel_w added by the S GEMM: scales, -inf entries, strided rows, head dims", "[gpu]") {
+  // On sm_90a at head dims up to 64 the Hopper forward adds rel_w[b, h, q, kv % 64] through wgmmas against
+  // (1 / scale) I (kernels_templates/flex_forward_sm90.cuh); elsewhere, and for scale > 0.5, the per-element path runs.
+  FLEXJIT_REQUIRE_GPU();
+  const dsl::Spec sam = load_spec(gallery_dir() / "sam_relpos.json");
+  CaseOptions base;
+  base.Sq = 200;  // a partial last query tile and KV tile
+  base.Skv = 300;
+  for (double scale : {0.0, 0.125, 0.1, 0.02, 0.5, 0.7, 2.0}) {  // 1 / scale: one bf16 part, three parts; past 0.5 not used
+    INFO("scale " << scale);
+    CaseOptions c = base;
+    c.scale = scale;
+    expect_close(run_case(sam, c));
+  }
+  SECTION("-inf and the lowest finite bf16 in rel_w mask their elements only; a row of -inf is fully masked") {
+    CaseOptions c = base;
+    c.edit_buffer = [](const std::string& name, NpyArray& h) {
+      if (name != "rel_w") return;
+      uint16_t* x = h.as<uint16_t>();
+      for (int64_t i = 0; i < h.numel(); i += 7) x[i] = 0xff80;  // -inf
+      for (int64_t i = 3; i < h.numel(); i += 11) x[i] = 0xff7f;  // -3.39e38
+      for (int64_t i = 5 * 64; i < 6 * 64; ++i) x[i] = 0xff80;   // (b 0, h 0, q 5): every kv % 64 masked
+    };
+    CaseResult r = run_case(sam, c);
+    expect_close(r);
+    CHECK(r.lse.bad == 0);
+  }
+  SECTION("rows 65 elements apart (plain loads) and 72 apart (aligned copies)") {
+    for (int64_t pad : {1, 8}) {
+      INFO("row pad " << pad);
+      CaseOptions c = base;
+      c.buffer_row_pad = pad;
+      expect_close(run_case(sam, c));
+    }
+  }
+  SECTION("head dims 32, 96 and 128 (the last two without the column GEMM), GQA 2:1, a Tile-free spec") {
+    for (int d : {32, 96, 128}) {
+      INFO("head dim " << d);
+      CaseOptions c = base;
+      c.Hkv = 2;
+      dsl::Spec s = sam;
+      s.head_dim = d;
+      expect_close(run_case(s, c));
+    }
+    expect_close(run_case(inline_spec("col_only", std::string("score + r[h, q, kv % 64]"), std::string("kv <= q + 40"), 64,
+                                      {"r: bf16[H, Sq, 64]"}),
+                          base));
+  }
 }
 
 TEST_CASE("a document mask indexed past its buffer is reported, not read out of bounds", "[gpu]") {

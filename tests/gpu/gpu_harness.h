@@ -3,6 +3,7 @@
 // a spec against the float64 reference.
 #pragma once
 #include <catch2/catch.hpp>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -97,6 +98,10 @@ struct CaseOptions {
   double max_rel_l2 = 1.5e-2;  // bf16 outputs; fp16 uses the same bound
   std::vector<std::pair<std::string, double>> params;
   unsigned seed = 1;
+  double scale = 0;             // softmax scale of the launch and the reference; 0: 1 / sqrt(D)
+  int64_t buffer_row_pad = 0;   // > 0: captured buffers of 2+ dims are stored with rows this many elements longer
+  // Called on every captured buffer's host contents before upload (e.g. to plant -inf entries).
+  std::function<void(const std::string& name, NpyArray& host)> edit_buffer;
 };
 
 struct CaseResult {

@@ -19,7 +19,8 @@ TEST_CASE("every gallery forward kernel compiles for sm_80 and for sm_90a with t
     fo.head_dim = spec.head_dim;
     for (const char* arch : {"sm_80", "sm_90a"}) {
       INFO(spec.name << " for " << arch);
-      fo.arch = arch;  // sm_90a: the Hopper main loop
+      fo.arch = arch;      // sm_90a: the Hopper main loop
+      fo.col_gemm = true;  // as launches with the default scale take it (SAM: rel_w by the S GEMM)
       KernelSource ks = forward_kernel_source(ir, analyze_ir_ranges(ir), fo);
       CHECK(ks.config.hopper == (std::string(arch) == "sm_90a" && spec.head_dim <= 128 && spec.head_dim != 80));
       runtime::CacheLookup r = runtime::compile_kernel(ks, canonical_ir_text(ir), arch);

@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "compiler/codegen/backward_source.h"
+#include "compiler/codegen/kernel_source.h"
+#include "compiler/codegen/staged_terms.h"
 #include "compiler/frontend.h"
 #include "compiler/ir/ir_printer.h"
 #include "compiler/passes/autodiff.h"
@@ -145,4 +147,67 @@ TEST_CASE("staged terms: only the Hopper kernel of an atomic module stages, and 
   CHECK(qsrc.module.source.find("static constexpr bool kStagedCol = false;") != std::string::npos);
   // The staged regions are in the host's shared-memory mirror.
   CHECK(src.config.shared_bytes() == qsrc.config.shared_bytes() + 2 * 64 * 64 * 2 + 2 * 64 * 2 * 2 + 2 * 64 * 68 * 4);
+}
+
+namespace {
+
+// The forward's column-GEMM term of a score_mod ("" when none) and what is left of the score_mod.
+std::pair<std::string, std::string> col_gemm(const std::string& score_mod, const std::vector<std::string>& buffers,
+                                             const std::string& mask = "") {
+  Built b = build(score_mod, buffers, {}, mask);
+  RangeInfo ranges = analyze_ranges({b.ir.score_mod}, b.ir.checked, VarDomains::forward(b.ir.checked));
+  ForwardColGemm g = find_forward_col_gemm(b.ir, ranges, VariantOptions{});
+  if (!g.term) return {"", ""};
+  return {b.ir.spec().buffers.at(g.term->buffer).name, g.score_mod ? ir::print_inline(g.score_mod) : "(score)"};
+}
+
+}  // namespace
+
+TEST_CASE("forward column GEMM: SAM's rel_w leaves score_mod, rel_h stays", "[codegen]") {
+  const auto sam = col_gemm(kSam, kSamBufs);
+  CHECK(sam.first == "rel_w");
+  CHECK(sam.second == "score + rel_h[b, h, q, kv // 64]");
+  CHECK(col_gemm("score + r[h, q, kv % 64]", {"r: bf16[H, Sq, 64]"}) == std::pair<std::string, std::string>{"r", "(score)"});
+  // Other summands may stay as long as they do not read the score: the GEMM adds the term before score_mod runs.
+  CHECK(col_gemm("score + r[b, h, q, kv % 64] + slope[h] * (kv - q)", {"r: bf16[B, H, Sq, 64]", "slope: f32[H]"}).first == "r");
+  const std::vector<std::string> r64 = {"r: bf16[B, H, Sq, 64]"};
+  CHECK(col_gemm("score + r[b, h, q, kv % 64] + tanh(score)", r64).first.empty());
+  CHECK(col_gemm("score * 0.5 + r[b, h, q, kv % 64]", r64).first.empty());       // the score is not a bare summand
+  CHECK(col_gemm("score + score + r[b, h, q, kv % 64]", r64).first.empty());     // twice
+  CHECK(col_gemm("r[b, h, q, kv % 64] + 1.0", r64).first.empty());               // no score at all
+  CHECK(col_gemm("score + r[b, h, q, kv % 64]", {"r: f16[B, H, Sq, 64]"}).first.empty());  // the wgmma here is bf16
+  CHECK(col_gemm("score + r[b, h, q, kv // 64]", r64).first.empty());            // a Tile term stays per tile
+  CHECK(col_gemm("score + r[b, h, q, kv % 32]", r64).first.empty());
+}
+
+TEST_CASE("forward column GEMM: the Hopper dense kernel carries it, others do not", "[codegen]") {
+  Built b = build(kSam, kSamBufs, {});
+  RangeInfo ranges = analyze_ranges({b.ir.score_mod}, b.ir.checked, VarDomains::forward(b.ir.checked));
+  ForwardKernelOptions fo;
+  fo.head_dim = 64;
+  fo.arch = "sm_90a";
+  fo.col_gemm = true;
+  KernelSource ks = forward_kernel_source(b.ir, ranges, fo);
+  CHECK(ks.config.col_gemm);
+  CHECK(ks.key_text.find("_cg") != std::string::npos);
+  CHECK(ks.source.find("static constexpr bool kColGemm = true;") != std::string::npos);
+  CHECK(ks.source.find("FlexForwardTraitsSm90</*kHeadDim=*/64, __nv_bfloat16, /*kColGemm=*/true>") != std::string::npos);
+  CHECK(ks.source.find("struct Col {};") != std::string::npos);  // rel_w no longer held per column
+  ForwardKernelOptions plain = fo;
+  plain.col_gemm = false;  // a launch with scale > 0.5
+  KernelSource ps = forward_kernel_source(b.ir, ranges, plain);
+  CHECK(!ps.config.col_gemm);
+  CHECK(ps.source.find("kColGemm") == std::string::npos);
+  // The column block and three 1 KB diagonal parts are in the host's shared-memory mirror.
+  CHECK(ks.config.shared_bytes() == ps.config.shared_bytes() + 128 * 64 * 2 + 3 * 1024);
+  ForwardKernelOptions a80 = fo;
+  a80.arch = "sm_80";
+  CHECK(!forward_kernel_source(b.ir, ranges, a80).config.col_gemm);
+  CHECK(!forward_varlen_kernel_source(b.ir, ranges, fo).config.col_gemm);
+  ForwardKernelOptions d128 = fo;  // one CTA per SM either way: the per-element adds are faster there
+  d128.head_dim = 128;
+  CHECK(!forward_kernel_source(b.ir, ranges, d128).config.col_gemm);
+  ForwardKernelOptions d32 = fo;
+  d32.head_dim = 32;
+  CHECK(forward_kernel_source(b.ir, ranges, d32).config.col_gemm);
 }

@@ -28,6 +28,7 @@ struct BenchOptions {
   std::string shape, device = "cuda:0";
   std::vector<std::string> loads, sets;
   int warmup = 10, iters = 50;
+  float scale = 0;  // 0: 1 / sqrt(D)
   bool json = false;
   bool mask_per_launch = false;
   // --decode: time Kernel::decode (shape's Sq = query rows per sequence, Skv = every sequence's KV length).
@@ -76,6 +77,7 @@ int run_bench_decode(const BenchOptions& o, dsl::Spec spec, const std::vector<in
     return placed.back().tensor();
   };
   DecodeArgs args;
+  args.scale = o.scale;
   args.q = add(random_array(spec.dtype, {B, H, Sq, D}, rng, 0, 1));
   const int ps = o.page_size;
   if (ps == 0) {
@@ -207,6 +209,7 @@ int run_bench(const BenchOptions& o) {
   placed.reserve(16);
   AttentionArgs args;
   args.device = device;
+  args.scale = o.scale;
   auto add = [&](NpyArray a) {
     placed.push_back(place(std::move(a), device));
     return placed.back().tensor();
@@ -328,6 +331,7 @@ void add_bench_command(CLI::App& app, Action& action) {
   cmd->add_option("--device", o->device, "cuda:N")->capture_default_str();
   cmd->add_option("--load", o->loads, "A captured buffer: NAME=FILE.npy (default: random contents)");
   cmd->add_option("--set", o->sets, "A runtime parameter: NAME=VALUE");
+  cmd->add_option("--scale", o->scale, "Softmax scale (0: 1/sqrt(D))")->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "Untimed launches first")->capture_default_str();
   cmd->add_option("--iters", o->iters, "Timed launches (the median is reported)")->capture_default_str();
   cmd->add_flag("--json", o->json, "One JSON object per run");

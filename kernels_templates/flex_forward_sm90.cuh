@@ -33,26 +33,30 @@ struct FlexSm90Swizzle {
 // With 64-column KV tiles, kv % 64 is the tile column j, so the term is C[q][j] for one [128 q][64] block C per
 // CTA. S = Q K^T is accumulated on top of C (1 / scale) I: per 16 columns, one m64n16k16 wgmma with C's 16
 // columns as A and a 16 x 16 diagonal matrix as B. The raw accumulator is then q.k + C / scale, and every later
-// use multiplies it by scale. 1 / scale is written as up to three bf16 parts (c0 + c1 + c2, one diagonal
-// matrix and one wgmma per part; one when 1 / scale is a power of two), so the product is exact to fp32.
+// use multiplies it by scale. 1 / scale is written as kColGemmParts bf16 parts, one diagonal matrix and one wgmma
+// each: one when 1 / scale is a bf16 value (scale 1/8 at head dim 64), else three (c0 + c1 + c2), so the product is
+// exact to fp32. The host picks the count from the launch's scale (col_gemm_parts_for_scale): three cost SAM ViT-B
+// 1.52 -> 1.69 ms, and a count decided in the kernel puts the wgmmas under a run-time condition (see the loop).
 // Why: holding C in registers (a Col value per accumulator element) cost 32 registers at head dim 64, one CTA
 // per SM instead of two, and two adds per element; the wgmmas add an eighth of the S GEMM's tensor work. The
 // generator uses it up to head dim 64 only: where one CTA per SM remains, the extra wgmmas on each tile's S
 // chain cost more than the adds (compiler/codegen/kernel_source.cpp has the figures).
 // -inf in C (a masked element) would give 0 * -inf = NaN in every other column of its row, so the kernel
 // replaces it by the lowest finite bf16, whose product with c0 >= 2 (scale <= 0.5, the host's rule) is -inf.
-template <int kHeadDim_, class Element_, bool kColGemm_ = false>
+template <int kHeadDim_, class Element_, int kColGemmParts_ = 0>
 struct FlexForwardTraitsSm90 : FlexForwardTraits<kHeadDim_, 128, 64, 8, Element_> {
   using Base = FlexForwardTraits<kHeadDim_, 128, 64, 8, Element_>;
   static constexpr int kSwizzle = FlexSm90Swizzle<kHeadDim_>::value;
   using QTile = flex::SwizzledTile<128, kHeadDim_, kSwizzle>;
   using KVTile = flex::SwizzledTile<64, kHeadDim_, kSwizzle>;
-  static constexpr bool kColGemm = kColGemm_;
+  static constexpr int kColGemmParts = kColGemmParts_;  // 0: no column GEMM
+  static constexpr bool kColGemm = kColGemmParts > 0;
   using ColTile = flex::SwizzledTile<128, 64, 128>;  // the [128 q][64] block C (flex::staged_block_offset's layout)
   using DiagTile = flex::SwizzledTile<16, 16, 32>;   // one diagonal part of (1 / scale) I
-  static constexpr int kColGemmParts = 3;
   static constexpr int kDiagStride = 1024;          // bytes from one diagonal part to the next (aligned atoms)
   static constexpr int kColBytes = kColGemm ? ColTile::kBytes + kColGemmParts * kDiagStride : 0;
+  // The column GEMM's point is two CTAs per SM (see above): without the bound ptxas took 132 registers.
+  static constexpr int kMinBlocksPerSM = kColGemm ? 2 : 1;
   static constexpr int kKVStages = 4;
   static constexpr int kLookahead = 2;  // K/V tiles in flight beyond the one being consumed
   static constexpr int kOStageBytes = Base::kBlockM * Base::kSmemStride * 2;  // ForwardKernel::store_o_lse's layout
@@ -67,6 +71,7 @@ struct FlexForwardTraitsSm90 : FlexForwardTraits<kHeadDim_, 128, 64, 8, Element_
                 "FlexForwardTraitsSm90: a stage is refilled two tiles after its last reader's wait (see the mainloop)");
   static_assert(kSmemBytes <= 232448, "FlexForwardTraitsSm90: shared memory exceeds the 227 KB an sm_90 block may opt into");
   static_assert(ColTile::kBytes % 1024 == 0 && DiagTile::kBytes <= kDiagStride, "FlexForwardTraitsSm90: column GEMM layout");
+  static_assert(kColGemmParts == 0 || kColGemmParts == 1 || kColGemmParts == 3, "FlexForwardTraitsSm90: 1 or 3 parts of 1 / scale");
 };
 
 namespace flex {
@@ -90,20 +95,18 @@ __device__ __forceinline__ unsigned finite_bf16x2(unsigned w) {
 }
 
 // The diagonal parts of (1 / scale) I as DiagTiles at diag, diag + kDiagStride, ...: c0 = bf16(1 / scale), c1 and
-// c2 the bf16 roundings of what is left. Returns how many parts are nonzero (1 .. kParts). Threads 0 .. 32 kParts - 1
-// write one 16-byte chunk each (part t = tid / 32, row (tid % 32) / 2, chunk tid % 2).
+// c2 (kParts = 3) the bf16 roundings of what is left. Threads 0 .. 32 kParts - 1 write
+// one 16-byte chunk each (part t = tid / 32, row (tid % 32) / 2, chunk tid % 2).
 template <class DiagTile, int kParts, int kDiagStride>
-__device__ __forceinline__ int build_scale_diagonal(unsigned char* diag, float scale, int tid) {
+__device__ __forceinline__ void build_scale_diagonal(unsigned char* diag, float scale, int tid) {
   const float inv = 1.f / scale;
   unsigned short part[kParts];
-  int n = 0;
   float rest = inv;
 #pragma unroll
   for (int t = 0; t < kParts; ++t) {
     const __nv_bfloat16 c = __float2bfloat16_rn(rest);
     part[t] = __bfloat16_as_ushort(c);
     rest -= __bfloat162float(c);
-    if (__bfloat162float(c) != 0.f) n = t + 1;
   }
   if (tid < 32 * kParts) {
     const int t = tid / 32, row = (tid % 32) / 2, chunk = tid % 2;
@@ -115,7 +118,6 @@ __device__ __forceinline__ int build_scale_diagonal(unsigned char* diag, float s
     auto w = [&](int i) { return k >= 0 && k < 8 && k / 2 == i ? word : 0u; };
     *reinterpret_cast<uint4*>(diag + t * kDiagStride + DiagTile::chunk_offset(row, chunk)) = make_uint4(w(0), w(1), w(2), w(3));
   }
-  return n;
 }
 
 }  // namespace flex
@@ -179,11 +181,10 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
 
   // Copy groups: {Q, KV 0}, then one group per K/V tile, kLookahead tiles ahead (empty groups keep the count).
   flex::load_swizzled_rows<QTile, kBlockM, kNThreads>(s_q, g_q, p.q_stride_s, m0, seqlen_q, tid);
-  int diag_parts = 0;
   if constexpr (kColGemm) {
     flex::load_staged_block<kBlockM, kNThreads>(smem + Traits::kQRegionBytes, s_col, Variant::col_gemm_rows(vp, b, h, hkv), m0, seqlen_q,
                                                 tid);
-    diag_parts = flex::build_scale_diagonal<DiagTile, Traits::kColGemmParts, Traits::kDiagStride>(
+    flex::build_scale_diagonal<DiagTile, Traits::kColGemmParts, Traits::kDiagStride>(
         smem + Traits::kQRegionBytes + ColTile::kBytes, p.scale, tid);
   }
 #pragma unroll
@@ -256,21 +257,22 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
     float acc_s[1][kNTiles][4];
     float(&s_flat)[kNTiles * 4] = reinterpret_cast<float(&)[kNTiles * 4]>(acc_s);
     flex::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kD16; ++kk)
-      flex::Wgmma<kBlockN>::template ss<Element, /*kTransA=*/0, /*kTransB=*/0>(
-          s_flat, flex::desc_k_major<QTile>(s_q, wg_row0, kk * 16), flex::desc_k_major<KVTile>(sk, 0, kk * 16), kk > 0 ? 1 : 0);
     if constexpr (kColGemm) {
-      // + C (1 / scale) I: columns 16 jj .. 16 jj + 15 of S get C's same columns, once per diagonal part.
+      // C (1 / scale) I first: columns 16 jj .. 16 jj + 15 of S get C's same columns, once per diagonal part; Q K^T
+      // then accumulates onto them. Every part is issued, zero ones too: a wgmma under a run-time condition makes
+      // ptxas serialise every wgmma of the kernel (C7520), and so did these wgmmas issued after Q K^T (C7511).
 #pragma unroll
       for (int jj = 0; jj < kBlockN / 16; ++jj)
 #pragma unroll
         for (int t = 0; t < Traits::kColGemmParts; ++t)
-          if (t < diag_parts)
             flex::Wgmma<16>::template ss<__nv_bfloat16, /*kTransA=*/0, /*kTransB=*/0>(
                 reinterpret_cast<float(&)[8]>(s_flat[8 * jj]), flex::desc_k_major<ColTile>(s_col, wg_row0, 16 * jj),
-                flex::desc_k_major<DiagTile>(s_diag + t * Traits::kDiagStride, 0, 0), 1);
+                flex::desc_k_major<DiagTile>(s_diag + t * Traits::kDiagStride, 0, 0), t > 0 ? 1 : 0);
     }
+#pragma unroll
+    for (int kk = 0; kk < kD16; ++kk)
+      flex::Wgmma<kBlockN>::template ss<Element, /*kTransA=*/0, /*kTransB=*/0>(
+          s_flat, flex::desc_k_major<QTile>(s_q, wg_row0, kk * 16), flex::desc_k_major<KVTile>(sk, 0, kk * 16), (kColGemm || kk > 0) ? 1 : 0);
     flex::wgmma_commit();
     flex::wgmma_wait<0>();  // S of this tile and P V of the previous one
     flex::fence_operands(s_flat);

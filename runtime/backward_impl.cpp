@@ -319,7 +319,7 @@ void KernelImpl::backward(const BackwardArgs& a) {
   p.kv_heads = static_cast<int>(shape.kv_heads);
   p.seqlen_q = static_cast<int>(shape.seqlen_q);
   p.seqlen_kv = static_cast<int>(shape.seqlen_kv);
-  p.scale = a.scale > 0 ? a.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape.head_dim)));
+  p.scale = a.scale > 0 ? a.scale : default_softmax_scale(static_cast<int>(shape.head_dim));
 
   // Buffer gradients: zeroed f32 outputs (atomics), or zeroed fixed-point scratch (deterministic).
   std::vector<std::pair<CUdeviceptr, const Tensor*>> fixed;  // scratch -> output, deterministic only

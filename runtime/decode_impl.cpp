@@ -371,7 +371,7 @@ void KernelImpl::decode(const DecodePlan& plan_base, const DecodeArgs& a) {
   p.num_splits = plan->num_splits_;
   p.row_blocks = static_cast<int>((group * Sq + plan->config.block_m() - 1) / plan->config.block_m());
   p.kv_evict_first = plan->evict_first ? 1 : 0;
-  p.scale = a.scale > 0 ? a.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  p.scale = a.scale > 0 ? a.scale : default_softmax_scale(static_cast<int>(D));
 
   const runtime::CudaDriver& d = require_driver();
   if (decode_state_->window) {

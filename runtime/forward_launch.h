@@ -36,9 +36,9 @@ BoundValues bind_launch(const dsl::CheckedSpec& cs, const LaunchShape& shape, co
 struct VariantChoice {
   uint64_t checked_loads = 0;
   bool int32 = true;
-  // The Hopper forward's column GEMM (ForwardKernelOptions::col_gemm): asked for when the spec has a term for it
-  // and the launch's scale allows it (KernelImpl::forward_choice).
-  bool col_gemm = false;
+  // The Hopper forward's column GEMM parts (ForwardKernelOptions::col_gemm_parts): asked for when the spec has a
+  // term for it, from the launch's scale (KernelImpl::forward_choice); 0: none.
+  int col_gemm_parts = 0;
   std::string key() const;
 };
 VariantChoice choose_variant(const RangeInfo& ranges, const dsl::CheckedSpec& cs, const BoundValues& values);

@@ -207,7 +207,7 @@ void KernelImpl::bind_buffer(const std::string& name, const Tensor& t) {
 void KernelImpl::warm_up(int device, DType dtype) {
   if (dtype != spec().dtype) throw Error("warm_up: the spec's dtype differs");
   runtime::VariantChoice c;
-  c.col_gemm = col_gemm_term_;  // what a launch with the default scale takes
+  c.col_gemm_parts = col_gemm_term_ ? col_gemm_parts_for_scale(default_softmax_scale(spec().head_dim)) : 0;  // a default-scale launch's
   variant(c, device);
 }
 
@@ -347,10 +347,7 @@ KernelImpl::VariantState& KernelImpl::variant(const runtime::VariantChoice& choi
 
 runtime::VariantChoice KernelImpl::forward_choice(const BoundValues& values, float scale) const {
   runtime::VariantChoice c = runtime::choose_variant(ranges_, ir_.checked, values);
-  // The column GEMM turns a -inf term into -inf only through an overflow, which needs 1 / scale >= 2
-  // (kernels_templates/flex_forward_sm90.cuh).
-  const double s = scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(spec().head_dim));
-  c.col_gemm = col_gemm_term_ && s <= 0.5;
+  c.col_gemm_parts = col_gemm_term_ ? col_gemm_parts_for_scale(scale > 0 ? scale : default_softmax_scale(spec().head_dim)) : 0;
   return c;
 }
 
@@ -362,7 +359,7 @@ ForwardKernelOptions KernelImpl::forward_options(const runtime::VariantChoice& c
   fo.variant.int32 = choice.int32;
   fo.variant.checked_loads = choice.checked_loads;
   fo.variant.error_flags = options_.checked;
-  fo.col_gemm = choice.col_gemm;
+  fo.col_gemm_parts = choice.col_gemm_parts;
   return fo;
 }
 
@@ -402,7 +399,7 @@ void KernelImpl::fill_forward_params(FlexForwardParams& p, const AttentionArgs& 
   p.kv_heads = static_cast<int>(s.kv_heads);
   p.seqlen_q = static_cast<int>(s.seqlen_q);
   p.seqlen_kv = static_cast<int>(s.seqlen_kv);
-  p.scale = a.scale > 0 ? a.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.head_dim)));
+  p.scale = a.scale > 0 ? a.scale : default_softmax_scale(static_cast<int>(s.head_dim));
 }
 
 void KernelImpl::allocate_mask(BlockMask& m, const runtime::LaunchShape& s, const ForwardConfig& cfg, int device) {

@@ -266,6 +266,10 @@ NvrtcOutput NvrtcCompiler::compile(const NvrtcRequest& request) const {
       log_warn("kernel {} ({}) spills {} bytes of registers to local memory; it will run slower", r.name,
                request.arch, r.spill_store_bytes);
   }
+  // ptxas C7520: one wgmma under a run-time condition makes it serialise every wgmma of the kernel (the Hopper
+  // loops then lose their GEMM overlap; the column GEMM once ran 20% slower for it).
+  if (out.log.find("wgmma.mma_async instructions are serialized") != std::string::npos)
+    log_warn("kernel {} ({}): ptxas serialises its wgmma instructions; it will run slower", request.program_name, request.arch);
   if (log_enabled(LogLevel::debug) && !out.log.empty()) log_debug("NVRTC log for {}:\n{}", request.program_name, out.log);
   return out;
 }

@@ -153,7 +153,7 @@ void KernelImpl::forward_varlen(const VarlenArgs& a) {
   p.kv_heads = static_cast<int>(Hkv);
   p.seqlen_q = a.max_seqlen_q;
   p.seqlen_kv = a.max_seqlen_kv;
-  p.scale = a.scale > 0 ? a.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  p.scale = a.scale > 0 ? a.scale : default_softmax_scale(static_cast<int>(D));
   p.cu_seqlens_q = static_cast<const int*>(a.cu_seqlens_q.data);
   p.cu_seqlens_kv = static_cast<const int*>(a.cu_seqlens_kv.data);
   void* args[] = {&p, vparams.data()};

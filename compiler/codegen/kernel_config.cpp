@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 
 #include "dsl/error.h"
 #include "dsl/spec.h"
@@ -11,7 +13,8 @@
 namespace flexjit {
 
 std::string ForwardConfig::str() const {
-  return fmt::format("d{}_m{}_n{}_w{}{}{}", head_dim, block_m, block_n, warps, hopper ? "_sm90" : "", col_gemm ? "_cg" : "");
+  return fmt::format("d{}_m{}_n{}_w{}{}{}", head_dim, block_m, block_n, warps, hopper ? "_sm90" : "",
+                     col_gemm_parts ? fmt::format("_cg{}", col_gemm_parts) : "");
 }
 
 int ForwardConfig::shared_bytes() const {
@@ -21,11 +24,19 @@ int ForwardConfig::shared_bytes() const {
   // stages of dense swizzled K and V tiles, and 1 KB to align the base.
   // With the column GEMM, the [block_m][64] bf16 column block and three 1 KB diagonal parts follow the Q region.
   const int q_region = (std::max(block_m * head_dim * 2, block_m * padded) + 1023) / 1024 * 1024;
-  const int col_gemm_bytes = col_gemm ? block_m * 64 * 2 + 3 * 1024 : 0;
+  const int col_gemm_bytes = col_gemm_parts ? block_m * 64 * 2 + col_gemm_parts * 1024 : 0;
   return q_region + col_gemm_bytes + 4 * 2 * block_n * head_dim * 2 + 1024;
 }
 
 bool is_hopper_arch(const std::string& arch) { return arch == "sm_90a"; }
+
+int col_gemm_parts_for_scale(float scale) {
+  if (!(scale > 0.f) || scale > 0.5f) return 0;
+  const float inv = 1.f / scale;  // as the kernel computes it
+  uint32_t bits = 0;
+  std::memcpy(&bits, &inv, sizeof bits);
+  return (bits & 0xffffu) == 0 ? 1 : 3;  // a bf16 is an fp32 whose low 16 bits are zero
+}
 
 ForwardConfig forward_config(int head_dim, const std::string& arch) {
   // Head dim 80 stays on the mma.sync loop: its 32-byte swizzle made the Hopper loop slower there (H100, full

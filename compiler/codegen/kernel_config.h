@@ -2,6 +2,7 @@
 // at the top of kernels_templates/flex_forward.cuh (the generated wrapper instantiates the
 // template with exactly these values, so the two cannot drift apart silently).
 #pragma once
+#include <cmath>
 #include <string>
 
 #include "dsl/builtins.h"
@@ -17,8 +18,9 @@ struct ForwardConfig {
   // mma.sync one. Same block_m x block_n, so block masks and the staging pass do not depend on it.
   bool hopper = false;
   // Hopper only: a bf16 score_mod term buf[.., q, kv % 64] is added by the S GEMM (flex_forward_sm90.cuh, the
-  // column GEMM; compiler/codegen/staged_terms.h, find_forward_col_gemm).
-  bool col_gemm = false;
+  // column GEMM; compiler/codegen/staged_terms.h, find_forward_col_gemm) in this many bf16 parts of 1 / scale
+  // (1 or 3; 0: no column GEMM).
+  int col_gemm_parts = 0;
   std::string str() const;
   // Dynamic shared memory of the forward kernel (the generated source static_asserts that it equals the
   // template's Traits::kSmemBytes).
@@ -29,6 +31,14 @@ struct ForwardConfig {
 // Throws flexjit::Error naming the supported dims for an unsupported head dim. `arch` is the NVRTC target
 // ("sm_90a", "sm_80"); empty means the portable mma.sync kernel.
 ForwardConfig forward_config(int head_dim, const std::string& arch = "");
+
+// The column GEMM's parts for a launch's softmax scale (FlexForwardTraitsSm90::kColGemmParts): 1 when 1 / scale (in
+// fp32) is a bf16 value, 3 otherwise, 0 (the per-element path) for scale > 0.5, where a -inf term would not
+// overflow back to -inf.
+int col_gemm_parts_for_scale(float scale);
+
+// The softmax scale a launch that passes none uses: 1 / sqrt(head dim), in fp32.
+inline float default_softmax_scale(int head_dim) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim))); }
 
 // True for the architectures the Hopper main loops compile for (wgmma needs exactly sm_90a).
 bool is_hopper_arch(const std::string& arch);

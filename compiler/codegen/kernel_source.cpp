@@ -29,16 +29,17 @@ std::string forward_entry(const ForwardConfig& c, const char* element, const cha
   if (c.hopper) {
     traits = fmt::format("using FlexTraits = FlexForwardTraitsSm90</*kHeadDim=*/{}, {}{}>;\n"
                          "static_assert(FlexTraits::kSmemBytes == {}, \"host and template disagree on the forward's shared memory\");\n",
-                         c.head_dim, element, c.col_gemm ? ", /*kColGemm=*/true" : "", c.shared_bytes());
+                         c.head_dim, element, c.col_gemm_parts ? fmt::format(", /*kColGemmParts=*/{}", c.col_gemm_parts) : "",
+                         c.shared_bytes());
     body = fmt::format("  flex_forward_sm90<FlexTraits, FlexVariant{}>(p, vp);\n", template_args);
   } else {
     traits = fmt::format("using FlexTraits = FlexForwardTraits</*kHeadDim=*/{}, /*kBlockM=*/{}, /*kBlockN=*/{}, /*kNWarps=*/{}, {}>;\n",
                          c.head_dim, c.block_m, c.block_n, c.warps, element);
     body = fmt::format("  flex_forward<FlexTraits, FlexVariant{}>(p, vp);\n", template_args);
   }
-  return fmt::format("{}\nextern \"C\" __global__ void __launch_bounds__(FlexTraits::kNThreads, 1)\n"
+  return fmt::format("{}\nextern \"C\" __global__ void __launch_bounds__(FlexTraits::kNThreads, {})\n"
                      "{}(const FlexForwardParams p, const FlexVariant::Params vp) {{\n{}}}\n",
-                     traits, entry, body);
+                     traits, c.hopper ? "FlexTraits::kMinBlocksPerSM" : "1", entry, body);
 }
 
 // A forward module: the variant, the kernel entry and, for the dense kernel of a masked spec, the block-mask
@@ -53,9 +54,9 @@ KernelSource forward_module(const SpecIR& ir, const RangeInfo& ranges, const For
   // S chain more than the adds they replace (H100, SAM forward: D64 2.02 -> 1.62 ms, D32 1.75 -> 1.62, but D96
   // 1.55 -> 2.14 and D128 1.74 -> 2.30; docs/KERNEL_NOTES.md).
   ForwardColGemm col_gemm;
-  if (options.col_gemm && ks.config.hopper && ks.config.head_dim <= 64 && !varlen && ks.config.block_n == kStagedTermTile)
+  if (options.col_gemm_parts && ks.config.hopper && ks.config.head_dim <= 64 && !varlen && ks.config.block_n == kStagedTermTile)
     col_gemm = find_forward_col_gemm(ir, ranges, vo);
-  ks.config.col_gemm = col_gemm.term.has_value();
+  ks.config.col_gemm_parts = col_gemm.term ? options.col_gemm_parts : 0;
   if (col_gemm.term) {
     SpecIR rest = ir;
     rest.score_mod = col_gemm.score_mod;
@@ -125,7 +126,7 @@ std::vector<KernelSource> kernels_for_launch(const SpecIR& ir, dsl::DType dtype,
   fo.dtype = dtype;
   fo.head_dim = head_dim;
   fo.arch = arch;
-  fo.col_gemm = true;  // the default scale, 1 / sqrt(D), is at most 0.5
+  fo.col_gemm_parts = col_gemm_parts_for_scale(default_softmax_scale(head_dim));  // what a launch with the default scale takes
   std::vector<ir::Expr> roots;
   if (ir.score_mod) roots.push_back(ir.score_mod);
   if (ir.mask_mod) roots.push_back(ir.mask_mod);

@@ -32,9 +32,9 @@ struct ForwardKernelOptions {
   // head dims up to 128; anything else, or empty, the portable mma.sync one.
   std::string arch;
   VariantOptions variant;
-  // Ask for the Hopper loop's column GEMM (ForwardConfig::col_gemm) where the spec has a term for it. Only for
-  // launches with scale <= 0.5 (kernels_templates/flex_forward_sm90.cuh says why).
-  bool col_gemm = false;
+  // Ask for the Hopper loop's column GEMM in this many parts (ForwardConfig::col_gemm_parts, from
+  // col_gemm_parts_for_scale of the launch's scale) where the spec has a term for it; 0: never.
+  int col_gemm_parts = 0;
 };
 
 // The forward kernel for a spec: FlexForwardTraits<config> with the spec's variant.

@@ -228,7 +228,9 @@ TEST_CASE("SAM's rel_w added by the S GEMM: scales, -inf entries, strided rows, 
   CaseOptions base;
   base.Sq = 200;  // a partial last query tile and KV tile
   base.Skv = 300;
-  for (double scale : {0.0, 0.125, 0.1, 0.02, 0.5, 0.7, 2.0}) {  // 1 / scale: one bf16 part, three parts; past 0.5 not used
+  // 1 / scale (fp32) in one bf16 part (default 1/8 at D64, 0.125, 0.1, 0.02, 0.5: 8, 8, 10, 50, 2) or in three (0.3);
+  // past 0.5 the per-element path.
+  for (double scale : {0.0, 0.125, 0.1, 0.3, 0.02, 0.5, 0.7, 2.0}) {
     INFO("scale " << scale);
     CaseOptions c = base;
     c.scale = scale;
@@ -267,6 +269,27 @@ TEST_CASE("SAM's rel_w added by the S GEMM: scales, -inf entries, strided rows, 
     expect_close(run_case(inline_spec("col_only", std::string("score + r[h, q, kv % 64]"), std::string("kv <= q + 40"), 64,
                                       {"r: bf16[H, Sq, 64]"}),
                           base));
+  }
+  SECTION("rel_h alone (a value per row and KV tile): -inf blocks in it, a mask, a row constant") {
+    const dsl::Spec relh = inline_spec("relh_only", std::string("score + rel_h[b, h, q, kv // 64]"), std::nullopt, 64, {"rel_h: bf16[B, H, Sq, 64]"});
+    for (int d : {64, 128}) {
+      INFO("head dim " << d);
+      dsl::Spec s = relh;
+      s.head_dim = d;
+      CaseOptions c = base;
+      c.edit_buffer = [](const std::string&, NpyArray& h) {
+        uint16_t* x = h.as<uint16_t>();
+        for (int64_t i = 0; i < h.numel(); i += 5) x[i] = 0xff80;  // whole (row, 64-column tile) blocks masked
+        for (int64_t i = 7 * 64; i < 8 * 64; ++i) x[i] = 0xff80;   // (b 0, h 0, q 7): every tile masked
+      };
+      expect_close(run_case(s, c));
+      c.scale = 0.3;
+      expect_close(run_case(s, c));
+    }
+    expect_close(run_case(inline_spec("relh_masked", std::string("score + rel_h[b, h, q, kv // 64]"), std::string("kv <= q + 40"), 64,
+                                      {"rel_h: bf16[B, H, Sq, 64]"}),
+                          base));
+    expect_close(run_case(inline_spec("row_bias", std::string("score + 0.25 * float(h)"), std::string("q >= kv"), 64), base));
   }
 }
 

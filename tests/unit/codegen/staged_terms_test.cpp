@@ -186,28 +186,43 @@ TEST_CASE("forward column GEMM: the Hopper dense kernel carries it, others do no
   ForwardKernelOptions fo;
   fo.head_dim = 64;
   fo.arch = "sm_90a";
-  fo.col_gemm = true;
+  fo.col_gemm_parts = 1;
   KernelSource ks = forward_kernel_source(b.ir, ranges, fo);
-  CHECK(ks.config.col_gemm);
-  CHECK(ks.key_text.find("_cg") != std::string::npos);
+  CHECK(ks.config.col_gemm_parts == 1);
+  CHECK(ks.key_text.find("_cg1") != std::string::npos);
   CHECK(ks.source.find("static constexpr bool kColGemm = true;") != std::string::npos);
-  CHECK(ks.source.find("FlexForwardTraitsSm90</*kHeadDim=*/64, __nv_bfloat16, /*kColGemm=*/true>") != std::string::npos);
+  CHECK(ks.source.find("FlexForwardTraitsSm90</*kHeadDim=*/64, __nv_bfloat16, /*kColGemmParts=*/1>") != std::string::npos);
+  CHECK(ks.source.find("__launch_bounds__(FlexTraits::kNThreads, FlexTraits::kMinBlocksPerSM)") != std::string::npos);
   CHECK(ks.source.find("struct Col {};") != std::string::npos);  // rel_w no longer held per column
   ForwardKernelOptions plain = fo;
-  plain.col_gemm = false;  // a launch with scale > 0.5
+  plain.col_gemm_parts = 0;  // a launch with scale > 0.5
   KernelSource ps = forward_kernel_source(b.ir, ranges, plain);
-  CHECK(!ps.config.col_gemm);
+  CHECK(ps.config.col_gemm_parts == 0);
   CHECK(ps.source.find("kColGemm") == std::string::npos);
-  // The column block and three 1 KB diagonal parts are in the host's shared-memory mirror.
-  CHECK(ks.config.shared_bytes() == ps.config.shared_bytes() + 128 * 64 * 2 + 3 * 1024);
+  // The column block and a 1 KB diagonal per part are in the host's shared-memory mirror.
+  CHECK(ks.config.shared_bytes() == ps.config.shared_bytes() + 128 * 64 * 2 + 1024);
+  ForwardKernelOptions three = fo;
+  three.col_gemm_parts = 3;
+  CHECK(forward_kernel_source(b.ir, ranges, three).config.shared_bytes() == ps.config.shared_bytes() + 128 * 64 * 2 + 3 * 1024);
   ForwardKernelOptions a80 = fo;
   a80.arch = "sm_80";
-  CHECK(!forward_kernel_source(b.ir, ranges, a80).config.col_gemm);
-  CHECK(!forward_varlen_kernel_source(b.ir, ranges, fo).config.col_gemm);
+  CHECK(forward_kernel_source(b.ir, ranges, a80).config.col_gemm_parts == 0);
+  CHECK(forward_varlen_kernel_source(b.ir, ranges, fo).config.col_gemm_parts == 0);
   ForwardKernelOptions d128 = fo;  // one CTA per SM either way: the per-element adds are faster there
   d128.head_dim = 128;
-  CHECK(!forward_kernel_source(b.ir, ranges, d128).config.col_gemm);
+  CHECK(forward_kernel_source(b.ir, ranges, d128).config.col_gemm_parts == 0);
   ForwardKernelOptions d32 = fo;
   d32.head_dim = 32;
-  CHECK(forward_kernel_source(b.ir, ranges, d32).config.col_gemm);
+  CHECK(forward_kernel_source(b.ir, ranges, d32).config.col_gemm_parts == 1);
+}
+
+TEST_CASE("forward column GEMM: parts of 1 / scale per launch scale", "[codegen]") {
+  CHECK(col_gemm_parts_for_scale(0.125f) == 1);  // 8: a bf16 value (head dim 64's default)
+  CHECK(col_gemm_parts_for_scale(0.5f) == 1);
+  CHECK(col_gemm_parts_for_scale(default_softmax_scale(64)) == 1);
+  CHECK(col_gemm_parts_for_scale(default_softmax_scale(32)) == 3);  // 1 / 0.17677.. = 5.6568..: three parts
+  CHECK(col_gemm_parts_for_scale(0.1f) == 1);   // 1 / 0.1f rounds to 10 in fp32
+  CHECK(col_gemm_parts_for_scale(0.3f) == 3);
+  CHECK(col_gemm_parts_for_scale(0.7f) == 0);  // -inf would not overflow back to -inf
+  CHECK(col_gemm_parts_for_scale(0.f) == 0);
 }

@@ -208,7 +208,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     flex::load_swizzled_rows<TileQ, kBlockM, kNThreads>(s_do0 + stage * TileQ::kBytes, g_do, p.do_stride_s, m0, seqlen_q, tid);
     if constexpr (Staged::kCol) {
       const int off = S::kOffStCol + stage * flex_bwd_staged::kColBytes;
-      flex_bwd_staged::load_col<kNThreads>(smem + off, s_base + off, Variant::staged_col(vp, b, h, hkv), m0, seqlen_q, tid);
+      flex::load_staged_block<kBlockM, kNThreads>(smem + off, s_base + off, Variant::staged_col(vp, b, h, hkv), m0, seqlen_q, tid);
     }
     if constexpr (Staged::kTile) {
       if (tid >= kBlockM && tid < 2 * kBlockM) {

@@ -3,8 +3,8 @@
 //
 // A warpgroup of flex_backward_main_sm90 owns 64 KV rows starting at a multiple of 64, so for its rows kv % 64
 // is the row inside the warpgroup and kv // 64 is one value J. Per query tile (64 rows from m0):
-//   Col:  the block buf[m0 .. m0 + 63][0 .. 63] is copied next to Q and dO (cp.async, 16-byte chunks XOR-swizzled
-//         by row so the reads are conflict-free) and read transposed by ldmatrix.trans straight into the
+//   Col:  the block buf[m0 .. m0 + 63][0 .. 63] is copied next to Q and dO (flex::load_staged_block: cp.async,
+//         16-byte chunks XOR-swizzled by row so the reads are conflict-free) and read transposed by ldmatrix.trans into the
 //         S^T accumulator layout: thread (g, t4) of warp w gets rows 16 (w % 4) + g (+ 8) and query columns
 //         (2 t4, 2 t4 + 1) of each n8 block, packed in one register.
 //   Tile: buf[m0 + i][n0 / 64 + {0, 1}] for the CTA's two warpgroups (two 2-byte values per query row).
@@ -38,9 +38,6 @@ struct Flags<void> {
   static constexpr bool kCol = false, kTile = false, kGrad = false, kAny = false;
 };
 
-// Byte offset of 16-byte chunk `chunk` of query row q in a Col tile (flex::staged_block_offset).
-__device__ __forceinline__ unsigned col_offset(int q, int chunk) { return flex::staged_block_offset(q, chunk); }
-
 template <class E>
 __device__ __forceinline__ float to_float(unsigned short x);
 template <>
@@ -58,14 +55,6 @@ __device__ __forceinline__ float unpack<__nv_bfloat16>(unsigned pair, int hi) {
   return __uint_as_float(hi ? pair & 0xffff0000u : pair << 16);
 }
 
-__device__ __forceinline__ unsigned short raw_at(const void* base, long long off) { return flex::staged_raw_at(base, off); }
-
-// One query tile's Col block into `dst` (rows past Sq zero).
-template <int kNThreads>
-__device__ __forceinline__ void load_col(unsigned char* smem_dst, unsigned dst, const StagedRows& r, int m0, int seqlen_q, int tid) {
-  flex::load_staged_block<kRows, kNThreads>(smem_dst, dst, r, m0, seqlen_q, tid);
-}
-
 // One query tile's Tile values buf[m0 + i][j0], buf[m0 + i][j0 + 1] into `dst` (4 bytes per row), by thread i of
 // 64. A block past Skv (the second warpgroup of the last CTA) reads 0, not past the buffer's last dim.
 __device__ __forceinline__ void load_tile(unsigned char* smem_dst, unsigned dst, const StagedRows& r, int m0, int seqlen_q, int j0,
@@ -78,8 +67,8 @@ __device__ __forceinline__ void load_tile(unsigned char* smem_dst, unsigned dst,
   if (fast) {
     flex_bwd::cp_async_4(dst + 4 * i, v0 ? static_cast<const unsigned short*>(r.base) + off : r.base, v0);
   } else {
-    const unsigned lo = v0 ? raw_at(r.base, off) : 0u;
-    const unsigned hi = v1 ? raw_at(r.base, off + r.col_stride) : 0u;
+    const unsigned lo = v0 ? flex::staged_raw_at(r.base, off) : 0u;
+    const unsigned hi = v1 ? flex::staged_raw_at(r.base, off + r.col_stride) : 0u;
     *reinterpret_cast<unsigned*>(smem_dst + 4 * i) = lo | (hi << 16);
   }
 }
@@ -92,7 +81,7 @@ __device__ __forceinline__ void read_col(unsigned (&col)[kRows / 8][2], unsigned
   for (int k = 0; k < kRows / 16; ++k) {
     const int q = (2 * k + m / 2) * 8 + rr;
     unsigned x[4];
-    flex::ldmatrix_x4_trans(x, src + col_offset(q, 2 * (warp % 4) + m % 2));
+    flex::ldmatrix_x4_trans(x, src + flex::staged_block_offset(q, 2 * (warp % 4) + m % 2));
     col[2 * k][0] = x[0];
     col[2 * k][1] = x[1];
     col[2 * k + 1][0] = x[2];

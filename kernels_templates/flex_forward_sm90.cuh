@@ -261,15 +261,15 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
     flex::wgmma_fence();
     if constexpr (kColGemm) {
       // C (1 / scale) I first: columns 16 jj .. 16 jj + 15 of S get C's same columns, once per diagonal part; Q K^T
-      // then accumulates onto them. Every part is issued, zero ones too: a wgmma under a run-time condition makes
-      // ptxas serialise every wgmma of the kernel (C7520), and so did these wgmmas issued after Q K^T (C7511).
+      // then accumulates onto them. ptxas serialises every wgmma of the kernel when one sits under a run-time
+      // condition (C7520: hence the compile-time part count) or when these follow Q K^T (C7511).
 #pragma unroll
       for (int jj = 0; jj < kBlockN / 16; ++jj)
 #pragma unroll
         for (int t = 0; t < Traits::kColGemmParts; ++t)
-            flex::Wgmma<16>::template ss<__nv_bfloat16, /*kTransA=*/0, /*kTransB=*/0>(
-                reinterpret_cast<float(&)[8]>(s_flat[8 * jj]), flex::desc_k_major<ColTile>(s_col, wg_row0, 16 * jj),
-                flex::desc_k_major<DiagTile>(s_diag + t * Traits::kDiagStride, 0, 0), t > 0 ? 1 : 0);
+          flex::Wgmma<16>::template ss<__nv_bfloat16, /*kTransA=*/0, /*kTransB=*/0>(
+              reinterpret_cast<float(&)[8]>(s_flat[8 * jj]), flex::desc_k_major<ColTile>(s_col, wg_row0, 16 * jj),
+              flex::desc_k_major<DiagTile>(s_diag + t * Traits::kDiagStride, 0, 0), t > 0 ? 1 : 0);
     }
 #pragma unroll
     for (int kk = 0; kk < kD16; ++kk)

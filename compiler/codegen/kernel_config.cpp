@@ -22,7 +22,7 @@ int ForwardConfig::shared_bytes() const {
   if (!hopper) return (block_m + 4 * block_n) * padded;  // Q tile + two stages of K and V
   // FlexForwardTraitsSm90: a Q region (the swizzled Q tile or the padded O staging tile, 1 KB aligned), four
   // stages of dense swizzled K and V tiles, and 1 KB to align the base.
-  // With the column GEMM, the [block_m][64] bf16 column block and three 1 KB diagonal parts follow the Q region.
+  // With the column GEMM, the [block_m][64] bf16 column block and one 1 KB diagonal per part follow the Q region.
   const int q_region = (std::max(block_m * head_dim * 2, block_m * padded) + 1023) / 1024 * 1024;
   const int col_gemm_bytes = col_gemm_parts ? block_m * 64 * 2 + col_gemm_parts * 1024 : 0;
   return q_region + col_gemm_bytes + 4 * 2 * block_n * head_dim * 2 + 1024;

@@ -529,15 +529,17 @@ struct BoolTag {
 template <int kBlockM, int kBlockN, int kNThreads, int kMaxSched>
 struct ColumnSchedule {
   const FlexBackwardParams& p;
-  int b, hkv, group, num_m, n0, total;
+  int b, hkv, group, num_m, n0, kv_hi, total;  // KV rows n0 .. kv_hi
   float inv_num_m;       // 1 / num_m, rounded: split()'s quotient
   unsigned char* cache;  // kMaxSched bytes of shared memory
   bool cached;
 
-  // Every thread of the CTA constructs it (the cache fill synchronises).
-  __device__ __forceinline__ ColumnSchedule(const FlexBackwardParams& params, int b_, int hkv_, int n0_, unsigned char* cache_, int tid)
+  // Every thread of the CTA constructs it (the cache fill synchronises). kv_hi_: the last KV row of the range
+  // the CTA's rows lie in (default n0 + kBlockN - 1; spread rows span 512).
+  __device__ __forceinline__ ColumnSchedule(const FlexBackwardParams& params, int b_, int hkv_, int n0_, unsigned char* cache_, int tid,
+                                            int kv_hi_ = -1)
       : p(params), b(b_), hkv(hkv_), group(params.heads / params.kv_heads), num_m((params.seqlen_q + kBlockM - 1) / kBlockM), n0(n0_),
-        cache(cache_) {
+        kv_hi(kv_hi_ >= 0 ? kv_hi_ : n0_ + kBlockN - 1), cache(cache_) {
     total = group * num_m;
     inv_num_m = 1.f / (float)num_m;
     cached = total <= kMaxSched;
@@ -552,7 +554,7 @@ struct ColumnSchedule {
     const unsigned char* st = p.tile_state + b * p.ts_stride_b + h * p.ts_stride_h;
     const int mf = (m * kBlockM) / p.ts_q_tile;
     const int f0 = n0 / p.ts_kv_tile;
-    const int f1 = min((n0 + kBlockN - 1) / p.ts_kv_tile, p.ts_nkv - 1);
+    const int f1 = min(kv_hi / p.ts_kv_tile, p.ts_nkv - 1);
     bool any_full = false, any_skip = false, any_partial = false;
     for (int f = f0; f <= f1; ++f) {
       const int c = st[(long long)mf * p.ts_nkv + f];

@@ -48,9 +48,9 @@ struct Smem {
   static constexpr int kOffPlanes = kOffRed + Traits::kNWarps * kBlockM * 8;
   static constexpr int kOffSched = kOffPlanes + Traits::kNWarps * 4 * (kBlockM + 16) * 4;  // tile classes of the CTA's column
   static constexpr int kOffStCol = kOffSched + Traits::kMaxSched;                               // [stages] Col tiles
-  static constexpr int kOffStGrad = kOffStCol + (Staged::kCol ? kStages * flex_bwd_staged::kColBytes : 0);  // dS^T planes
-  static constexpr int kOffStTile = kOffStGrad + (Staged::kGrad ? flex_bwd_staged::kGradBytes : 0);       // [stages] Tile values
-  static constexpr int kBytes = kOffStTile + (Staged::kTile ? kStages * flex_bwd_staged::kTileBytes : 0);
+  static constexpr int kOffStGrad = kOffStCol + (Staged::kCol ? kStages * flex_bwd_staged::kColBytes : 0);  // dS^T planes / slabs
+  static constexpr int kOffStTile = kOffStGrad + (Staged::kGrad ? Staged::kGradRegionBytes : 0);          // [stages] Tile values
+  static constexpr int kBytes = kOffStTile + (Staged::kTile ? kStages * Staged::kTileStageBytes : 0);
   // What the launch must give: 1 KB of slack, so the tiles can start on a 1024-byte boundary (the swizzle
   // XOR acts on absolute address bits) whatever the base of dynamic shared memory.
   static constexpr int kAllocBytes = kBytes + 1024;
@@ -153,6 +153,8 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   constexpr bool kSplitScatter = kDq && kNumScatters == 1 && TileScatter0::kReduced;
   // Staged terms reduce their gradients behind the dQ barrier: only modules with the KV-major dQ stage them.
   static_assert(kDq || !Staged::kAny, "flex_backward_main_sm90: staged terms need kDq");
+  // The scatter code assumes contiguous KV rows: spread rows only when every scatter is a staged term's.
+  static_assert(!Staged::kSpread || flex_bwd_staged::all_scatters_staged<Variant>(), "flex_backward_main_sm90: spread rows with other scatters");
 
   extern __shared__ __align__(1024) unsigned char flex_smem_sm90[];
   const unsigned raw_base = flex::smem_addr(flex_smem_sm90);
@@ -178,10 +180,16 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   const int pair = pair_group * kHeadGroup + in_group % group_pairs;
   const int n_block = in_group / group_pairs;
   const int hkv = pair % gridDim.y, b = pair / gridDim.y;
-  const int n0 = n_block * kBlockN;
+  // The CTA's KV rows: local row lr is KV row n0 + lr, or with spread rows (flex_backward_staged.cuh) n0 +
+  // 64 (lr / 16) + lr % 16 from n0 = 512 (n / 4) + 16 (n % 4), warp w's 16 rows in kv // 64 block 8 (n / 4) + w.
+  constexpr bool kSpread = Staged::kSpread;
+  const int spread_j0 = 8 * (n_block / flex_bwd_staged::kSpreadCtas);               // spread rows: the CTA's first J
+  const int spread_col0 = 16 * (n_block % flex_bwd_staged::kSpreadCtas);            // and its kv % 64 columns
+  const int n0 = kSpread ? 64 * spread_j0 + spread_col0 : n_block * kBlockN;
+  auto kv_of = [&](int lr) { return kSpread ? n0 + 64 * (lr / 16) + lr % 16 : n0 + lr; };
   const int seqlen_q = p.seqlen_q, seqlen_kv = p.seqlen_kv;
   const int group = p.heads / p.kv_heads;
-  const bool kv_tail = n0 + kBlockN > seqlen_kv;
+  const bool kv_tail = kv_of(kBlockN - 1) >= seqlen_kv;
 
   const unsigned s_k0 = s_base + S::kOffK, s_v0 = s_base + S::kOffV;
   const unsigned s_q0 = s_base + S::kOffQ, s_do0 = s_base + S::kOffDO;
@@ -194,7 +202,10 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   const Element* g_k = static_cast<const Element*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
   const Element* g_v = static_cast<const Element*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
 
-  const flex_bwd::ColumnSchedule<kBlockM, kBlockN, kNThreads, Traits::kMaxSched> sched(p, b, hkv, n0, smem + S::kOffSched, tid);
+  // The schedule merges the block mask over the KV range the rows span (512 rows when spread).
+  const int range0 = kSpread ? 64 * spread_j0 : n0;
+  const flex_bwd::ColumnSchedule<kBlockM, kBlockN, kNThreads, Traits::kMaxSched> sched(
+      p, b, hkv, range0, smem + S::kOffSched, tid, range0 + (kSpread ? flex_bwd_staged::kSpreadRange : kBlockN) - 1);
   const int total = sched.total;
   auto class_at = [&](int pos) -> int { return sched.class_at(pos); };
   auto next_pos = [&](int pos) -> int { return sched.next_pos(pos); };
@@ -208,12 +219,22 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     flex::load_swizzled_rows<TileQ, kBlockM, kNThreads>(s_do0 + stage * TileQ::kBytes, g_do, p.do_stride_s, m0, seqlen_q, tid);
     if constexpr (Staged::kCol) {
       const int off = S::kOffStCol + stage * flex_bwd_staged::kColBytes;
-      flex::load_staged_block<kBlockM, kNThreads>(smem + off, s_base + off, Variant::staged_col(vp, b, h, hkv), m0, seqlen_q, tid);
+      // Spread rows read only their 16 columns (2 of the 8 chunks).
+      if constexpr (kSpread)
+        flex::load_staged_block<kBlockM, kNThreads, 2>(smem + off, s_base + off, Variant::staged_col(vp, b, h, hkv), m0, seqlen_q, tid,
+                                                       spread_col0 / 8);
+      else
+        flex::load_staged_block<kBlockM, kNThreads>(smem + off, s_base + off, Variant::staged_col(vp, b, h, hkv), m0, seqlen_q, tid);
     }
     if constexpr (Staged::kTile) {
       if (tid >= kBlockM && tid < 2 * kBlockM) {
-        const int off = S::kOffStTile + stage * flex_bwd_staged::kTileBytes;
-        flex_bwd_staged::load_tile(smem + off, s_base + off, Variant::staged_tile(vp, b, h, hkv), m0, seqlen_q, n0 / 64, seqlen_kv, tid - kBlockM);
+        const int off = S::kOffStTile + stage * Staged::kTileStageBytes;
+        if constexpr (kSpread)
+          flex_bwd_staged::load_tile8(smem + off, s_base + off, Variant::staged_tile(vp, b, h, hkv), m0, seqlen_q, spread_j0, seqlen_kv,
+                                      tid - kBlockM);
+        else
+          flex_bwd_staged::load_tile(smem + off, s_base + off, Variant::staged_tile(vp, b, h, hkv), m0, seqlen_q, n0 / 64, seqlen_kv,
+                                     tid - kBlockM);
       }
     }
     if (tid < kBlockM) {
@@ -230,8 +251,13 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   int head_in_group, m_block;  // of pos
   sched.split(pos, head_in_group, m_block);
   // K and V once, with the first Q / dO tile.
-  flex::load_swizzled_rows<TileKV, kBlockN, kNThreads>(s_k0, g_k, p.k_stride_s, n0, seqlen_kv, tid);
-  flex::load_swizzled_rows<TileKV, kBlockN, kNThreads>(s_v0, g_v, p.v_stride_s, n0, seqlen_kv, tid);
+  if constexpr (kSpread) {
+    flex::load_swizzled_row_groups<TileKV, kBlockN, kNThreads, 16>(s_k0, g_k, p.k_stride_s, n0, 64, seqlen_kv, tid);
+    flex::load_swizzled_row_groups<TileKV, kBlockN, kNThreads, 16>(s_v0, g_v, p.v_stride_s, n0, 64, seqlen_kv, tid);
+  } else {
+    flex::load_swizzled_rows<TileKV, kBlockN, kNThreads>(s_k0, g_k, p.k_stride_s, n0, seqlen_kv, tid);
+    flex::load_swizzled_rows<TileKV, kBlockN, kNThreads>(s_v0, g_v, p.v_stride_s, n0, seqlen_kv, tid);
+  }
   if (pos < total) load_q_tile(head_in_group, m_block, 0);
   flex::cp_async_commit();
 
@@ -267,7 +293,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     flex::cp_async_commit();
     const int ln = (int)flex_bwd_sm90::opaque(lane);
     const int g = ln / 4, t4 = ln % 4;
-    const int kv_r0 = n0 + warp * 16 + g;  // the thread's KV rows: kv_r0, kv_r0 + 8
+    const int kv_r0 = kv_of(warp * 16 + g);  // the thread's KV rows: kv_r0, kv_r0 + 8
     const unsigned s_k = flex_bwd_sm90::opaque(s_k0), s_v = flex_bwd_sm90::opaque(s_v0);
     const unsigned s_ds = flex_bwd_sm90::opaque(s_base + S::kOffDS);
     const unsigned sq = flex_bwd_sm90::opaque(s_q0) + stage * TileQ::kBytes;
@@ -301,15 +327,19 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     unsigned pa[kBlockM / 16][4];
     // Staged terms of this query tile (flex_backward_staged.cuh): Col values per element, Tile per query column.
     unsigned st_col[kMT][2];
-    if constexpr (Staged::kCol) flex_bwd_staged::read_col(st_col, s_base + S::kOffStCol + stage * flex_bwd_staged::kColBytes, warp, ln);
-    const unsigned char* st_tile = smem + S::kOffStTile + stage * flex_bwd_staged::kTileBytes;
+    if constexpr (Staged::kCol)
+      flex_bwd_staged::read_col(st_col, s_base + S::kOffStCol + stage * flex_bwd_staged::kColBytes, kSpread ? spread_col0 / 8 : 2 * (warp % 4), ln);
+    const unsigned char* st_tile = smem + S::kOffStTile + stage * Staged::kTileStageBytes;
     auto p_tile = [&](auto checked) {
       constexpr bool kChecked = decltype(checked)::value;
 #pragma unroll
       for (int nt = 0; nt < kMT; ++nt) {
         const float2 lse2 = *reinterpret_cast<const float2*>(lse_st + nt * 8 + 2 * t4);
         float st_add[2] = {0.f, 0.f};  // the Tile term per query column
-        if constexpr (Staged::kTile) {
+        if constexpr (Staged::kTile && kSpread) {
+          st_add[0] = flex_bwd_staged::read_tile8<typename Variant::StagedTileElement>(st_tile, nt * 8 + 2 * t4, warp);
+          st_add[1] = flex_bwd_staged::read_tile8<typename Variant::StagedTileElement>(st_tile, nt * 8 + 2 * t4 + 1, warp);
+        } else if constexpr (Staged::kTile) {
           st_add[0] = flex_bwd_staged::read_tile<typename Variant::StagedTileElement>(st_tile, nt * 8 + 2 * t4, wg);
           st_add[1] = flex_bwd_staged::read_tile<typename Variant::StagedTileElement>(st_tile, nt * 8 + 2 * t4 + 1, wg);
         }
@@ -388,7 +418,8 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     else ds_tile(flex_bwd::BoolTag<false>{});
 
     // Scatters (buffer gradients) from dS, then dS_pre = dS * d_score; the staged terms' dS^T into their planes.
-    if constexpr (Staged::kGrad) flex_bwd_staged::write_plane(sh_st_grad, acc_dp, wg, warp, ln);
+    if constexpr (Staged::kGrad && kSpread) flex_bwd_staged::write_slab(sh_st_grad, acc_dp, warp, ln);
+    else if constexpr (Staged::kGrad) flex_bwd_staged::write_plane(sh_st_grad, acc_dp, wg, warp, ln);
     TileScatter0 split_scatter;
     if constexpr (kSplitScatter) {
       if (check_elements) split_scatter.template thread_sum<true>(vp, acc_dp, score_v, b, h, hkv, m0, kv_r0, t4, true);
@@ -447,7 +478,10 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
       const int q_row0 = m0 + (warp % 4) * 16 + g;
       auto while_dq = [&] {
         if constexpr (kSplitScatter) TileScatter0::cta_sum(p, vp, sh_red, b, h, hkv, m0, n0, tid);
-        if constexpr (Staged::kGrad) flex_bwd_staged::flush_grads<Variant, kDeterministic>(p, vp, sh_st_grad, b, h, hkv, m0, n0, tid);
+        if constexpr (Staged::kGrad && kSpread)
+          flex_bwd_staged::flush_spread<Variant, kDeterministic>(p, vp, sh_st_grad, b, h, hkv, m0, spread_j0, spread_col0, tid);
+        else if constexpr (Staged::kGrad)
+          flex_bwd_staged::flush_grads<Variant, kDeterministic>(p, vp, sh_st_grad, b, h, hkv, m0, n0, tid);
       };
       if constexpr (S::kDqN0 == S::kDqN1) {
         flex_bwd_sm90::dq_block<S::kDqN0, S, Element, kDeterministic>(p, s_ds, s_k, wg * S::kDqN0, row_base, q_row0, t4, while_dq);
@@ -475,7 +509,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
 
   // dK = scale * acc_dk, dV = acc_dv: registers -> global (rows past Skv dropped).
   const int g = lane / 4, t4 = lane % 4;
-  const int kv_r0 = n0 + warp * 16 + g;
+  const int kv_r0 = kv_of(warp * 16 + g);
   Element* g_dk = static_cast<Element*>(p.dk) + b * p.dk_stride_b + hkv * p.dk_stride_h;
   Element* g_dv = static_cast<Element*>(p.dv) + b * p.dv_stride_b + hkv * p.dv_stride_h;
 #pragma unroll

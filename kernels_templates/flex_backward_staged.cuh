@@ -9,8 +9,15 @@
 //         (2 t4, 2 t4 + 1) of each n8 block, packed in one register.
 //   Tile: buf[m0 + i][n0 / 64 + {0, 1}] for the CTA's two warpgroups (two 2-byte values per query row).
 // Gradients: every warpgroup writes its dS^T (fp32) into a [64 q][68] plane; after the CTA barrier before dQ,
-// each thread sums 16 consecutive columns of one query row over both planes (Col: one vector atomic per 4
-// columns) and over each plane (Tile: the warpgroup's J, one atomic per row, no other CTA writes that element).
+// each thread sums 16 columns of one query row (four runs of 4, 16 apart) over both planes (Col: one vector
+// atomic per run) and over each plane (Tile: the warpgroups' two J, one 8-byte atomic per row; no other CTA
+// writes those elements).
+//
+// Spread rows (Variant::kStagedSpread: a Col term with a gradient, and no scatter but the staged ones): CTA n of a
+// head owns the KV rows 512 (n / 4) + 64 w + 16 (n % 4) + r instead (warp w = 0..7, r = 0..15), i.e. eight
+// kv // 64 blocks of one 16-column slice of kv % 64. Its Col gradient is then summed over its eight warps before
+// the atomics (16 columns per query row instead of 64: a quarter of the L2 reduction traffic), and its Tile
+// gradient covers eight adjacent J (one 32-byte sector per query row).
 #pragma once
 #include "flex_backward.cuh"
 
@@ -25,6 +32,14 @@ constexpr int kPlaneStride = 68;                // floats per query row of a dS^
                                                 // stores (rows 2 t4 + e, columns g) hit 32 distinct banks
 constexpr int kGradBytes = 2 * kRows * kPlaneStride * 4;
 
+// Spread rows: CTAs per 512-row KV range (one per 16-column slice of kv % 64), the Tile values per query row,
+// and the per-warp dS^T slabs [8 warps][64 q][kSlabStride] the gradients are summed through.
+constexpr int kSpreadCtas = 4;
+constexpr int kSpreadRange = 512;
+constexpr int kSpreadTileBytes = kRows * 8 * 2;
+constexpr int kSlabStride = 20;  // floats per query row: the accumulator-layout stores (rows 2 t4 + e, columns g) hit 32 banks
+constexpr int kSpreadGradBytes = 8 * kRows * kSlabStride * 4;
+
 // What a variant stages (Variant = void: nothing, for layouts computed without a variant).
 template <class Variant>
 struct Flags {
@@ -32,11 +47,24 @@ struct Flags {
   static constexpr bool kTile = Variant::kStagedTile;
   static constexpr bool kGrad = Variant::kStagedColScatter >= 0 || Variant::kStagedTileScatter >= 0;
   static constexpr bool kAny = kCol || kTile;
+  static constexpr bool kSpread = Variant::kStagedSpread;
+  static_assert(!kSpread || (kCol && Variant::kStagedColScatter >= 0), "flex_bwd_staged: spread rows need a Col term with a gradient");
+  static constexpr int kTileStageBytes = kSpread ? kSpreadTileBytes : kTileBytes;
+  static constexpr int kGradRegionBytes = kSpread ? kSpreadGradBytes : kGradBytes;
 };
 template <>
 struct Flags<void> {
-  static constexpr bool kCol = false, kTile = false, kGrad = false, kAny = false;
+  static constexpr bool kCol = false, kTile = false, kGrad = false, kAny = false, kSpread = false;
+  static constexpr int kTileStageBytes = kTileBytes, kGradRegionBytes = kGradBytes;
 };
+
+// Whether every scatter of the variant is a staged term's (kScatterStaged), the condition for spread rows.
+template <class Variant>
+__host__ __device__ constexpr bool all_scatters_staged() {
+  for (int i = 0; i < Variant::kNumScatters; ++i)
+    if (Variant::kScatterClass[i] != flex_bwd::kScatterStaged) return false;
+  return true;
+}
 
 template <class E>
 __device__ __forceinline__ float to_float(unsigned short x);
@@ -73,15 +101,40 @@ __device__ __forceinline__ void load_tile(unsigned char* smem_dst, unsigned dst,
   }
 }
 
-// The thread's Col values of the tile: col[nt][half] packs rows 16 (warp % 4) + 8 half + g, query columns
-// nt * 8 + 2 t4 (low) and + 1 (high). Four ldmatrix.trans: matrix m of one covers n8 block 2 k + m / 2, half m % 2.
-__device__ __forceinline__ void read_col(unsigned (&col)[kRows / 8][2], unsigned src, int warp, int lane) {
+// Spread rows: the Tile values buf[m0 + i][j0 .. j0 + 7] (the CTA's eight J) into `dst` (16 bytes per row), by
+// thread i of 64. J at or past Skv / 64 (a last, partial range) read 0, not past the buffer's last dim.
+__device__ __forceinline__ void load_tile8(unsigned char* smem_dst, unsigned dst, const StagedRows& r, int m0, int seqlen_q, int j0,
+                                           int seqlen_kv, int i) {
+  const int row = m0 + i;
+  const bool row_valid = row < seqlen_q;
+  const long long off = (long long)row * r.row_stride + (long long)j0 * r.col_stride;
+  const bool fast = r.col_stride == 1 && (j0 + 7) * 64 < seqlen_kv && ((reinterpret_cast<unsigned long long>(r.base) + 2 * off) & 15) == 0;
+  if (fast) {
+    flex::cp_async_16(dst + 16 * i, row_valid ? static_cast<const unsigned short*>(r.base) + off : r.base, row_valid);
+  } else {
+    unsigned w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const bool v0 = row_valid && (j0 + 2 * k) * 64 < seqlen_kv;
+      const bool v1 = row_valid && (j0 + 2 * k + 1) * 64 < seqlen_kv;
+      const unsigned lo = v0 ? flex::staged_raw_at(r.base, off + 2 * k * r.col_stride) : 0u;
+      const unsigned hi = v1 ? flex::staged_raw_at(r.base, off + (2 * k + 1) * r.col_stride) : 0u;
+      w[k] = lo | (hi << 16);
+    }
+    *reinterpret_cast<uint4*>(smem_dst + 16 * i) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+// The thread's Col values of the tile: col[nt][half] packs the rows' Col columns chunk0 * 8 + 8 half + g, query
+// columns nt * 8 + 2 t4 (low) and + 1 (high); chunk0 = 2 (warp % 4) for a warpgroup's 64 contiguous rows, 2 (n %
+// 4) for spread rows. Four ldmatrix.trans: matrix m of one covers n8 block 2 k + m / 2, half m % 2.
+__device__ __forceinline__ void read_col(unsigned (&col)[kRows / 8][2], unsigned src, int chunk0, int lane) {
   const int m = lane / 8, rr = lane % 8;
 #pragma unroll
   for (int k = 0; k < kRows / 16; ++k) {
     const int q = (2 * k + m / 2) * 8 + rr;
     unsigned x[4];
-    flex::ldmatrix_x4_trans(x, src + flex::staged_block_offset(q, 2 * (warp % 4) + m % 2));
+    flex::ldmatrix_x4_trans(x, src + flex::staged_block_offset(q, chunk0 + m % 2));
     col[2 * k][0] = x[0];
     col[2 * k][1] = x[1];
     col[2 * k + 1][0] = x[2];
@@ -93,6 +146,23 @@ __device__ __forceinline__ void read_col(unsigned (&col)[kRows / 8][2], unsigned
 template <class E>
 __device__ __forceinline__ float read_tile(const unsigned char* tile, int q, int wg) {
   return to_float<E>(*reinterpret_cast<const unsigned short*>(tile + 4 * q + 2 * wg));
+}
+
+// Spread rows: the Tile value of query row q (of the tile) for warp w (J = j0 + w).
+template <class E>
+__device__ __forceinline__ float read_tile8(const unsigned char* tile, int q, int warp) {
+  return to_float<E>(*reinterpret_cast<const unsigned short*>(tile + 16 * q + 2 * warp));
+}
+
+// Spread rows: dS^T of the thread into its warp's slab, [64 q][kSlabStride] floats, column r = the row in the warp.
+template <int kMT>
+__device__ __forceinline__ void write_slab(float* slabs, const float (&ds)[kMT][4], int warp, int lane) {
+  float* slab = slabs + warp * kRows * kSlabStride;
+  const int g = lane / 4, t4 = lane % 4;
+#pragma unroll
+  for (int nt = 0; nt < kMT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) slab[(nt * 8 + 2 * t4 + e % 2) * kSlabStride + g + (e / 2) * 8] = ds[nt][e];
 }
 
 // dS^T of the thread (kMT n8 blocks of the accumulator layout) into its warpgroup's plane.
@@ -108,18 +178,20 @@ __device__ __forceinline__ void write_plane(float* planes, const float (&ds)[kMT
 }
 
 // The tile's gradients from both planes (after a CTA barrier that follows every write_plane): thread tid sums
-// columns 16 (tid % 4) .. + 15 of query row tid / 4.
+// columns 4 (tid % 4) + 16 k .. + 3 (k = 0..3) of query row tid / 4, so that each of a warp's four vector
+// reductions covers 64 contiguous bytes of 8 rows (whole 32-byte sectors; columns 16 (tid % 4) .. + 15 per
+// thread sent every sector half-filled).
 template <class Variant, bool kDeterministic>
 __device__ __forceinline__ void flush_grads(const FlexBackwardParams& p, const typename Variant::Params& vp, const float* planes, int b, int h,
                                             int hkv, int m0, int n0, int tid) {
-  const int i = tid / 4, c0 = 16 * (tid % 4);
+  const int i = tid / 4, c0 = 4 * (tid % 4);
   const int row = m0 + i;
   const bool valid = row < p.seqlen_q;
   float a[16], s[16];
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    const float4 x = *reinterpret_cast<const float4*>(planes + i * kPlaneStride + c0 + 4 * k);
-    const float4 y = *reinterpret_cast<const float4*>(planes + (kRows + i) * kPlaneStride + c0 + 4 * k);
+    const float4 x = *reinterpret_cast<const float4*>(planes + i * kPlaneStride + c0 + 16 * k);
+    const float4 y = *reinterpret_cast<const float4*>(planes + (kRows + i) * kPlaneStride + c0 + 16 * k);
     a[4 * k] = x.x, a[4 * k + 1] = x.y, a[4 * k + 2] = x.z, a[4 * k + 3] = x.w;
     s[4 * k] = y.x, s[4 * k + 1] = y.y, s[4 * k + 2] = y.z, s[4 * k + 3] = y.w;
   }
@@ -137,8 +209,18 @@ __device__ __forceinline__ void flush_grads(const FlexBackwardParams& p, const t
       void* grad = p.grad_ptr[Variant::kStagedTileScatter];
       const int j0 = n0 / 64;
       const long long off = r.grad_base + (long long)row * r.cols + j0;
-      if (t0 != 0.f) flex_bwd::accumulate<kDeterministic>(grad, off, t0);
-      if (t1 != 0.f && (j0 + 1) * 64 < p.seqlen_kv) flex_bwd::accumulate<kDeterministic>(grad, off + 1, t1);
+      const bool second = (j0 + 1) * 64 < p.seqlen_kv;
+      // Both warpgroups' sums share a sector: one 8-byte vector atomic where the element pair is aligned.
+      bool pair = !kDeterministic && second && (off & 1) == 0 && (reinterpret_cast<unsigned long long>(grad) & 7) == 0;
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 900
+      pair = false;
+#endif
+      if (pair) {
+        flex_bwd::add_pair(static_cast<float*>(grad) + off, t0, t1);
+      } else {
+        if (t0 != 0.f) flex_bwd::accumulate<kDeterministic>(grad, off, t0);
+        if (t1 != 0.f && second) flex_bwd::accumulate<kDeterministic>(grad, off + 1, t1);
+      }
     }
   }
   if constexpr (Variant::kStagedColScatter >= 0) {
@@ -152,23 +234,85 @@ __device__ __forceinline__ void flush_grads(const FlexBackwardParams& p, const t
       const StagedRows r = Variant::staged_col(vp, b, h, hkv);
       void* grad = p.grad_ptr[Variant::kStagedColScatter];
       const long long off = r.grad_base + (long long)row * r.cols + c0;
-      // Vector atomics where the row allows (sm_90: one L2 request per 4 floats). A bulk reduction of whole
-      // rows (cp.reduce.async.bulk) measured the same: the cost is the reduction traffic, not the requests.
-      bool vec = !kDeterministic && (off & 3) == 0 && (reinterpret_cast<unsigned long long>(grad) & 15) == 0;
+      // Vector atomics where the row allows (sm_90: one L2 request per 4 floats). What they cost is the number
+      // of 32-byte sectors reduced in L2: whole sectors (the column order above) took SAM's backward from 6.54
+      // to 5.95 ms (H100) against half-filled ones. A bulk reduction of whole rows (cp.reduce.async.bulk)
+      // measured the same as the vector atomics.
+      bool vec = !kDeterministic && r.cols >= 64 && (off & 3) == 0 && (reinterpret_cast<unsigned long long>(grad) & 15) == 0;
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 900
       vec = false;
 #else
       if (vec) {
         float4* dst = reinterpret_cast<float4*>(static_cast<float*>(grad) + off);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) atomicAdd(dst + k, make_float4(a[4 * k], a[4 * k + 1], a[4 * k + 2], a[4 * k + 3]));
+        for (int k = 0; k < 4; ++k) atomicAdd(dst + 4 * k, make_float4(a[4 * k], a[4 * k + 1], a[4 * k + 2], a[4 * k + 3]));
       }
 #endif
       if (!vec) {
 #pragma unroll
         for (int k = 0; k < 16; ++k)
-          if (a[k] != 0.f) flex_bwd::accumulate<kDeterministic>(grad, off + k, a[k]);
+          if (a[k] != 0.f && c0 + 16 * (k / 4) + k % 4 < r.cols) flex_bwd::accumulate<kDeterministic>(grad, off + 16 * (k / 4) + k % 4, a[k]);
       }
+    }
+  }
+}
+
+// Spread rows: the tile's gradients from the eight slabs (after a CTA barrier that follows every write_slab), by
+// thread tid for query row tid / 4 and sub = tid % 4: the Col columns 16 (n % 4) + 4 sub .. + 3 summed over the
+// warps (a warp's vector atomics cover 8 rows x 64 contiguous bytes), and the Tile elements J = j0 + 2 sub, + 1
+// summed over their warps' 16 rows (8 rows x 32 bytes).
+template <class Variant, bool kDeterministic>
+__device__ __forceinline__ void flush_spread(const FlexBackwardParams& p, const typename Variant::Params& vp, const float* slabs, int b, int h,
+                                             int hkv, int m0, int j0, int col0, int tid) {
+  const int i = tid / 4, sub = tid % 4;
+  const int row = m0 + i;
+  if (row >= p.seqlen_q) return;
+  {
+    float a[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int w = 0; w < 8; ++w) {
+      const float4 x = *reinterpret_cast<const float4*>(slabs + (w * kRows + i) * kSlabStride + 4 * sub);
+      a[0] += x.x, a[1] += x.y, a[2] += x.z, a[3] += x.w;
+    }
+    const StagedRows r = Variant::staged_col(vp, b, h, hkv);
+    void* grad = p.grad_ptr[Variant::kStagedColScatter];
+    const int c = col0 + 4 * sub;
+    const long long off = r.grad_base + (long long)row * r.cols + c;
+    bool vec = !kDeterministic && c + 4 <= r.cols && (off & 3) == 0 && (reinterpret_cast<unsigned long long>(grad) & 15) == 0;
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 900
+    vec = false;
+#else
+    if (vec) atomicAdd(reinterpret_cast<float4*>(static_cast<float*>(grad) + off), make_float4(a[0], a[1], a[2], a[3]));
+#endif
+    if (!vec) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        if (a[k] != 0.f && c + k < r.cols) flex_bwd::accumulate<kDeterministic>(grad, off + k, a[k]);
+    }
+  }
+  if constexpr (Variant::kStagedTileScatter >= 0) {
+    float t[2] = {0.f, 0.f};
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float4 x = *reinterpret_cast<const float4*>(slabs + ((2 * sub + u) * kRows + i) * kSlabStride + 4 * k);
+        t[u] += (x.x + x.y) + (x.z + x.w);
+      }
+    const StagedRows r = Variant::staged_tile(vp, b, h, hkv);
+    void* grad = p.grad_ptr[Variant::kStagedTileScatter];
+    const int j = j0 + 2 * sub;
+    const long long off = r.grad_base + (long long)row * r.cols + j;
+    const bool v0 = j * 64 < p.seqlen_kv, v1 = (j + 1) * 64 < p.seqlen_kv;
+    bool pair = !kDeterministic && v1 && (off & 1) == 0 && (reinterpret_cast<unsigned long long>(grad) & 7) == 0;
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 900
+    pair = false;
+#endif
+    if (pair) {
+      flex_bwd::add_pair(static_cast<float*>(grad) + off, t[0], t[1]);
+    } else {
+      if (v0 && t[0] != 0.f) flex_bwd::accumulate<kDeterministic>(grad, off, t[0]);
+      if (v1 && t[1] != 0.f) flex_bwd::accumulate<kDeterministic>(grad, off + 1, t[1]);
     }
   }
 }

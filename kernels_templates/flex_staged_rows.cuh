@@ -26,15 +26,16 @@ __device__ __forceinline__ unsigned short staged_raw_at(const void* base, long l
 }
 
 // Rows [m0, m0 + kRows) x columns [0, 64) of the term into the block at `dst` (`smem_dst` is the same bytes as a
-// generic pointer); rows at or past seqlen_q and columns at or past r.cols are zero. Every thread of the CTA
+// generic pointer); rows at or past seqlen_q and columns at or past r.cols are zero. Only the kChunks 8-column
+// chunks from chunk0 are copied when kChunks < 8 (the others are left as they are). Every thread of the CTA
 // takes chunks tid, tid + kNThreads, ... Whole chunks of unit-stride, 16-byte aligned rows go by cp.async (the
 // caller commits and waits); any other chunk by plain loads.
-template <int kRows, int kNThreads>
+template <int kRows, int kNThreads, int kChunks = 8>
 __device__ __forceinline__ void load_staged_block(unsigned char* smem_dst, unsigned dst, const StagedRows& r, int m0, int seqlen_q,
-                                                  int tid) {
+                                                  int tid, int chunk0 = 0) {
   const bool fast = r.col_stride == 1 && (reinterpret_cast<unsigned long long>(r.base) & 15) == 0 && (r.row_stride & 7) == 0;
-  for (int i = tid; i < kRows * 8; i += kNThreads) {
-    const int q = i / 8, chunk = i % 8;
+  for (int i = tid; i < kRows * kChunks; i += kNThreads) {
+    const int q = i / kChunks, chunk = chunk0 + i % kChunks;
     const int row = m0 + q;
     const bool valid = row < seqlen_q;
     const long long off = (long long)row * r.row_stride + (long long)chunk * 8 * r.col_stride;

@@ -62,6 +62,28 @@ __device__ __forceinline__ void load_swizzled_rows(unsigned smem, const Element*
   }
 }
 
+// As load_swizzled_rows, for rows in groups of kGroupRows: local row r is global row row0 + (r / kGroupRows) *
+// group_stride + r % kGroupRows (the backward's spread rows). Addresses are computed per pass; it runs once per CTA.
+template <class Tile, int kRows, int kNThreads, int kGroupRows, class Element>
+__device__ __forceinline__ void load_swizzled_row_groups(unsigned smem, const Element* g, long long stride_s, int row0, int group_stride,
+                                                         int seqlen, int tid) {
+  constexpr int kChunks = Tile::kChunksPerRow;
+  constexpr int kRowsPerPass = kNThreads / kChunks;
+  constexpr int kPasses = (kRows + kRowsPerPass - 1) / kRowsPerPass;
+  const int r = tid / kChunks;
+  const int c = tid % kChunks;
+  if (r >= kRowsPerPass) return;
+#pragma unroll
+  for (int i = 0; i < kPasses; ++i) {
+    const int row = r + i * kRowsPerPass;
+    if (kRows % kRowsPerPass == 0 || row < kRows) {
+      const int grow = row0 + (row / kGroupRows) * group_stride + row % kGroupRows;
+      const bool valid = grow < seqlen;
+      cp_async_16(smem + Tile::chunk_offset(row, c), valid ? g + (long long)grow * stride_s + c * 8 : g, valid);
+    }
+  }
+}
+
 // Matrix descriptor fields (PTX ISA, "Matrix Descriptor Format" of wgmma): start address, leading- and
 // stride-dimension byte offsets (all >> 4), swizzle mode in bits 62-63. Base offset 0: tiles are
 // 1024-byte aligned and starts move by whole atoms or along a swizzled row.

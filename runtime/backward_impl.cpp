@@ -386,7 +386,7 @@ void KernelImpl::backward(const BackwardArgs& a) {
                             a.stream, pargs, nullptr),
            "launching the backward preprocessing");
   void* margs[] = {&p, vp_copy.data()};
-  check_cu(d.cuLaunchKernel(fn.main, static_cast<unsigned>((shape.seqlen_kv + cfg.block_n - 1) / cfg.block_n),
+  check_cu(d.cuLaunchKernel(fn.main, static_cast<unsigned>(cfg.main_grid_x(shape.seqlen_kv)),
                             static_cast<unsigned>(shape.kv_heads), static_cast<unsigned>(shape.batch), static_cast<unsigned>(cfg.threads()), 1,
                             1, static_cast<unsigned>(cfg.shared_bytes()), a.stream, margs, nullptr),
            "launching the backward kernel");

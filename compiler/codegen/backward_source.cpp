@@ -9,7 +9,8 @@ namespace flexjit {
 
 std::string BackwardConfig::str() const {
   std::string staged;
-  if (staged_col || staged_tile) staged = fmt::format("_st{}{}{}", staged_col ? "c" : "", staged_tile ? "t" : "", staged_grad ? "g" : "");
+  if (staged_col || staged_tile)
+    staged = fmt::format("_st{}{}{}{}", staged_col ? "c" : "", staged_tile ? "t" : "", staged_grad ? "g" : "", spread_rows ? "s" : "");
   return fmt::format("d{}_m{}_n{}_w{}_s{}{}{}", head_dim, block_m, block_n, warps, stages, hopper ? "_sm90" : "", staged);
 }
 
@@ -21,8 +22,8 @@ int BackwardConfig::shared_bytes() const {
     int bytes = 2 * block_n * head_dim * 2 + 2 * stages * block_m * head_dim * 2 + block_n * block_m * 2;
     bytes += 2 * stages * block_m * 4 + warps * block_m * 8 + warps * 4 * (block_m + 16) * 4 + 2048;
     if (staged_col) bytes += stages * block_m * 64 * 2;
-    if (staged_tile) bytes += stages * block_m * 2 * 2;
-    if (staged_grad) bytes += 2 * block_m * 68 * 4;
+    if (staged_tile) bytes += stages * block_m * (spread_rows ? 8 : 2) * 2;
+    if (staged_grad) bytes += spread_rows ? 8 * block_m * 20 * 4 : 2 * block_m * 68 * 4;
     return bytes + 1024;
   }
   const int stride = head_dim + 8;
@@ -33,6 +34,11 @@ int BackwardConfig::shared_bytes() const {
   bytes += warps * block_m * 8;                // reductions
   bytes += 2048;                               // cached tile classes (FlexBackwardTraits::kMaxSched)
   return bytes;
+}
+
+int BackwardConfig::main_grid_x(int64_t seqlen_kv) const {
+  if (spread_rows) return static_cast<int>((seqlen_kv + 511) / 512 * 4);
+  return static_cast<int>((seqlen_kv + block_n - 1) / block_n);
 }
 
 BackwardConfig backward_config(int head_dim, const std::string& arch) {
@@ -89,6 +95,7 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
   out.config.staged_col = staged.find(StagedKind::Col) != nullptr;
   out.config.staged_tile = staged.find(StagedKind::Tile) != nullptr;
   for (const StagedTerm& t : staged.terms) out.config.staged_grad = out.config.staged_grad || t.scatter >= 0;
+  out.config.spread_rows = staged.spreads_rows(grad.scatters.size());
   GradVariantOptions kv_major;
   kv_major.query_major_pass = qm;
   kv_major.staged = &staged;

@@ -32,8 +32,13 @@ struct BackwardConfig {
   bool staged_col = false;
   bool staged_tile = false;
   bool staged_grad = false;
+  // Spread rows (flex_backward_staged.cuh): each CTA owns 16 kv % 64 columns of eight kv // 64 blocks instead of
+  // 128 contiguous KV rows; the Tile values are [stages][64][8] and the gradients go through [8][64][20] slabs.
+  bool spread_rows = false;
   std::string str() const;
   int threads() const { return warps * 32; }
+  // CTAs per (KV head, batch) of the main kernel: ceil(Skv / block_n), or 4 per started 512 rows when spread.
+  int main_grid_x(int64_t seqlen_kv) const;
   // Dynamic shared memory of the main kernel (the generated source static_asserts it against the template's).
   int shared_bytes() const;
 };

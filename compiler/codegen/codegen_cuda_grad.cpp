@@ -162,10 +162,12 @@ std::string offset_text(const SpecIR& ir, const GradScatter& s, const std::vecto
 
 // The staged terms' constants and accessors (flex_backward_sm90.cuh, "staged terms"); every variant declares
 // the constants, the accessors exist only for the terms present.
-std::string staged_block(const SpecIR& ir, const RangeInfo& ranges, const VariantOptions& vo, const StagedTerms* staged) {
+std::string staged_block(const SpecIR& ir, const RangeInfo& ranges, const VariantOptions& vo, const StagedTerms* staged, size_t num_scatters) {
   std::string code =
       "  // Staged additive terms: left out of score_mod above; the Hopper KV-major kernel reads them per query tile\n"
       "  // from shared memory and reduces their gradients (kScatterStaged).\n";
+  code += fmt::format("  static constexpr bool kStagedSpread = {};  // spread KV rows per CTA (flex_backward_staged.cuh)\n",
+                      staged && staged->spreads_rows(num_scatters) ? "true" : "false");
   for (StagedKind kind : {StagedKind::Col, StagedKind::Tile}) {
     const StagedTerm* t = staged ? staged->find(kind) : nullptr;
     const std::string Name = kind == StagedKind::Col ? "Col" : "Tile";
@@ -231,7 +233,7 @@ GeneratedGradVariant generate_cuda_grad_variant(const SpecIR& ir_in, const Score
     row_classes.push_back("0");
   }
   const size_t n = kv_classes.size();
-  code += staged_block(ir, ranges, vo, staged);
+  code += staged_block(ir, ranges, vo, staged, grad.scatters.size());
   code += fmt::format("  // KV-major kernel's class per scatter (5: computed by the query-major pass instead, 6: a staged term's).\n"
                       "  static constexpr int kScatterClass[{}] = {{{}}};\n",
                       n, fmt::join(kv_classes, ", "));

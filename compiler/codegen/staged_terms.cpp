@@ -86,6 +86,14 @@ bool StagedTerms::covers_scatter(int i) const {
   return false;
 }
 
+bool StagedTerms::spreads_rows(size_t num_scatters) const {
+  const StagedTerm* col = find(StagedKind::Col);
+  if (!col || col->scatter < 0) return false;
+  for (size_t i = 0; i < num_scatters; ++i)
+    if (!covers_scatter(static_cast<int>(i))) return false;
+  return true;
+}
+
 StagedTerms find_staged_terms(const ScoreModGradient& grad, const RangeInfo& ranges, const VariantOptions& options) {
   StagedTerms out;
   out.residual = grad.score_mod;

@@ -40,6 +40,9 @@ struct StagedTerms {
   const StagedTerm* find(StagedKind k) const;
   // Whether scatter `i` of the gradient is one of the terms' (the kernel reduces it, not the scatter code).
   bool covers_scatter(int i) const;
+  // Whether the Hopper backward spreads each CTA's KV rows over eight kv // 64 blocks (flex_backward_staged.cuh):
+  // a Col term with a gradient, and no scatter of the gradient's `num_scatters` but the terms'.
+  bool spreads_rows(size_t num_scatters) const;
 };
 
 // The terms of grad.score_mod the kernel can stage under `options` (its checked-load bits). A summand qualifies

@@ -323,6 +323,15 @@ TEST_CASE("backward: staged SAM terms - strided rows, fp16, head dim 128, a term
   // fp16 buffers and q, head dim 128, GQA 2:1, and Skv ending inside the second warpgroup's 64 rows.
   check_case(inline_spec("sam_f16", sam_mod, std::nullopt, 128, {"rel_h: f16[B, H, Sq, 64]", "rel_w: f16[B, H, Sq, 64]"}, {"rel_h", "rel_w"}),
              BwdCase{.B = 2, .H = 4, .Hkv = 2, .Sq = 150, .Skv = 230, .dtype = dsl::DType::F16});
+  // Spread rows (a CTA owns 16 kv % 64 columns of eight kv // 64 blocks): Skv = 1100 ends inside the third
+  // 512-row range (J 16 and 17 of its 16 .. 23 exist), GQA 2:1, with and without a padding mask (the schedule
+  // merges the block mask over the 512 rows); rel_w alone.
+  check_case(load_spec(backward_data("sam_learnable.json")), BwdCase{.B = 1, .H = 4, .Hkv = 2, .Sq = 260, .Skv = 1100});
+  check_case(inline_spec("sam_pad", sam_mod, std::string("kv < 1000 - 3 * q"), 64, {"rel_h: bf16[B, H, Sq, 64]", "rel_w: bf16[B, H, Sq, 64]"},
+                         {"rel_h", "rel_w"}),
+             BwdCase{.H = 2, .Hkv = 2, .Sq = 400, .Skv = 1100});
+  check_case(inline_spec("rel_w_only", "score + rel_w[b, h, q, kv % 64]", std::nullopt, 64, {"rel_w: bf16[B, H, Sq, 64]"}, {"rel_w"}),
+             BwdCase{.Sq = 130, .Skv = 700});
   // Only rel_w learnable (rel_h staged without a gradient), and a residual score_mod beside the staged terms.
   check_case(inline_spec("sam_half_grad", "score * (1.0 - 0.25 * (q % 3)) + rel_h[b, h, q, kv // 64] + rel_w[b, h, q, kv % 64]", std::nullopt, 64,
                          {"rel_h: bf16[B, H, Sq, 64]", "rel_w: bf16[B, H, Sq, 64]"}, {"rel_w"}),

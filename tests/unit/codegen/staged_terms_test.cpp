@@ -124,7 +124,7 @@ TEST_CASE("staged terms: only the Hopper kernel of an atomic module stages, and 
   CHECK(src.config.staged_grad);
   CHECK(src.module.source.find("static constexpr bool kStagedCol = true;") != std::string::npos);
   CHECK(src.module.source.find("kScatterClass[2] = {6 /* row-tile, staged */, 6 /* row-col, staged */}") != std::string::npos);
-  CHECK(src.module.key_text.find("_stctg") != std::string::npos);
+  CHECK(src.module.key_text.find("_stctgs") != std::string::npos);  // spread rows: rel_w has a gradient
   // sm_80 (mma.sync kernel), head dim 192, or a query-major module: nothing staged, Auto takes the pass.
   BackwardKernelOptions a80 = bo;
   a80.arch = "sm_80";
@@ -145,8 +145,46 @@ TEST_CASE("staged terms: only the Hopper kernel of an atomic module stages, and 
   BackwardKernelSource qsrc = backward_kernel_source(b.ir, b.grad, b.ranges, qm);
   CHECK(!qsrc.config.staged_col);
   CHECK(qsrc.module.source.find("static constexpr bool kStagedCol = false;") != std::string::npos);
-  // The staged regions are in the host's shared-memory mirror.
-  CHECK(src.config.shared_bytes() == qsrc.config.shared_bytes() + 2 * 64 * 64 * 2 + 2 * 64 * 2 * 2 + 2 * 64 * 68 * 4);
+  // The staged regions are in the host's shared-memory mirror (spread rows: [8] Tile values per query row and
+  // eight [64][20] slabs).
+  CHECK(src.config.shared_bytes() == qsrc.config.shared_bytes() + 2 * 64 * 64 * 2 + 2 * 64 * 8 * 2 + 8 * 64 * 20 * 4);
+  Built h_only = build(kSam, kSamBufs, {"rel_h"});
+  BackwardKernelSource hsrc = backward_kernel_source(h_only.ir, h_only.grad, h_only.ranges, bo);
+  CHECK(!hsrc.config.spread_rows);
+  CHECK(hsrc.config.shared_bytes() == qsrc.config.shared_bytes() + 2 * 64 * 64 * 2 + 2 * 64 * 2 * 2 + 2 * 64 * 68 * 4);
+}
+
+TEST_CASE("staged terms: spread KV rows only for a Col gradient and no other scatter", "[backward][codegen]") {
+  auto spreads = [](const std::string& score_mod, const std::vector<std::string>& buffers, const std::vector<std::string>& grads) {
+    Built b = build(score_mod, buffers, grads);
+    return find_staged_terms(b.grad, b.ranges, VariantOptions{}).spreads_rows(b.grad.scatters.size());
+  };
+  CHECK(spreads(kSam, kSamBufs, {"rel_h", "rel_w"}));
+  CHECK(spreads(kSam, kSamBufs, {"rel_w"}));
+  CHECK(spreads("score + rel_w[b, h, q, kv % 64]", {"rel_w: bf16[B, H, Sq, 64]"}, {"rel_w"}));
+  CHECK(!spreads(kSam, kSamBufs, {"rel_h"}));  // rel_h's gradient has no cross-CTA sum to save
+  CHECK(!spreads(kSam, kSamBufs, {}));
+  // Another learnable buffer: its scatter code assumes contiguous KV rows.
+  std::vector<std::string> bufs = kSamBufs;
+  bufs.push_back("slope: f32[H]");
+  CHECK(!spreads(std::string(kSam) + " + slope[h] * (kv - q)", bufs, {"rel_h", "rel_w", "slope"}));
+  CHECK(spreads(std::string(kSam) + " + slope[h] * (kv - q)", bufs, {"rel_h", "rel_w"}));  // a slope without gradient
+
+  Built b = build(kSam, kSamBufs, {"rel_w"});
+  BackwardKernelOptions bo;
+  bo.head_dim = 64;
+  bo.arch = "sm_90a";
+  BackwardKernelSource src = backward_kernel_source(b.ir, b.grad, b.ranges, bo);
+  REQUIRE(src.config.spread_rows);
+  CHECK(src.module.source.find("static constexpr bool kStagedSpread = true;") != std::string::npos);
+  // Four CTAs per started 512 KV rows, against one per 128 contiguous rows.
+  CHECK(src.config.main_grid_x(4096) == 32);
+  CHECK(src.config.main_grid_x(4097) == 36);
+  CHECK(src.config.main_grid_x(100) == 4);
+  BackwardKernelSource plain = backward_kernel_source(b.ir, b.grad, b.ranges, BackwardKernelOptions{.head_dim = 64, .arch = "sm_80"});
+  CHECK(!plain.config.spread_rows);
+  CHECK(plain.module.source.find("static constexpr bool kStagedSpread = false;") != std::string::npos);
+  CHECK(plain.config.main_grid_x(4097) == 33);
 }
 
 namespace {

@@ -418,7 +418,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     else ds_tile(flex_bwd::BoolTag<false>{});
 
     // Scatters (buffer gradients) from dS, then dS_pre = dS * d_score; the staged terms' dS^T into their planes.
-    if constexpr (Staged::kGrad && kSpread) flex_bwd_staged::write_slab(sh_st_grad, acc_dp, warp, ln);
+    if constexpr (Staged::kGrad && kSpread) flex_bwd_staged::write_slab<(Variant::kStagedTileScatter >= 0)>(sh_st_grad, acc_dp, warp, ln);
     else if constexpr (Staged::kGrad) flex_bwd_staged::write_plane(sh_st_grad, acc_dp, wg, warp, ln);
     TileScatter0 split_scatter;
     if constexpr (kSplitScatter) {

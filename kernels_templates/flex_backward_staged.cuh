@@ -38,7 +38,8 @@ constexpr int kSpreadCtas = 4;
 constexpr int kSpreadRange = 512;
 constexpr int kSpreadTileBytes = kRows * 8 * 2;
 constexpr int kSlabStride = 20;  // floats per query row: the accumulator-layout stores (rows 2 t4 + e, columns g) hit 32 banks
-constexpr int kSpreadGradBytes = 8 * kRows * kSlabStride * 4;
+constexpr int kRowSumStride = kRows + 4;  // [8 warps][64 q + 4] Tile-gradient row sums: conflict-free float2 stores
+constexpr int kSpreadGradBytes = 8 * kRows * kSlabStride * 4 + 8 * kRowSumStride * 4;
 
 // What a variant stages (Variant = void: nothing, for layouts computed without a variant).
 template <class Variant>
@@ -154,15 +155,46 @@ __device__ __forceinline__ float read_tile8(const unsigned char* tile, int q, in
   return to_float<E>(*reinterpret_cast<const unsigned short*>(tile + 16 * q + 2 * warp));
 }
 
-// Spread rows: dS^T of the thread into its warp's slab, [64 q][kSlabStride] floats, column r = the row in the warp.
-template <int kMT>
+// One round of a reduce-scatter over lane bit 2 kHalf: v[0 .. kHalf) becomes the sum of this lane's and the partner
+// lane's v[j + kHalf upper], upper = whether this lane has the bit (a compile-time round, so v stays in registers).
+template <int kHalf>
+__device__ __forceinline__ void halving_round(float (&v)[16], int lane) {
+  const bool upper = lane & (2 * kHalf);
+#pragma unroll
+  for (int j = 0; j < kHalf; ++j) {
+    const float send = upper ? v[j] : v[j + kHalf];
+    const float keep = upper ? v[j + kHalf] : v[j];
+    v[j] = keep + __shfl_xor_sync(0xffffffffu, send, 2 * kHalf);
+  }
+}
+
+// Spread rows: dS^T of the thread into its warp's slab, [64 q][kSlabStride] floats, column r = the row in the warp
+// (the Col gradient's cross-warp sum), and, with a Tile gradient, the warp's sums over its 16 rows (its J) into
+// row_sums[warp][q]. Those are reduced in registers: a thread adds its two rows, then three shuffle rounds over
+// the 8 lanes of a column set each halve the values a lane keeps (16 -> 2: query columns 8 g + 2 t4, + 1).
+template <bool kTileGrad, int kMT>
 __device__ __forceinline__ void write_slab(float* slabs, const float (&ds)[kMT][4], int warp, int lane) {
+  static_assert(kMT == 8, "write_slab: 64 query columns");
   float* slab = slabs + warp * kRows * kSlabStride;
   const int g = lane / 4, t4 = lane % 4;
 #pragma unroll
   for (int nt = 0; nt < kMT; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) slab[(nt * 8 + 2 * t4 + e % 2) * kSlabStride + g + (e / 2) * 8] = ds[nt][e];
+  if constexpr (kTileGrad) {
+    float v[16];  // v[2 nt + u]: query column nt * 8 + 2 t4 + u, summed over the thread's rows g and g + 8
+#pragma unroll
+    for (int nt = 0; nt < kMT; ++nt) {
+      v[2 * nt] = ds[nt][0] + ds[nt][2];
+      v[2 * nt + 1] = ds[nt][1] + ds[nt][3];
+    }
+    // Round with lane bit 4 (g bit 2) keeps v[8 b ..], bit 3 (g bit 1) v[4 b ..], bit 2 (g bit 0) v[2 b ..].
+    halving_round<8>(v, lane);
+    halving_round<4>(v, lane);
+    halving_round<2>(v, lane);
+    float* sums = slabs + 8 * kRows * kSlabStride;
+    *reinterpret_cast<float2*>(sums + warp * kRowSumStride + 8 * g + 2 * t4) = make_float2(v[0], v[1]);
+  }
 }
 
 // dS^T of the thread (kMT n8 blocks of the accumulator layout) into its warpgroup's plane.
@@ -268,12 +300,15 @@ __device__ __forceinline__ void flush_spread(const FlexBackwardParams& p, const 
   const int row = m0 + i;
   if (row >= p.seqlen_q) return;
   {
-    float a[4] = {0.f, 0.f, 0.f, 0.f};
+    float4 x[8];
 #pragma unroll
-    for (int w = 0; w < 8; ++w) {
-      const float4 x = *reinterpret_cast<const float4*>(slabs + (w * kRows + i) * kSlabStride + 4 * sub);
-      a[0] += x.x, a[1] += x.y, a[2] += x.z, a[3] += x.w;
-    }
+    for (int w = 0; w < 8; ++w) x[w] = *reinterpret_cast<const float4*>(slabs + (w * kRows + i) * kSlabStride + 4 * sub);
+    // A tree, not a chain of eight dependent adds behind the loads.
+#pragma unroll
+    for (int step = 1; step < 8; step *= 2)
+#pragma unroll
+      for (int w = 0; w < 8; w += 2 * step) x[w] = make_float4(x[w].x + x[w + step].x, x[w].y + x[w + step].y, x[w].z + x[w + step].z, x[w].w + x[w + step].w);
+    const float a[4] = {x[0].x, x[0].y, x[0].z, x[0].w};
     const StagedRows r = Variant::staged_col(vp, b, h, hkv);
     void* grad = p.grad_ptr[Variant::kStagedColScatter];
     const int c = col0 + 4 * sub;
@@ -291,14 +326,8 @@ __device__ __forceinline__ void flush_spread(const FlexBackwardParams& p, const 
     }
   }
   if constexpr (Variant::kStagedTileScatter >= 0) {
-    float t[2] = {0.f, 0.f};
-#pragma unroll
-    for (int u = 0; u < 2; ++u)
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float4 x = *reinterpret_cast<const float4*>(slabs + ((2 * sub + u) * kRows + i) * kSlabStride + 4 * k);
-        t[u] += (x.x + x.y) + (x.z + x.w);
-      }
+    const float* sums = slabs + 8 * kRows * kSlabStride;
+    const float t[2] = {sums[2 * sub * kRowSumStride + i], sums[(2 * sub + 1) * kRowSumStride + i]};
     const StagedRows r = Variant::staged_tile(vp, b, h, hkv);
     void* grad = p.grad_ptr[Variant::kStagedTileScatter];
     const int j = j0 + 2 * sub;

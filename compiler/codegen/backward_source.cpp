@@ -23,7 +23,7 @@ int BackwardConfig::shared_bytes() const {
     bytes += 2 * stages * block_m * 4 + warps * block_m * 8 + warps * 4 * (block_m + 16) * 4 + 2048;
     if (staged_col) bytes += stages * block_m * 64 * 2;
     if (staged_tile) bytes += stages * block_m * (spread_rows ? 8 : 2) * 2;
-    if (staged_grad) bytes += spread_rows ? 8 * block_m * 20 * 4 : 2 * block_m * 68 * 4;
+    if (staged_grad) bytes += spread_rows ? 8 * block_m * 20 * 4 + 8 * (block_m + 4) * 4 : 2 * block_m * 68 * 4;
     return bytes + 1024;
   }
   const int stride = head_dim + 8;

@@ -3,7 +3,8 @@
 # of a generated kernel timed by `flexjit bench` (or `bench-backward`), for deciding what bounds it.
 # Usage: tools/device/profile_bench.sh TAG 'BENCH ARGS' [...]
 #   PROFILE_CMD=bench-backward PROFILE_KERNEL=flexjit_bwd_main profiles the backward's main kernel instead of
-#   the forward (PROFILE_KERNEL is a regex of the kernel name).
+#   the forward (PROFILE_KERNEL is a regex of the kernel name). SASS=1 also writes $OUT/sass_<tag>.csv, executed
+#   instructions and warp stall samples per SASS instruction, for tools/device/sass_hotspots.py.
 set -u
 cd "$(dirname "$0")/../.."
 B=${FLEXJIT_BIN:-.device/bin}
@@ -19,6 +20,13 @@ while [ $# -ge 2 ]; do
   timeout 240 "$NCU" --kernel-name "regex:$KERNEL" --launch-skip 3 --launch-count 1 --metrics "$METRICS" \
     "$B/flexjit" "$CMD" "${argv[@]}" --warmup 1 --iters 1 > "$OUT/ncu_$tag.txt" 2>&1
   echo "== $tag (exit $?)"
+  if [[ "${SASS:-0}" == 1 ]]; then
+    rep="/tmp/ncu_sass_$tag"
+    timeout 240 "$NCU" --kernel-name "regex:$KERNEL" --launch-skip 3 --launch-count 1 --section SourceCounters --section WarpStateStats \
+      --import-source no -f -o "$rep" "$B/flexjit" "$CMD" "${argv[@]}" --warmup 1 --iters 1 > /dev/null 2>&1
+    "$NCU" -i "$rep.ncu-rep" --page source --csv --print-source sass > "$OUT/sass_$tag.csv" 2> "$OUT/sass_$tag.err"
+    echo "  sass rows: $(wc -l < "$OUT/sass_$tag.csv")"
+  fi
   awk '/__/ && NF >= 2 { v = $NF; n = $1; if (n ~ /stalled/) { if (v + 0 < 0.1) next; sub(/smsp__average_warps_issue_stalled_/, "stall ", n); sub(/_per_issue_active.ratio/, "", n) }
        printf("  %-62s %s\n", n, v) }' "$OUT/ncu_$tag.txt" | head -40
 done

@@ -145,9 +145,9 @@ TEST_CASE("staged terms: only the Hopper kernel of an atomic module stages, and 
   BackwardKernelSource qsrc = backward_kernel_source(b.ir, b.grad, b.ranges, qm);
   CHECK(!qsrc.config.staged_col);
   CHECK(qsrc.module.source.find("static constexpr bool kStagedCol = false;") != std::string::npos);
-  // The staged regions are in the host's shared-memory mirror (spread rows: [8] Tile values per query row and
-  // eight [64][20] slabs).
-  CHECK(src.config.shared_bytes() == qsrc.config.shared_bytes() + 2 * 64 * 64 * 2 + 2 * 64 * 8 * 2 + 8 * 64 * 20 * 4);
+  // The staged regions are in the host's shared-memory mirror (spread rows: [8] Tile values per query row, eight
+  // [64][20] slabs and [8][68] row sums).
+  CHECK(src.config.shared_bytes() == qsrc.config.shared_bytes() + 2 * 64 * 64 * 2 + 2 * 64 * 8 * 2 + 8 * 64 * 20 * 4 + 8 * 68 * 4);
   Built h_only = build(kSam, kSamBufs, {"rel_h"});
   BackwardKernelSource hsrc = backward_kernel_source(h_only.ir, h_only.grad, h_only.ranges, bo);
   CHECK(!hsrc.config.spread_rows);

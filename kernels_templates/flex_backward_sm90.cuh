@@ -25,7 +25,7 @@ namespace flex_bwd_sm90 {
 // Shared-memory tiles and their offsets. Swizzle: 128 B at D = 128, 64 B at 64 and 96, 32 B at 32 and 80, so D
 // has at least two swizzle regions and the dQ column split lands on a region boundary. The variant adds the
 // regions of its staged terms (flex_backward_staged.cuh) at the end.
-template <class Traits, class Variant = void>
+template <class Traits, class Variant = void, bool kDqBulk = false>
 struct Smem {
   using Staged = flex_bwd_staged::Flags<Variant>;
   static constexpr int kHeadDim = Traits::kHeadDim;
@@ -50,7 +50,11 @@ struct Smem {
   static constexpr int kOffStCol = kOffSched + Traits::kMaxSched;                               // [stages] Col tiles
   static constexpr int kOffStGrad = kOffStCol + (Staged::kCol ? kStages * flex_bwd_staged::kColBytes : 0);  // dS^T planes / slabs
   static constexpr int kOffStTile = kOffStGrad + (Staged::kGrad ? Staged::kGradRegionBytes : 0);          // [stages] Tile values
-  static constexpr int kBytes = kOffStTile + (Staged::kTile ? kStages * Staged::kTileStageBytes : 0);
+  static constexpr int kOffDqBuf = kOffStTile + (Staged::kTile ? kStages * Staged::kTileStageBytes : 0);  // dQ partial rows
+  // kDqBulk: the CTA's dQ partial of a query tile, [64 q][D + 8] fp32 (rows 16-byte aligned; the 8 floats of padding
+  // make the accumulator-layout float2 stores conflict-free), sent to dq_accum by one bulk reduction per row.
+  static constexpr int kDqRowFloats = kHeadDim + 8;
+  static constexpr int kBytes = kOffDqBuf + (kDqBulk ? kBlockM * kDqRowFloats * 4 : 0);
   // What the launch must give: 1 KB of slack, so the tiles can start on a 1024-byte boundary (the swizzle
   // XOR acts on absolute address bits) whatever the base of dynamic shared memory.
   static constexpr int kAllocBytes = kBytes + 1024;
@@ -67,6 +71,7 @@ struct Smem {
                 "flex_backward_main_sm90: every tile must keep the next one 1024-byte aligned");
   static_assert(kDqN1 > 0 && kDqN0 % TileKV::kRegionCols == 0, "flex_backward_main_sm90: dQ split must land on a region boundary");
   static_assert(kOffStCol % 16 == 0 && kBlockM == flex_bwd_staged::kRows, "flex_backward_main_sm90: staged tiles need 16-byte rows of 64 queries");
+  static_assert(kOffDqBuf % 16 == 0, "flex_backward_main_sm90: the dQ rows must be 16-byte aligned for the bulk reduction");
 };
 
 // x, through an instruction the compiler cannot look through. Used at the top of the query-tile loop for the
@@ -89,9 +94,11 @@ __device__ __forceinline__ float (&flat(float (&a)[M][N]))[M * N] {
 // dQ (unscaled) += dS K for this warpgroup's kN columns from kCol0 (the caller has fenced dS^T into the async
 // proxy and synchronised the CTA); runs `overlap` while the GEMM is in flight, waits for every wgmma group of the
 // warpgroup, then adds into the accumulator.
-template <int kN, class Layout, class Element, bool kDeterministic, class Overlap>
+// kBulk: the partial goes into the CTA's dQ rows in shared memory (`dq_buf`, row q - m0) instead, for the bulk
+// reduction at the top of the next query tile.
+template <int kN, class Layout, class Element, bool kDeterministic, bool kBulk, class Overlap>
 __device__ __forceinline__ void dq_block(const FlexBackwardParams& p, unsigned s_ds, unsigned s_k, int col0, long long row_base,
-                                         int q_row0, int t4, Overlap&& overlap) {
+                                         int q_row0, int t4, float* dq_buf, int m0, Overlap&& overlap) {
   constexpr int kHeadDim = Layout::kHeadDim;
   float acc[kN / 2];
   flex::wgmma_fence();
@@ -103,6 +110,15 @@ __device__ __forceinline__ void dq_block(const FlexBackwardParams& p, unsigned s
   overlap();
   flex::wgmma_wait<0>();
   flex::fence_operands(acc);
+  if constexpr (kBulk) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float* row = dq_buf + (q_row0 + half * 8 - m0) * Layout::kDqRowFloats + col0 + 2 * t4;
+#pragma unroll
+      for (int i = 0; i < kN / 8; ++i) *reinterpret_cast<float2*>(row + i * 8) = make_float2(acc[4 * i + 2 * half], acc[4 * i + 2 * half + 1]);
+    }
+    return;
+  }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int q = q_row0 + half * 8;
@@ -124,13 +140,17 @@ __device__ __forceinline__ void dq_block(const FlexBackwardParams& p, unsigned s
 }  // namespace flex_bwd_sm90
 
 // The main backward kernel for sm_90a. grid = (ceil(Skv / 128), Hkv, B), block = 256,
-// dynamic shared memory = flex_bwd_sm90::Smem<Traits>::kAllocBytes. Traits = FlexBackwardTraits<D, Element>.
+// dynamic shared memory = flex_bwd_sm90::Smem<Traits, Variant, kDqBulk>::kAllocBytes. Traits = FlexBackwardTraits<D, Element>.
 // kDq = false: dQ is left to another pass (no dS^T store, no dQ GEMM, no dQ atomics).
-template <class Traits, class Variant, bool kDeterministic, bool kDq = true>
+// kDqBulk: dQ partials are added to dq_accum by bulk reductions (cp.reduce.async.bulk, one per query row, issued
+// by threads 0..63 after the next tile's first barrier) instead of atomics from the accumulators, so that no warp
+// waits for its reductions' registers to drain (fp32 only: not with kDeterministic).
+template <class Traits, class Variant, bool kDeterministic, bool kDq = true, bool kDqBulk = false>
 __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams& p, const typename Variant::Params& vp) {
   using Element = typename Traits::Element;
   using Mma = flex::Mma16816<Element>;  // fragment packing only
-  using S = flex_bwd_sm90::Smem<Traits, Variant>;
+  using S = flex_bwd_sm90::Smem<Traits, Variant, kDqBulk>;
+  static_assert(!kDqBulk || (kDq && !kDeterministic), "flex_backward_main_sm90: bulk dQ reductions are fp32 and need kDq");
   using Staged = flex_bwd_staged::Flags<Variant>;
   using TileKV = typename S::TileKV;
   using TileQ = typename S::TileQ;
@@ -198,6 +218,21 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   float* sh_red = reinterpret_cast<float*>(smem + S::kOffRed);
   float* sh_planes = reinterpret_cast<float*>(smem + S::kOffPlanes);
   float* sh_st_grad = reinterpret_cast<float*>(smem + S::kOffStGrad);
+  float* sh_dq = reinterpret_cast<float*>(smem + S::kOffDqBuf);
+  // kDqBulk: the query tile whose dQ rows sit in sh_dq, waiting for their bulk reduction (row base -1: none).
+  long long bulk_row_base = -1;
+  int bulk_rows = 0;
+  // Threads 0..63 send row tid of the pending tile (after a barrier that follows the rows' stores and fences).
+  auto send_dq_rows = [&]() {
+    if constexpr (kDqBulk) {
+      if (bulk_row_base >= 0 && tid < bulk_rows) {
+        flex::bulk_reduce_add_f32(static_cast<float*>(p.dq_accum) + (bulk_row_base + tid) * kHeadDim, s_base + S::kOffDqBuf + tid * S::kDqRowFloats * 4,
+                                  kHeadDim * 4);
+        flex::bulk_commit();
+      }
+      bulk_row_base = -1;
+    }
+  };
 
   const Element* g_k = static_cast<const Element*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
   const Element* g_v = static_cast<const Element*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
@@ -289,6 +324,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     flex::cp_async_wait<0>();
     flex::fence_proxy_async();
     __syncthreads();
+    send_dq_rows();  // the previous tile's dQ rows (stored and fenced before the barrier)
     if (pos_next < total) load_q_tile(head_next, m_next, stage ^ 1);
     flex::cp_async_commit();
     const int ln = (int)flex_bwd_sm90::opaque(lane);
@@ -471,7 +507,11 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     }
 
     if constexpr (kDq) {
-      // dQ needs the dS^T rows of both warpgroups (and the split scatter every warp's slots).
+      // dQ needs the dS^T rows of both warpgroups (and the split scatter every warp's slots). kDqBulk: the bulk
+      // reductions issued at the top of this tile have read sh_dq before anyone writes it again.
+      if constexpr (kDqBulk) {
+        if (tid < kBlockM) flex::bulk_wait_read();
+      }
       flex::fence_proxy_async();
       __syncthreads();
       const long long row_base = ((long long)b * p.heads + h) * seqlen_q;
@@ -484,10 +524,18 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
           flex_bwd_staged::flush_grads<Variant, kDeterministic>(p, vp, sh_st_grad, b, h, hkv, m0, n0, tid);
       };
       if constexpr (S::kDqN0 == S::kDqN1) {
-        flex_bwd_sm90::dq_block<S::kDqN0, S, Element, kDeterministic>(p, s_ds, s_k, wg * S::kDqN0, row_base, q_row0, t4, while_dq);
+        flex_bwd_sm90::dq_block<S::kDqN0, S, Element, kDeterministic, kDqBulk>(p, s_ds, s_k, wg * S::kDqN0, row_base, q_row0, t4, sh_dq, m0,
+                                                                                while_dq);
       } else {
-        if (wg == 0) flex_bwd_sm90::dq_block<S::kDqN0, S, Element, kDeterministic>(p, s_ds, s_k, 0, row_base, q_row0, t4, while_dq);
-        else flex_bwd_sm90::dq_block<S::kDqN1, S, Element, kDeterministic>(p, s_ds, s_k, S::kDqN0, row_base, q_row0, t4, while_dq);
+        if (wg == 0)
+          flex_bwd_sm90::dq_block<S::kDqN0, S, Element, kDeterministic, kDqBulk>(p, s_ds, s_k, 0, row_base, q_row0, t4, sh_dq, m0, while_dq);
+        else
+          flex_bwd_sm90::dq_block<S::kDqN1, S, Element, kDeterministic, kDqBulk>(p, s_ds, s_k, S::kDqN0, row_base, q_row0, t4, sh_dq, m0,
+                                                                                  while_dq);
+      }
+      if constexpr (kDqBulk) {
+        bulk_row_base = row_base + m0;
+        bulk_rows = min(kBlockM, seqlen_q - m0);
       }
     } else {
       flex::wgmma_wait<0>();
@@ -506,6 +554,13 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     stage ^= 1;
   }
   flex::cp_async_wait<0>();
+  if constexpr (kDqBulk) {
+    // The last tile's dQ rows, then every reduction complete before the CTA's shared memory goes away.
+    flex::fence_proxy_async();
+    __syncthreads();
+    send_dq_rows();
+    if (tid < kBlockM) flex::bulk_wait();
+  }
 
   // dK = scale * acc_dk, dV = acc_dv: registers -> global (rows past Skv dropped).
   const int g = lane / 4, t4 = lane % 4;

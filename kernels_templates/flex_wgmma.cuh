@@ -128,4 +128,15 @@ __device__ __forceinline__ void fence_operands(float (&d)[N]) {
 // async proxy only after this fence in each writing thread (then a barrier).
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// Bulk reduction (the TMA unit): global fp32 dst[i] += shared src[i] for `bytes` bytes (multiple of 16, both 16-byte
+// aligned), in this thread's bulk group; the source is read asynchronously after the caller's fence_proxy_async
+// and barrier. bulk_wait_read: this thread's groups have read their sources (the buffer may be written again);
+// bulk_wait: they have completed.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, unsigned src, unsigned bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
 }  // namespace flex

@@ -35,6 +35,10 @@ struct BackwardConfig {
   // Spread rows (flex_backward_staged.cuh): each CTA owns 16 kv % 64 columns of eight kv // 64 blocks instead of
   // 128 contiguous KV rows; the Tile values are [stages][64][8] and the gradients go through [8][64][20] slabs.
   bool spread_rows = false;
+  // dQ partials by bulk reductions from shared memory ([64][D + 8] fp32) instead of atomics from the accumulators
+  // (flex_backward_sm90.cuh kDqBulk): the Hopper kernel of an fp32 (not deterministic) KV-major module, where the
+  // rows fit in shared memory.
+  bool dq_bulk = false;
   std::string str() const;
   int threads() const { return warps * 32; }
   // CTAs per (KV head, batch) of the main kernel: ceil(Skv / block_n), or 4 per started 512 rows when spread.

@@ -171,3 +171,36 @@ TEST_CASE("the staged Hopper backward modules compile: SAM deterministic, fp16 a
     print_resources(r, bs.module.name, "sm_90a");
   }
 }
+
+TEST_CASE("bulk dQ reductions: the Hopper fp32 kernel from head dim 96, where the rows fit in shared memory", "[backward]") {
+  auto config = [](const char* score_mod, const char* mask, std::vector<std::string> buffers, std::vector<std::string> grads, int head_dim,
+                   bool deterministic, const char* arch) {
+    dsl::Spec spec;
+    spec.name = "bulk";
+    if (score_mod) spec.score_mod = score_mod;
+    if (mask) spec.mask_mod = mask;
+    spec.head_dim = head_dim;
+    dsl::Diagnostics diags;
+    for (const std::string& b : buffers) REQUIRE(dsl::add_buffer(spec, b, "test", diags));
+    for (dsl::BufferDecl& b : spec.buffers)
+      for (const std::string& g : grads) b.requires_grad = b.requires_grad || b.name == g;
+    return make_source(build_spec_ir(spec), deterministic, head_dim, false, arch);
+  };
+  BackwardKernelSource c128 = config(nullptr, "q >= kv", {}, {}, 128, false, "sm_90a");
+  CHECK(c128.config.dq_bulk);
+  CHECK(c128.module.source.find("/*kDqBulk=*/true") != std::string::npos);
+  CHECK(c128.module.key_text.find("_qb") != std::string::npos);
+  BackwardKernelSource c128_atomic = config(nullptr, "q >= kv", {}, {}, 128, true, "sm_90a");  // deterministic: fixed point
+  CHECK(!c128_atomic.config.dq_bulk);
+  // [64][D + 8] fp32 rows on top of the atomic kernel's shared memory.
+  CHECK(c128.config.shared_bytes() == c128_atomic.config.shared_bytes() + 64 * 136 * 4);
+  CHECK(config(nullptr, "q >= kv", {}, {}, 96, false, "sm_90a").config.dq_bulk);
+  CHECK(!config(nullptr, "q >= kv", {}, {}, 64, false, "sm_90a").config.dq_bulk);  // slower than the atomics there
+  CHECK(!config(nullptr, "q >= kv", {}, {}, 128, false, "sm_80").config.dq_bulk);
+  // SAM with both gradients at head dim 128 already uses 226 KB: no room for the rows.
+  BackwardKernelSource sam = config("score + rel_h[b, h, q, kv // 64] + rel_w[b, h, q, kv % 64]", nullptr,
+                                    {"rel_h: bf16[B, H, Sq, 64]", "rel_w: bf16[B, H, Sq, 64]"}, {"rel_h", "rel_w"}, 128, false, "sm_90a");
+  CHECK(sam.config.spread_rows);
+  CHECK(!sam.config.dq_bulk);
+  CHECK(sam.config.shared_bytes() <= 232448);
+}

@@ -117,20 +117,20 @@ __device__ __forceinline__ void dq_block(const FlexBackwardParams& p, unsigned s
 #pragma unroll
       for (int i = 0; i < kN / 8; ++i) *reinterpret_cast<float2*>(row + i * 8) = make_float2(acc[4 * i + 2 * half], acc[4 * i + 2 * half + 1]);
     }
-    return;
-  }
+  } else {
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int q = q_row0 + half * 8;
-    if (q < p.seqlen_q) {
+    for (int half = 0; half < 2; ++half) {
+      const int q = q_row0 + half * 8;
+      if (q < p.seqlen_q) {
 #pragma unroll
-      for (int i = 0; i < kN / 8; ++i) {
-        const long long off = (row_base + q) * kHeadDim + col0 + i * 8 + 2 * t4;
-        if constexpr (kDeterministic) {
-          flex_bwd::accumulate<true>(p.dq_accum, off, acc[4 * i + 2 * half]);
-          flex_bwd::accumulate<true>(p.dq_accum, off + 1, acc[4 * i + 2 * half + 1]);
-        } else {
-          flex_bwd::add_pair(static_cast<float*>(p.dq_accum) + off, acc[4 * i + 2 * half], acc[4 * i + 2 * half + 1]);
+        for (int i = 0; i < kN / 8; ++i) {
+          const long long off = (row_base + q) * kHeadDim + col0 + i * 8 + 2 * t4;
+          if constexpr (kDeterministic) {
+            flex_bwd::accumulate<true>(p.dq_accum, off, acc[4 * i + 2 * half]);
+            flex_bwd::accumulate<true>(p.dq_accum, off + 1, acc[4 * i + 2 * half + 1]);
+          } else {
+            flex_bwd::add_pair(static_cast<float*>(p.dq_accum) + off, acc[4 * i + 2 * half], acc[4 * i + 2 * half + 1]);
+          }
         }
       }
     }

@@ -40,25 +40,36 @@ struct SwizzledTile {
   }
 };
 
+// Which 16-byte chunks of a kRows-row copy into a swizzled tile a thread takes: chunk c of rows r, r + kRowsPerPass,
+// ... (threads past the last full pass row take none).
+template <class Tile, int kRows, int kNThreads>
+struct SwizzledRowCopy {
+  static constexpr int kChunks = Tile::kChunksPerRow;
+  static constexpr int kRowsPerPass = kNThreads / kChunks;
+  static constexpr int kPasses = (kRows + kRowsPerPass - 1) / kRowsPerPass;
+  int r, c;
+  __device__ __forceinline__ explicit SwizzledRowCopy(int tid) : r(tid / kChunks), c(tid % kChunks) {}
+  __device__ __forceinline__ bool takes_part() const { return r < kRowsPerPass; }
+  // The tile row of pass i, when there is one.
+  __device__ __forceinline__ bool has_row(int i) const { return kRows % kRowsPerPass == 0 || r + i * kRowsPerPass < kRows; }
+};
+
 // Async copy of rows [row0, row0 + kRows) of a [S, D] slice into a swizzled tile; rows at or past seqlen are
 // zero-filled without reading global memory (masked anyway, and 0 * 0 is no NaN in P V).
 template <class Tile, int kRows, int kNThreads, class Element>
 __device__ __forceinline__ void load_swizzled_rows(unsigned smem, const Element* g, long long stride_s, int row0, int seqlen, int tid) {
-  constexpr int kChunks = Tile::kChunksPerRow;
-  constexpr int kRowsPerPass = kNThreads / kChunks;
-  constexpr int kPasses = (kRows + kRowsPerPass - 1) / kRowsPerPass;
-  const int r = tid / kChunks;
-  const int c = tid % kChunks;
-  if (r >= kRowsPerPass) return;
-  const Element* src = g + (long long)(row0 + r) * stride_s + c * 8;
+  using Copy = SwizzledRowCopy<Tile, kRows, kNThreads>;
+  const Copy cp(tid);
+  if (!cp.takes_part()) return;
+  const Element* src = g + (long long)(row0 + cp.r) * stride_s + cp.c * 8;
 #pragma unroll
-  for (int i = 0; i < kPasses; ++i) {
-    const int row = r + i * kRowsPerPass;
-    if (kRows % kRowsPerPass == 0 || row < kRows) {
+  for (int i = 0; i < Copy::kPasses; ++i) {
+    const int row = cp.r + i * Copy::kRowsPerPass;
+    if (cp.has_row(i)) {
       const bool valid = row0 + row < seqlen;
-      cp_async_16(smem + Tile::chunk_offset(row, c), valid ? src : g, valid);
+      cp_async_16(smem + Tile::chunk_offset(row, cp.c), valid ? src : g, valid);
     }
-    src += kRowsPerPass * stride_s;
+    src += Copy::kRowsPerPass * stride_s;
   }
 }
 
@@ -67,19 +78,16 @@ __device__ __forceinline__ void load_swizzled_rows(unsigned smem, const Element*
 template <class Tile, int kRows, int kNThreads, int kGroupRows, class Element>
 __device__ __forceinline__ void load_swizzled_row_groups(unsigned smem, const Element* g, long long stride_s, int row0, int group_stride,
                                                          int seqlen, int tid) {
-  constexpr int kChunks = Tile::kChunksPerRow;
-  constexpr int kRowsPerPass = kNThreads / kChunks;
-  constexpr int kPasses = (kRows + kRowsPerPass - 1) / kRowsPerPass;
-  const int r = tid / kChunks;
-  const int c = tid % kChunks;
-  if (r >= kRowsPerPass) return;
+  using Copy = SwizzledRowCopy<Tile, kRows, kNThreads>;
+  const Copy cp(tid);
+  if (!cp.takes_part()) return;
 #pragma unroll
-  for (int i = 0; i < kPasses; ++i) {
-    const int row = r + i * kRowsPerPass;
-    if (kRows % kRowsPerPass == 0 || row < kRows) {
+  for (int i = 0; i < Copy::kPasses; ++i) {
+    const int row = cp.r + i * Copy::kRowsPerPass;
+    if (cp.has_row(i)) {
       const int grow = row0 + (row / kGroupRows) * group_stride + row % kGroupRows;
       const bool valid = grow < seqlen;
-      cp_async_16(smem + Tile::chunk_offset(row, c), valid ? g + (long long)grow * stride_s + c * 8 : g, valid);
+      cp_async_16(smem + Tile::chunk_offset(row, cp.c), valid ? g + (long long)grow * stride_s + cp.c * 8 : g, valid);
     }
   }
 }

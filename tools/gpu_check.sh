@@ -6,6 +6,7 @@
 #   sanitize_bwd: compute-sanitizer memcheck and racecheck on `flexjit run --backward` of causal, document, SAM and the
 #   learnable relative bias (its gradient: the diagonal scatter)
 #   backward: the [backward] GPU tests, then bench/bench_backward.py (table in $OUT/backward_table.md)
+#   multi_gpu: the two-GPU tests (one spec on both devices, replicas, wrong-device errors); needs 2 GPUs
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=${FLEXJIT_BIN:-.device/bin}
@@ -52,6 +53,10 @@ for step in $steps; do
       ;;
     sanitize)
       sanitize_launches forward
+      ;;
+    multi_gpu)
+      echo "== two-GPU tests"
+      "$BIN/gpu_tests" "[multi_gpu],*wrong device*" 2>&1 | tee "$OUT/multi_gpu_tests.log" | tail -5 || status=1
       ;;
     sanitize_bwd)
       sanitize_launches backward

@@ -102,6 +102,9 @@ struct CaseOptions {
   int64_t buffer_row_pad = 0;   // > 0: captured buffers of 2+ dims are stored with rows this many elements longer
   // Called on every captured buffer's host contents before upload (e.g. to plant -inf entries).
   std::function<void(const std::string& name, NpyArray& host)> edit_buffer;
+  int device = 0;                    // the GPU the inputs, buffers and launch are on
+  flexjit::Kernel* kernel = nullptr;  // a kernel compiled once and shared between cases (else one per case)
+  bool bind_buffers = false;         // captured buffers bound to the kernel on `device` (replicas), not passed
 };
 
 struct CaseResult {

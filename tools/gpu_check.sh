@@ -2,7 +2,7 @@
 # Runs on the GPU machine over binaries staged by tools/build_for_gpu.sh: the GPU tests,
 # compute-sanitizer on three representative launches, the PyTorch cross-check and the
 # benchmarks. Logs and result tables go to $OUT (or ./gpu-out).
-#   tools/gpu_check.sh [tests] [sanitize] [sanitize_bwd] [torch] [bench] [backward]   (default: tests sanitize torch bench)
+#   tools/gpu_check.sh [tests] [sanitize] [sanitize_bwd] [torch] [bench] [backward] [multi_gpu]   (default: tests sanitize torch bench)
 #   sanitize_bwd: compute-sanitizer memcheck and racecheck on `flexjit run --backward` of causal, document, SAM and the
 #   learnable relative bias (its gradient: the diagonal scatter)
 #   backward: the [backward] GPU tests, then bench/bench_backward.py (table in $OUT/backward_table.md)

@@ -5,8 +5,8 @@
 #include "flex_wgmma.cuh"
 
 // Drop-in replacement of flex_backward_main for head dims 32..128 on sm_90a (docs/BACKWARD_SM90.md): the same
-// FlexBackwardParams, variant contract, grid (ceil(Skv / 128), Hkv, B), 256 threads, tile classes, schedule and
-// preprocess / dQ-conversion kernels; shared memory flex_bwd_sm90::Smem<Traits>::kAllocBytes.
+// FlexBackwardParams, variant contract, grid (ceil(Skv / 128), Hkv, B; spread rows: see the kernel), 256 threads,
+// tile classes, schedule and preprocess / dQ-conversion kernels; shared memory flex_bwd_sm90::Smem<...>::kAllocBytes.
 //
 // Two warpgroups; warpgroup w owns KV rows 64w..64w+63 of the CTA's 128, so warp `warp` owns rows 16 warp..+15
 // as in the mma.sync kernel, and a wgmma accumulator of a warp is the m16n8 C layout of those rows repeated per
@@ -139,7 +139,8 @@ __device__ __forceinline__ void dq_block(const FlexBackwardParams& p, unsigned s
 
 }  // namespace flex_bwd_sm90
 
-// The main backward kernel for sm_90a. grid = (ceil(Skv / 128), Hkv, B), block = 256,
+// The main backward kernel for sm_90a. grid = (BackwardConfig::main_grid_x(Skv): ceil(Skv / 128), or 4 per started
+// 512 rows with spread rows; Hkv, B), block = 256,
 // dynamic shared memory = flex_bwd_sm90::Smem<Traits, Variant, kDqBulk>::kAllocBytes. Traits = FlexBackwardTraits<D, Element>.
 // kDq = false: dQ is left to another pass (no dS^T store, no dQ GEMM, no dQ atomics).
 // kDqBulk: dQ partials are added to dq_accum by bulk reductions (cp.reduce.async.bulk, one per query row, issued

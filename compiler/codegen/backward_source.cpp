@@ -101,11 +101,11 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
   // atomics -> bulk: D128 causal 2.16 -> 1.97, full 3.90 -> 3.55; D96 causal 1.868 -> 1.846; D64 causal 1.41 ->
   // 1.52, plain 3.69 -> 3.97; D32 causal 1.03 -> 1.35 (B4 H16 S4096, B8 H12 at D64 plain).
   constexpr int kDqBulkMinHeadDim = 96;
+  constexpr int kSm90MaxDynamicShared = 227 * 1024;  // opt-in limit per block; SAM at head dim 128 leaves no room
   if (out.config.hopper && !qm && !options.deterministic && options.head_dim >= kDqBulkMinHeadDim) {
     BackwardConfig bulk = out.config;
     bulk.dq_bulk = true;
-    // sm_90's opt-in limit of dynamic shared memory per block (227 KB); SAM at head dim 128 does not fit.
-    out.config.dq_bulk = bulk.shared_bytes() <= 232448;
+    out.config.dq_bulk = bulk.shared_bytes() <= kSm90MaxDynamicShared;
   }
   GradVariantOptions kv_major;
   kv_major.query_major_pass = qm;
@@ -171,7 +171,11 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
       fmt::arg("bulk", out.config.hopper ? fmt::format(", /*kDqBulk=*/{}", out.config.dq_bulk) : std::string()),
       fmt::arg("smem_check", out.config.hopper ? fmt::format("static_assert(flex_bwd_sm90::Smem<FlexBwdTraits, FlexGradVariant, {}>::kAllocBytes == {}, "
                                                               "\"host and template disagree on the backward's shared memory\");\n",
-                                                              out.config.dq_bulk, out.config.shared_bytes())
+                                                              out.config.dq_bulk, out.config.shared_bytes()) +
+                                                      (out.config.spread_rows
+                                                           ? "static_assert(flex_bwd_staged::kSpreadRange == 512 && flex_bwd_staged::kSpreadCtas == 4, "
+                                                             "\"host (BackwardConfig::main_grid_x) and template disagree on the spread rows' grid\");\n"
+                                                           : "")
                                                : std::string()));
   const VariantOptions& vo = options.variant;
   ks.key_text = fmt::format(

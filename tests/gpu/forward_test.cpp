@@ -314,22 +314,34 @@ TEST_CASE("a document mask indexed past its buffer is reported, not read out of 
   }
 }
 
+// q, k, v and o of one [1, 1, 64, 64] bf16 launch on `device` (random, not checked): for launches that must fail.
+struct SmallOperands {
+  DeviceTensor4 q, k, v, o;
+  explicit SmallOperands(int device, unsigned seed) {
+    std::mt19937 rng(seed);
+    std::vector<uint16_t> bits;
+    random_rounded(64 * 64, dsl::DType::BF16, rng, bits);
+    q = upload4(device, bits, dsl::DType::BF16, 1, 1, 64, 64, false);
+    k = upload4(device, bits, dsl::DType::BF16, 1, 1, 64, 64, false);
+    v = upload4(device, bits, dsl::DType::BF16, 1, 1, 64, 64, false);
+    o = upload4(device, bits, dsl::DType::BF16, 1, 1, 64, 64, false);
+  }
+  AttentionArgs args() const {
+    AttentionArgs a;
+    a.q = q.tensor, a.k = k.tensor, a.v = v.tensor, a.o = o.tensor;
+    return a;
+  }
+};
+
 TEST_CASE("a pointer on the wrong device is an error naming the buffer", "[gpu]") {
   FLEXJIT_REQUIRE_GPU();
   dsl::Spec spec = load_spec(gallery_dir() / "document.json");
   spec.head_dim = 64;
   Runtime rt;
   auto kernel = rt.compile(spec);
-  std::mt19937 rng(3);
-  std::vector<uint16_t> bits;
-  random_rounded(64 * 64, dsl::DType::BF16, rng, bits);
-  DeviceTensor4 q = upload4(0, bits, dsl::DType::BF16, 1, 1, 64, 64, false);
-  DeviceTensor4 k = upload4(0, bits, dsl::DType::BF16, 1, 1, 64, 64, false);
-  DeviceTensor4 v = upload4(0, bits, dsl::DType::BF16, 1, 1, 64, 64, false);
-  DeviceTensor4 o = upload4(0, bits, dsl::DType::BF16, 1, 1, 64, 64, false);
+  const SmallOperands ops(0, 3);
   std::vector<int32_t> host_doc(64, 0);
-  AttentionArgs a;
-  a.q = q.tensor, a.k = k.tensor, a.v = v.tensor, a.o = o.tensor;
+  AttentionArgs a = ops.args();
   a.buffers = {{"doc", Tensor{host_doc.data(), dsl::DType::I32, {64}, {}}}};
   try {
     kernel->forward(a);
@@ -378,16 +390,9 @@ TEST_CASE("one compiled spec serves two GPUs: a module and bound buffer replicas
   }
   // The failure of ../shared/seeds/000: a mask buffer on cuda:0 passed to a launch on cuda:1 is an error naming
   // the buffer and both devices, not a crash or a silent wrong answer.
-  std::mt19937 rng(5);
-  std::vector<uint16_t> bits;
-  random_rounded(64 * 64, dsl::DType::BF16, rng, bits);
-  DeviceTensor4 q = upload4(1, bits, dsl::DType::BF16, 1, 1, 64, 64, false);
-  DeviceTensor4 k = upload4(1, bits, dsl::DType::BF16, 1, 1, 64, 64, false);
-  DeviceTensor4 v = upload4(1, bits, dsl::DType::BF16, 1, 1, 64, 64, false);
-  DeviceTensor4 o = upload4(1, bits, dsl::DType::BF16, 1, 1, 64, 64, false);
+  const SmallOperands ops(1, 5);
   runtime::DeviceBuffer doc0(0, 64 * 4);
-  AttentionArgs a;
-  a.q = q.tensor, a.k = k.tensor, a.v = v.tensor, a.o = o.tensor;
+  AttentionArgs a = ops.args();
   a.buffers = {{"doc", Tensor{doc0.data(), dsl::DType::I32, {64}, {}}}};
   try {
     kernel->forward(a);

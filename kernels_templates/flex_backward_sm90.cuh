@@ -25,7 +25,7 @@ namespace flex_bwd_sm90 {
 // Shared-memory tiles and their offsets. Swizzle: 128 B at D = 128, 64 B at 64 and 96, 32 B at 32 and 80, so D
 // has at least two swizzle regions and the dQ column split lands on a region boundary. The variant adds the
 // regions of its staged terms (flex_backward_staged.cuh) at the end.
-template <class Traits, class Variant = void, bool kDqBulk = false>
+template <class Traits, class Variant = void, bool kDqBulk = false, bool kGradGemm = false>
 struct Smem {
   using Staged = flex_bwd_staged::Flags<Variant>;
   static constexpr int kHeadDim = Traits::kHeadDim;
@@ -49,7 +49,10 @@ struct Smem {
   static constexpr int kOffSched = kOffPlanes + Traits::kNWarps * 4 * (kBlockM + 16) * 4;  // tile classes of the CTA's column
   static constexpr int kOffStCol = kOffSched + Traits::kMaxSched;                               // [stages] Col tiles
   static constexpr int kOffStGrad = kOffStCol + (Staged::kCol ? kStages * flex_bwd_staged::kColBytes : 0);  // dS^T planes / slabs
-  static constexpr int kOffStTile = kOffStGrad + (Staged::kGrad ? Staged::kGradRegionBytes : 0);          // [stages] Tile values
+  // kGradGemm: the selector tiles (flex_bwd_staged::build_selectors) instead of the slabs, on a 1024-byte boundary.
+  static constexpr int kGradBytes = kGradGemm ? flex_bwd_staged::kSelectorRegionBytes : Staged::kGradRegionBytes;
+  static constexpr int kOffSelectors = (kOffStGrad + 1023) / 1024 * 1024;
+  static constexpr int kOffStTile = kOffStGrad + (Staged::kGrad ? kGradBytes : 0);  // [stages] Tile values
   static constexpr int kOffDqBuf = kOffStTile + (Staged::kTile ? kStages * Staged::kTileStageBytes : 0);  // dQ partial rows
   // kDqBulk: the CTA's dQ partial of a query tile, [64 q][D + 8] fp32 (rows 16-byte aligned; the 8 floats of padding
   // make the accumulator-layout float2 stores conflict-free), sent to dq_accum by one bulk reduction per row.
@@ -72,6 +75,8 @@ struct Smem {
   static_assert(kDqN1 > 0 && kDqN0 % TileKV::kRegionCols == 0, "flex_backward_main_sm90: dQ split must land on a region boundary");
   static_assert(kOffStCol % 16 == 0 && kBlockM == flex_bwd_staged::kRows, "flex_backward_main_sm90: staged tiles need 16-byte rows of 64 queries");
   static_assert(kOffDqBuf % 16 == 0, "flex_backward_main_sm90: the dQ rows must be 16-byte aligned for the bulk reduction");
+  static_assert(!kGradGemm || (Staged::kSpread && Staged::kGrad), "flex_backward_main_sm90: selector GEMMs reduce spread rows' staged gradients");
+  static_assert(!kGradGemm || kOffSelectors + 2 * flex_bwd_staged::SelectorTile::kBytes <= kOffStTile, "flex_backward_main_sm90: selector region");
 };
 
 // x, through an instruction the compiler cannot look through. Used at the top of the query-tile loop for the
@@ -117,6 +122,29 @@ __device__ __forceinline__ void dq_block(const FlexBackwardParams& p, unsigned s
 #pragma unroll
       for (int i = 0; i < kN / 8; ++i) *reinterpret_cast<float2*>(row + i * 8) = make_float2(acc[4 * i + 2 * half], acc[4 * i + 2 * half + 1]);
     }
+  } else if constexpr (!kDeterministic) {
+    // Two adjacent n8 tiles per float4 atomic: partners t4 and t4 ^ 1 swap one pair, so the even thread holds
+    // columns 8i + 2 t4 .. + 3 of tile i and the odd one 8 (i + 1) + 2 (t4 - 1) .. + 3 of tile i + 1. Half the
+    // atomic instructions of float2 ones, the same whole sectors: SAM ViT-B backward 5.03 -> 4.82 ms, plain D64
+    // 3.69 -> 3.50, SAM D80 7.89 -> 7.55 (H100, same run); D32 unchanged.
+    static_assert(kN % 16 == 0, "dq_block: float4 dQ atomics pair the n8 tiles");
+    const bool odd = t4 & 1;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int q = q_row0 + half * 8;
+#pragma unroll
+      for (int i = 0; i < kN / 8; i += 2) {
+        const float a0 = acc[4 * i + 2 * half], a1 = acc[4 * i + 2 * half + 1];
+        const float b0 = acc[4 * i + 4 + 2 * half], b1 = acc[4 * i + 4 + 2 * half + 1];
+        const float r0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : b0, 1);
+        const float r1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : b1, 1);
+        if (q < p.seqlen_q) {
+          const int col = odd ? col0 + i * 8 + 8 + 2 * (t4 - 1) : col0 + i * 8 + 2 * t4;
+          const float4 v = odd ? make_float4(r0, r1, b0, b1) : make_float4(a0, a1, r0, r1);
+          atomicAdd(reinterpret_cast<float4*>(static_cast<float*>(p.dq_accum) + (row_base + q) * kHeadDim + col), v);
+        }
+      }
+    }
   } else {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -125,12 +153,8 @@ __device__ __forceinline__ void dq_block(const FlexBackwardParams& p, unsigned s
 #pragma unroll
         for (int i = 0; i < kN / 8; ++i) {
           const long long off = (row_base + q) * kHeadDim + col0 + i * 8 + 2 * t4;
-          if constexpr (kDeterministic) {
-            flex_bwd::accumulate<true>(p.dq_accum, off, acc[4 * i + 2 * half]);
-            flex_bwd::accumulate<true>(p.dq_accum, off + 1, acc[4 * i + 2 * half + 1]);
-          } else {
-            flex_bwd::add_pair(static_cast<float*>(p.dq_accum) + off, acc[4 * i + 2 * half], acc[4 * i + 2 * half + 1]);
-          }
+          flex_bwd::accumulate<true>(p.dq_accum, off, acc[4 * i + 2 * half]);
+          flex_bwd::accumulate<true>(p.dq_accum, off + 1, acc[4 * i + 2 * half + 1]);
         }
       }
     }
@@ -146,11 +170,16 @@ __device__ __forceinline__ void dq_block(const FlexBackwardParams& p, unsigned s
 // kDqBulk: dQ partials are added to dq_accum by bulk reductions (cp.reduce.async.bulk, one per query row, issued
 // by threads 0..63 after the next tile's first barrier) instead of atomics from the accumulators, so that no warp
 // waits for its reductions' registers to drain (fp32 only: not with kDeterministic).
-template <class Traits, class Variant, bool kDeterministic, bool kDq = true, bool kDqBulk = false>
+// kGradGemm: spread rows' staged gradients by selector GEMMs on the dS^T tile (flex_backward_staged.cuh); needs bf16
+// and d_score = 1, where that tile holds the terms' gradient, and a gradient of both terms (one GEMM per warpgroup).
+template <class Traits, class Variant, bool kDeterministic, bool kDq = true, bool kDqBulk = false, bool kGradGemm = false>
 __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams& p, const typename Variant::Params& vp) {
   using Element = typename Traits::Element;
   using Mma = flex::Mma16816<Element>;  // fragment packing only
-  using S = flex_bwd_sm90::Smem<Traits, Variant, kDqBulk>;
+  using S = flex_bwd_sm90::Smem<Traits, Variant, kDqBulk, kGradGemm>;
+  static_assert(!kGradGemm || (Variant::kDScoreIsOne && flex::std_like::is_same<Element, __nv_bfloat16>::value && kDq &&
+                               Variant::kStagedTileScatter >= 0),
+                "flex_backward_main_sm90: selector GEMMs need bf16 dS^T equal to dS (d_score = 1) and both staged gradients");
   static_assert(!kDqBulk || (kDq && !kDeterministic), "flex_backward_main_sm90: bulk dQ reductions are fp32 and need kDq");
   using Staged = flex_bwd_staged::Flags<Variant>;
   using TileKV = typename S::TileKV;
@@ -243,6 +272,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   const flex_bwd::ColumnSchedule<kBlockM, kBlockN, kNThreads, Traits::kMaxSched> sched(
       p, b, hkv, range0, smem + S::kOffSched, tid, range0 + (kSpread ? flex_bwd_staged::kSpreadRange : kBlockN) - 1);
   const int total = sched.total;
+  if constexpr (kGradGemm) flex_bwd_staged::build_selectors<Element>(smem + S::kOffSelectors, tid, kNThreads);
   auto class_at = [&](int pos) -> int { return sched.class_at(pos); };
   auto next_pos = [&](int pos) -> int { return sched.next_pos(pos); };
 
@@ -455,7 +485,8 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     else ds_tile(flex_bwd::BoolTag<false>{});
 
     // Scatters (buffer gradients) from dS, then dS_pre = dS * d_score; the staged terms' dS^T into their planes.
-    if constexpr (Staged::kGrad && kSpread) flex_bwd_staged::write_slab<(Variant::kStagedTileScatter >= 0)>(sh_st_grad, acc_dp, warp, ln);
+    if constexpr (kGradGemm) {
+    } else if constexpr (Staged::kGrad && kSpread) flex_bwd_staged::write_slab<(Variant::kStagedTileScatter >= 0)>(sh_st_grad, acc_dp, warp, ln);
     else if constexpr (Staged::kGrad) flex_bwd_staged::write_plane(sh_st_grad, acc_dp, wg, warp, ln);
     TileScatter0 split_scatter;
     if constexpr (kSplitScatter) {
@@ -517,9 +548,15 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
       __syncthreads();
       const long long row_base = ((long long)b * p.heads + h) * seqlen_q;
       const int q_row0 = m0 + (warp % 4) * 16 + g;
+      // Selector GEMMs: warpgroup 0 the Col sums, warpgroup 1 the Tile sums, in their own wgmma group ahead of
+      // dQ's; dq_block waits for both. (Behind dQ's, running during the dQ atomics: SAM D64 backward 4.59-4.64 ->
+      // 4.64-4.68 ms, D32 3.81 -> 3.77, D128 4.45 -> 4.42; H100, same run. D64 is the case that matters.)
+      float sel_acc[8];
+      if constexpr (kGradGemm) flex_bwd_staged::issue_selector_gemm<TileDS, Element>(sel_acc, s_ds, s_base + S::kOffSelectors, wg);
       auto while_dq = [&] {
         if constexpr (kSplitScatter) TileScatter0::cta_sum(p, vp, sh_red, b, h, hkv, m0, n0, tid);
-        if constexpr (Staged::kGrad && kSpread)
+        if constexpr (kGradGemm) {
+        } else if constexpr (Staged::kGrad && kSpread)
           flex_bwd_staged::flush_spread<Variant, kDeterministic>(p, vp, sh_st_grad, b, h, hkv, m0, spread_j0, spread_col0, tid);
         else if constexpr (Staged::kGrad)
           flex_bwd_staged::flush_grads<Variant, kDeterministic>(p, vp, sh_st_grad, b, h, hkv, m0, n0, tid);
@@ -533,6 +570,13 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
         else
           flex_bwd_sm90::dq_block<S::kDqN1, S, Element, kDeterministic, kDqBulk>(p, s_ds, s_k, S::kDqN0, row_base, q_row0, t4, sh_dq, m0,
                                                                                   while_dq);
+      }
+      if constexpr (kGradGemm) {
+        flex::fence_operands(sel_acc);
+        if (wg == 0)
+          flex_bwd_staged::flush_selected_col<Variant, kDeterministic>(p, vp, sel_acc, b, h, hkv, q_row0, spread_col0, t4);
+        else
+          flex_bwd_staged::flush_selected_tile<Variant, kDeterministic>(p, vp, sel_acc, b, h, hkv, q_row0, spread_j0, t4);
       }
       if constexpr (kDqBulk) {
         bulk_row_base = row_base + m0;

@@ -18,8 +18,14 @@
 // kv // 64 blocks of one 16-column slice of kv % 64. Its Col gradient is then summed over its eight warps before
 // the atomics (16 columns per query row instead of 64: a quarter of the L2 reduction traffic), and its Tile
 // gradient covers eight adjacent J (one 32-byte sector per query row).
+//
+// Selector GEMMs (kGradGemm: spread rows, bf16, d_score = 1, so the dS^T tile that dQ reads is the gradient of
+// the terms): the sums are products of that tile with constant 0/1 matrices instead of slab stores, shuffles and
+// tree sums. Warpgroup 0 computes G_col[q][r] = sum over the 8 warps w of dS[q][16 w + r] (the CTA's 16 kv % 64
+// columns), warpgroup 1 G_tile[q][w] = sum over r of dS[q][16 w + r] (its 8 J); both sum the bf16 dS that dQ uses.
 #pragma once
 #include "flex_backward.cuh"
+#include "flex_wgmma.cuh"
 
 namespace flex_bwd_staged {
 
@@ -40,6 +46,11 @@ constexpr int kSpreadTileBytes = kRows * 8 * 2;
 constexpr int kSlabStride = 20;  // floats per query row: the accumulator-layout stores (rows 2 t4 + e, columns g) hit 32 banks
 constexpr int kRowSumStride = kRows + 4;  // [8 warps][64 q + 4] Tile-gradient row sums: conflict-free float2 stores
 constexpr int kSpreadGradBytes = 8 * kRows * kSlabStride * 4 + 8 * kRowSumStride * 4;
+
+// Selector GEMMs: two [128 local KV rows][16] 0/1 tiles, MN-major B operands (32-byte swizzle: one region of 16
+// columns), 1024-byte aligned inside their region (hence the extra 1 KB).
+using SelectorTile = flex::SwizzledTile<128, 16, 32>;
+constexpr int kSelectorRegionBytes = 2 * SelectorTile::kBytes + 1024;
 
 // What a variant stages (Variant = void: nothing, for layouts computed without a variant).
 template <class Variant>
@@ -342,6 +353,99 @@ __device__ __forceinline__ void flush_spread(const FlexBackwardParams& p, const 
     } else {
       if (v0 && t[0] != 0.f) flex_bwd::accumulate<kDeterministic>(grad, off, t[0]);
       if (v1 && t[1] != 0.f) flex_bwd::accumulate<kDeterministic>(grad, off + 1, t[1]);
+    }
+  }
+}
+
+// The selectors at `sel` (1024-byte aligned): tile 0 has a one in column lr % 16 of row lr (the Col sums), tile 1 in
+// column lr / 16 (the Tile sums; columns 8 .. 15 stay zero). Written once per CTA by all threads; the fence and
+// barrier before the first dQ GEMM publish them to the tensor cores.
+template <class Element>
+__device__ __forceinline__ void build_selectors(unsigned char* sel, int tid, int nthreads) {
+  constexpr unsigned short kOne = flex::std_like::is_same<Element, __nv_bfloat16>::value ? 0x3F80u : 0x3C00u;
+  for (int i = tid; i < 2 * 128 * 2; i += nthreads) {
+    const int t = i / 256, row = (i / 2) % 128, chunk = i % 2;
+    const int one = t == 0 ? row % 16 : row / 16;
+    unsigned w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int c = chunk * 8 + 2 * k;
+      w[k] = (c == one ? kOne : 0u) | ((c + 1 == one ? kOne : 0u) << 16);
+    }
+    *reinterpret_cast<uint4*>(sel + t * SelectorTile::kBytes + SelectorTile::chunk_offset(row, chunk)) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+// Issues (and commits as one group) this warpgroup's selector GEMM, acc = dS . selector over the 128 local KV rows:
+// A = the dS^T tile (MN-major, as the dQ GEMM reads it), B = selector tile `which` (0: Col, 1: Tile).
+template <class TileDS, class Element>
+__device__ __forceinline__ void issue_selector_gemm(float (&acc)[8], unsigned s_ds, unsigned s_sel, int which) {
+  static_assert(TileDS::kBytes == 128 * 64 * 2, "issue_selector_gemm: a [128 kv][64 q] dS^T tile");
+  flex::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 128 / 16; ++kk)
+    flex::Wgmma<16>::template ss<Element, 1, 1>(acc, flex::desc_mn_major<TileDS>(s_ds, kk * 16, 0),
+                                                flex::desc_mn_major<SelectorTile>(s_sel + which * SelectorTile::kBytes, kk * 16, 0), kk > 0 ? 1 : 0);
+  flex::wgmma_commit();
+}
+
+// Warpgroup 0 after its selector GEMM completed: the Col gradient of query rows q_row0 and q_row0 + 8, columns
+// col0 + (0 .. 15). Partner lanes t4 and t4 ^ 1 swap one pair so each sends 4 adjacent columns as one float4
+// atomic (a warp covers 8 rows x 64 contiguous bytes).
+template <class Variant, bool kDeterministic>
+__device__ __forceinline__ void flush_selected_col(const FlexBackwardParams& p, const typename Variant::Params& vp, const float (&acc)[8], int b,
+                                                   int h, int hkv, int q_row0, int col0, int t4) {
+  const StagedRows r = Variant::staged_col(vp, b, h, hkv);
+  void* grad = p.grad_ptr[Variant::kStagedColScatter];
+  const bool odd = t4 & 1;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const float a0 = acc[2 * half], a1 = acc[2 * half + 1], b0 = acc[4 + 2 * half], b1 = acc[4 + 2 * half + 1];
+    const float r0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : b0, 1);
+    const float r1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : b1, 1);
+    const int row = q_row0 + 8 * half;
+    if (row >= p.seqlen_q) continue;
+    const int c = odd ? col0 + 8 + 2 * (t4 - 1) : col0 + 2 * t4;
+    const float v[4] = {odd ? r0 : a0, odd ? r1 : a1, odd ? b0 : r0, odd ? b1 : r1};
+    const long long off = r.grad_base + (long long)row * r.cols + c;
+    bool vec = !kDeterministic && c + 4 <= r.cols && (off & 3) == 0 && (reinterpret_cast<unsigned long long>(grad) & 15) == 0;
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 900
+    vec = false;
+#else
+    if (vec) atomicAdd(reinterpret_cast<float4*>(static_cast<float*>(grad) + off), make_float4(v[0], v[1], v[2], v[3]));
+#endif
+    if (!vec) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        if (v[k] != 0.f && c + k < r.cols) flex_bwd::accumulate<kDeterministic>(grad, off + k, v[k]);
+    }
+  }
+}
+
+// Warpgroup 1 after its selector GEMM completed: the Tile gradient of query rows q_row0 and q_row0 + 8 for J = j0 +
+// 2 t4 and + 1 (the first n8 block; the second is the selector's zero columns), one 8-byte atomic per pair.
+template <class Variant, bool kDeterministic>
+__device__ __forceinline__ void flush_selected_tile(const FlexBackwardParams& p, const typename Variant::Params& vp, const float (&acc)[8], int b,
+                                                    int h, int hkv, int q_row0, int j0, int t4) {
+  const StagedRows r = Variant::staged_tile(vp, b, h, hkv);
+  void* grad = p.grad_ptr[Variant::kStagedTileScatter];
+  const int j = j0 + 2 * t4;
+  const bool v0 = j * 64 < p.seqlen_kv, v1 = (j + 1) * 64 < p.seqlen_kv;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = q_row0 + 8 * half;
+    if (row >= p.seqlen_q) continue;
+    const float t0 = acc[2 * half], t1 = acc[2 * half + 1];
+    const long long off = r.grad_base + (long long)row * r.cols + j;
+    bool pair = !kDeterministic && v1 && (off & 1) == 0 && (reinterpret_cast<unsigned long long>(grad) & 7) == 0;
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 900
+    pair = false;
+#endif
+    if (pair) {
+      flex_bwd::add_pair(static_cast<float*>(grad) + off, t0, t1);
+    } else {
+      if (v0 && t0 != 0.f) flex_bwd::accumulate<kDeterministic>(grad, off, t0);
+      if (v1 && t1 != 0.f) flex_bwd::accumulate<kDeterministic>(grad, off + 1, t1);
     }
   }
 }

@@ -294,12 +294,14 @@ struct ForwardKernel {
   }
 
   // Hoisted variant state of the thread's rows and tile columns (Row per query row, Col per row and column).
+  // kClampRows: rows past Sq take the state of row Sq - 1 instead of none (hoist_tile_clamped reads it).
+  template <bool kClampRows = false>
   static __device__ __forceinline__ void hoist_rows(const VParams& vp, Row (&row_st)[kRowsPerThread],
                                                     Col (&col_st)[kRowsPerThread][kColsPerThread], int b, int h, int hkv, int m0,
                                                     int warp, int lane, int seqlen_q, int seqlen_kv) {
 #pragma unroll
     for (int r = 0; r < kRowsPerThread; ++r) {
-      const int q = m0 + row_in_tile(warp, lane, r);
+      const int q = kClampRows ? min(m0 + row_in_tile(warp, lane, r), seqlen_q - 1) : m0 + row_in_tile(warp, lane, r);
       if (q < seqlen_q) {
         Variant::row(vp, row_st[r], b, h, hkv, q);
 #pragma unroll
@@ -322,6 +324,17 @@ struct ForwardKernel {
         if (q < seqlen_q) Variant::tile(vp, row_st[r], tile_st[r], b, h, hkv, q, k0);
       }
     }
+  }
+
+  // hoist_tile without a branch, for a visited KV tile (k0 < Skv): rows past Sq compute row Sq - 1's state (the
+  // row states must come from hoist_rows<true>). With no branch to merge at, the compiler can schedule the loads'
+  // consumers (a bf16 widening) after later work instead of right behind the loads.
+  static __device__ __forceinline__ void hoist_tile_clamped(const VParams& vp, const Row (&row_st)[kRowsPerThread],
+                                                            Tile (&tile_st)[kRowsPerThread], int b, int h, int hkv, int m0, int k0,
+                                                            int warp, int lane, int seqlen_q) {
+#pragma unroll
+    for (int r = 0; r < kRowsPerThread; ++r)
+      Variant::tile(vp, row_st[r], tile_st[r], b, h, hkv, min(m0 + row_in_tile(warp, lane, r), seqlen_q - 1), k0);
   }
 
   // score_mod and mask_mod of one S tile, choosing the instantiation: mask_mod on the masked (partial)

@@ -10,7 +10,8 @@ namespace flexjit {
 std::string BackwardConfig::str() const {
   std::string staged;
   if (staged_col || staged_tile)
-    staged = fmt::format("_st{}{}{}{}", staged_col ? "c" : "", staged_tile ? "t" : "", staged_grad ? "g" : "", spread_rows ? "s" : "");
+    staged = fmt::format("_st{}{}{}{}{}", staged_col ? "c" : "", staged_tile ? "t" : "", staged_grad ? "g" : "", spread_rows ? "s" : "",
+                         grad_gemm ? "m" : "");
   return fmt::format("d{}_m{}_n{}_w{}_s{}{}{}{}", head_dim, block_m, block_n, warps, stages, hopper ? "_sm90" : "", staged, dq_bulk ? "_qb" : "");
 }
 
@@ -23,7 +24,8 @@ int BackwardConfig::shared_bytes() const {
     bytes += 2 * stages * block_m * 4 + warps * block_m * 8 + warps * 4 * (block_m + 16) * 4 + 2048;
     if (staged_col) bytes += stages * block_m * 64 * 2;
     if (staged_tile) bytes += stages * block_m * (spread_rows ? 8 : 2) * 2;
-    if (staged_grad) bytes += spread_rows ? 8 * block_m * 20 * 4 + 8 * (block_m + 4) * 4 : 2 * block_m * 68 * 4;
+    if (staged_grad && grad_gemm) bytes += 2 * block_n * 16 * 2 + 1024;  // selectors, 1 KB to align them
+    else if (staged_grad) bytes += spread_rows ? 8 * block_m * 20 * 4 + 8 * (block_m + 4) * 4 : 2 * block_m * 68 * 4;
     if (dq_bulk) bytes += block_m * (head_dim + 8) * 4;
     return bytes + 1024;
   }
@@ -97,11 +99,19 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
   out.config.staged_tile = staged.find(StagedKind::Tile) != nullptr;
   for (const StagedTerm& t : staged.terms) out.config.staged_grad = out.config.staged_grad || t.scatter >= 0;
   out.config.spread_rows = staged.spreads_rows(grad.scatters.size());
+  // Selector GEMMs sum the bf16 dS^T tile that dQ reads, which is the terms' gradient only when d_score is 1; in
+  // fp16 small dS would lose bits the slab sums (fp32) keep. One GEMM per warpgroup: with rel_w's gradient alone
+  // warpgroup 0 did all of it and the slabs (all eight warps, during the dQ GEMM) were faster (H100, B8 H12 D64:
+  // 4.27 against 4.92 ms); SAM with both gradients 4.79-4.86 -> 4.59-4.64, D32 3.89-3.94 -> 3.81, D80 7.48-7.53 ->
+  // 7.03-7.06.
+  const StagedTerm* tile_term = staged.find(StagedKind::Tile);
+  out.config.grad_gemm = out.config.spread_rows && tile_term && tile_term->scatter >= 0 && options.dtype == dsl::DType::BF16 &&
+                         is_float_const(grad.d_score, 1.f);
   // Bulk dQ reductions pay from head dim 96 (one bulk operation per query row of D * 4 bytes). H100, backward ms,
   // atomics -> bulk: D128 causal 2.16 -> 1.97, full 3.90 -> 3.55; D96 causal 1.868 -> 1.846; D64 causal 1.41 ->
   // 1.52, plain 3.69 -> 3.97; D32 causal 1.03 -> 1.35 (B4 H16 S4096, B8 H12 at D64 plain).
   constexpr int kDqBulkMinHeadDim = 96;
-  constexpr int kSm90MaxDynamicShared = 227 * 1024;  // opt-in limit per block; SAM at head dim 128 leaves no room
+  constexpr int kSm90MaxDynamicShared = 227 * 1024;  // opt-in limit per block; fp16 SAM at head dim 128 (fp32 slabs) leaves no room
   if (out.config.hopper && !qm && !options.deterministic && options.head_dim >= kDqBulkMinHeadDim) {
     BackwardConfig bulk = out.config;
     bulk.dq_bulk = true;
@@ -168,10 +178,10 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
       fmt::arg("dq_kernel", dq_kernel), fmt::arg("conv", kBwdConvertEntry), fmt::arg("ts", kBwdTileStateEntry),
       fmt::arg("hopper_header", out.config.hopper ? "#include \"flex_backward_sm90.cuh\"\n" : ""),
       fmt::arg("main_fn", out.config.hopper ? "flex_backward_main_sm90" : "flex_backward_main"),
-      fmt::arg("bulk", out.config.hopper ? fmt::format(", /*kDqBulk=*/{}", out.config.dq_bulk) : std::string()),
-      fmt::arg("smem_check", out.config.hopper ? fmt::format("static_assert(flex_bwd_sm90::Smem<FlexBwdTraits, FlexGradVariant, {}>::kAllocBytes == {}, "
+      fmt::arg("bulk", out.config.hopper ? fmt::format(", /*kDqBulk=*/{}, /*kGradGemm=*/{}", out.config.dq_bulk, out.config.grad_gemm) : std::string()),
+      fmt::arg("smem_check", out.config.hopper ? fmt::format("static_assert(flex_bwd_sm90::Smem<FlexBwdTraits, FlexGradVariant, {}, {}>::kAllocBytes == {}, "
                                                               "\"host and template disagree on the backward's shared memory\");\n",
-                                                              out.config.dq_bulk, out.config.shared_bytes()) +
+                                                              out.config.dq_bulk, out.config.grad_gemm, out.config.shared_bytes()) +
                                                       (out.config.spread_rows
                                                            ? "static_assert(flex_bwd_staged::kSpreadRange == 512 && flex_bwd_staged::kSpreadCtas == 4, "
                                                              "\"host (BackwardConfig::main_grid_x) and template disagree on the spread rows' grid\");\n"

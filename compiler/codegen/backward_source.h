@@ -35,6 +35,10 @@ struct BackwardConfig {
   // Spread rows (flex_backward_staged.cuh): each CTA owns 16 kv % 64 columns of eight kv // 64 blocks instead of
   // 128 contiguous KV rows; the Tile values are [stages][64][8] and the gradients go through [8][64][20] slabs.
   bool spread_rows = false;
+  // Spread rows' staged gradients by two small GEMMs of the dS^T tile with 0/1 selectors instead of the slabs
+  // (flex_backward_staged.cuh): bf16 modules whose d_score is 1 (the tile then holds the terms' gradient) and
+  // whose Col and Tile terms both have a gradient; the slabs' region becomes two [128][16] selector tiles.
+  bool grad_gemm = false;
   // dQ partials by bulk reductions from shared memory ([64][D + 8] fp32) instead of atomics from the accumulators
   // (flex_backward_sm90.cuh kDqBulk): the Hopper kernel of an fp32 (not deterministic) KV-major module, where the
   // rows fit in shared memory.

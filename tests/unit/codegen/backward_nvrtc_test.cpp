@@ -130,7 +130,7 @@ TEST_CASE("the query-major backward modules compile: learnable buffers, masks, e
   CHECK(runtime::compile_kernel(bs.module, canonical_ir_text(ir), "sm_80").artefact->binary.size() > 1000);
 }
 
-TEST_CASE("the staged Hopper backward modules compile: SAM deterministic, fp16 at head dim 128, strided rows, a residual", "[nvrtc][backward]") {
+TEST_CASE("the staged Hopper backward modules compile: SAM deterministic, fp16 at head dim 128, strided rows, a residual, selector GEMMs", "[nvrtc][backward]") {
   struct Case {
     const char* name;
     const char* score_mod;
@@ -140,12 +140,19 @@ TEST_CASE("the staged Hopper backward modules compile: SAM deterministic, fp16 a
     int head_dim;
     bool deterministic;
     bool col = true, tile = true;  // the terms expected staged
+    bool gemm = false;             // spread rows' gradients by selector GEMMs expected (bf16, d_score 1)
   };
   const char* sam = "score + rel_h[b, h, q, kv // 64] + rel_w[b, h, q, kv % 64]";
   const std::vector<Case> cases = {
-      {"sam_det", sam, {"rel_h: bf16[B, H, Sq, 64]", "rel_w: bf16[B, H, Sq, 64]"}, {"rel_h", "rel_w"}, dsl::DType::BF16, 64, true},
+      {"sam_det", sam, {"rel_h: bf16[B, H, Sq, 64]", "rel_w: bf16[B, H, Sq, 64]"}, {"rel_h", "rel_w"}, dsl::DType::BF16, 64, true, true, true, true},
       {"sam_f16", sam, {"rel_h: f16[B, H, Sq, 64]", "rel_w: f16[B, H, Sq, 64]"}, {"rel_h", "rel_w"}, dsl::DType::F16, 128, false},
       {"sam_strided", sam, {"rel_h: bf16[B, H, Sq, 65]", "rel_w: bf16[B, H, Sq, 66]"}, {"rel_w"}, dsl::DType::BF16, 80, false},
+      {"sam_strided_both", sam, {"rel_h: bf16[B, H, Sq, 65]", "rel_w: bf16[B, H, Sq, 66]"}, {"rel_h", "rel_w"}, dsl::DType::BF16, 80, false, true,
+       true, true},
+      // rel_w's gradient alone, or a scaled score (d_score 0.5): the slabs.
+      {"rel_w_only", "score + rel_w[b, h, q, kv % 64]", {"rel_w: bf16[B, H, Sq, 64]"}, {"rel_w"}, dsl::DType::BF16, 32, false, true, false},
+      {"sam_scaled", "0.5 * score + rel_h[b, h, q, kv // 64] + rel_w[b, h, q, kv % 64]", {"rel_h: bf16[B, H, Sq, 64]", "rel_w: bf16[B, H, Sq, 64]"},
+       {"rel_h", "rel_w"}, dsl::DType::BF16, 64, false},
       {"sam_residual", "score * (1.0 - 0.25 * (q % 3)) + rel_h[b, h, q, kv // 64] + rel_w[b, h, q, kv % 64] + slope[h] * (kv - q)",
        {"rel_h: bf16[B, H, Sq, 64]", "rel_w: bf16[B, H, Sq, 64]", "slope: f32[H]"}, {"rel_h", "slope"}, dsl::DType::BF16, 32, false},
       {"tile_only", "score + r[h, q, kv // 64]", {"r: bf16[H, Sq, 64]"}, {"r"}, dsl::DType::BF16, 96, false, false, true},
@@ -166,6 +173,8 @@ TEST_CASE("the staged Hopper backward modules compile: SAM deterministic, fp16 a
     INFO(bs.module.source);
     CHECK(bs.config.staged_col == c.col);
     CHECK(bs.config.staged_tile == c.tile);
+    CHECK(bs.config.grad_gemm == c.gemm);
+    CHECK((bs.module.source.find("/*kGradGemm=*/true") != std::string::npos) == c.gemm);
     runtime::CacheLookup r = runtime::compile_kernel(bs.module, canonical_ir_text(ir), "sm_90a");
     CHECK(r.artefact->binary.size() > 1000);
     print_resources(r, bs.module.name, "sm_90a");
@@ -197,10 +206,18 @@ TEST_CASE("bulk dQ reductions: the Hopper fp32 kernel from head dim 96, where th
   CHECK(config(nullptr, "q >= kv", {}, {}, 96, false, "sm_90a").config.dq_bulk);
   CHECK(!config(nullptr, "q >= kv", {}, {}, 64, false, "sm_90a").config.dq_bulk);  // slower than the atomics there
   CHECK(!config(nullptr, "q >= kv", {}, {}, 128, false, "sm_80").config.dq_bulk);
-  // SAM with both gradients at head dim 128 already uses 226 KB: no room for the rows.
+  // SAM with both gradients at head dim 128: with the selector GEMMs (bf16) the rows fit; with the fp32 slabs (fp16
+  // SAM) the kernel already uses 226 KB and has no room for them.
   BackwardKernelSource sam = config("score + rel_h[b, h, q, kv // 64] + rel_w[b, h, q, kv % 64]", nullptr,
                                     {"rel_h: bf16[B, H, Sq, 64]", "rel_w: bf16[B, H, Sq, 64]"}, {"rel_h", "rel_w"}, 128, false, "sm_90a");
   CHECK(sam.config.spread_rows);
-  CHECK(!sam.config.dq_bulk);
-  CHECK(sam.config.shared_bytes() <= 232448);
+  CHECK(sam.config.grad_gemm);
+  CHECK(sam.config.dq_bulk);
+  CHECK(sam.config.shared_bytes() <= 227 * 1024);
+  BackwardConfig slabs = sam.config;
+  slabs.grad_gemm = false;
+  slabs.dq_bulk = false;
+  CHECK(slabs.shared_bytes() <= 232448);
+  slabs.dq_bulk = true;
+  CHECK(slabs.shared_bytes() > 227 * 1024);
 }

@@ -124,7 +124,9 @@ TEST_CASE("staged terms: only the Hopper kernel of an atomic module stages, and 
   CHECK(src.config.staged_grad);
   CHECK(src.module.source.find("static constexpr bool kStagedCol = true;") != std::string::npos);
   CHECK(src.module.source.find("kScatterClass[2] = {6 /* row-tile, staged */, 6 /* row-col, staged */}") != std::string::npos);
-  CHECK(src.module.key_text.find("_stctgs") != std::string::npos);  // spread rows: rel_w has a gradient
+  // Spread rows (rel_w has a gradient), the gradients by selector GEMMs (bf16, d_score 1, both terms learnable).
+  CHECK(src.module.key_text.find("_stctgsm") != std::string::npos);
+  CHECK(src.config.grad_gemm);
   // sm_80 (mma.sync kernel), head dim 192, or a query-major module: nothing staged, Auto takes the pass.
   BackwardKernelOptions a80 = bo;
   a80.arch = "sm_80";
@@ -145,9 +147,19 @@ TEST_CASE("staged terms: only the Hopper kernel of an atomic module stages, and 
   BackwardKernelSource qsrc = backward_kernel_source(b.ir, b.grad, b.ranges, qm);
   CHECK(!qsrc.config.staged_col);
   CHECK(qsrc.module.source.find("static constexpr bool kStagedCol = false;") != std::string::npos);
-  // The staged regions are in the host's shared-memory mirror (spread rows: [8] Tile values per query row, eight
-  // [64][20] slabs and [8][68] row sums).
-  CHECK(src.config.shared_bytes() == qsrc.config.shared_bytes() + 2 * 64 * 64 * 2 + 2 * 64 * 8 * 2 + 8 * 64 * 20 * 4 + 8 * 68 * 4);
+  // The staged regions are in the host's shared-memory mirror (spread rows: [8] Tile values per query row, and two
+  // [128][16] selector tiles with 1 KB to align them, or with the slabs eight [64][20] slabs and [8][68] row sums).
+  CHECK(src.config.shared_bytes() == qsrc.config.shared_bytes() + 2 * 64 * 64 * 2 + 2 * 64 * 8 * 2 + 2 * 128 * 16 * 2 + 1024);
+  BackwardConfig slabs = src.config;
+  slabs.grad_gemm = false;
+  CHECK(slabs.shared_bytes() == qsrc.config.shared_bytes() + 2 * 64 * 64 * 2 + 2 * 64 * 8 * 2 + 8 * 64 * 20 * 4 + 8 * 68 * 4);
+  Built w_only = build(kSam, kSamBufs, {"rel_w"});  // rel_w's gradient alone: spread rows through the slabs
+  BackwardKernelSource wsrc = backward_kernel_source(w_only.ir, w_only.grad, w_only.ranges, bo);
+  CHECK(wsrc.config.spread_rows);
+  CHECK(!wsrc.config.grad_gemm);
+  BackwardKernelOptions f16 = bo;  // fp16: the slabs' fp32 sums
+  f16.dtype = dsl::DType::F16;
+  CHECK(!backward_kernel_source(b.ir, b.grad, b.ranges, f16).config.grad_gemm);
   Built h_only = build(kSam, kSamBufs, {"rel_h"});
   BackwardKernelSource hsrc = backward_kernel_source(h_only.ir, h_only.grad, h_only.ranges, bo);
   CHECK(!hsrc.config.spread_rows);

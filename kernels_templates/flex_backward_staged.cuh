@@ -220,6 +220,40 @@ __device__ __forceinline__ void write_plane(float* planes, const float (&ds)[kMT
     for (int e = 0; e < 4; ++e) plane[(nt * 8 + 2 * t4 + e % 2) * kPlaneStride + c + (e / 2) * 8] = ds[nt][e];
 }
 
+// Adds v[0 .. 3] into columns c .. c + 3 of one gradient row, at element offset off: one float4 atomic where the
+// row has all four columns and the address is 16-byte aligned (sm_90, not deterministic), else per element,
+// skipping zeros and columns at or past `cols`.
+template <bool kDeterministic>
+__device__ __forceinline__ void add_quad(void* grad, long long off, int c, int cols, const float (&v)[4]) {
+  bool vec = !kDeterministic && c + 4 <= cols && (off & 3) == 0 && (reinterpret_cast<unsigned long long>(grad) & 15) == 0;
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 900
+  vec = false;
+#else
+  if (vec) atomicAdd(reinterpret_cast<float4*>(static_cast<float*>(grad) + off), make_float4(v[0], v[1], v[2], v[3]));
+#endif
+  if (!vec) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      if (v[k] != 0.f && c + k < cols) flex_bwd::accumulate<kDeterministic>(grad, off + k, v[k]);
+  }
+}
+
+// Adds t0 and t1 into the adjacent gradient elements off and off + 1 where they exist (valid0, valid1): one 8-byte
+// atomic where both do and the pair is aligned (sm_90, not deterministic), else per element, skipping zeros.
+template <bool kDeterministic>
+__device__ __forceinline__ void add_two(void* grad, long long off, bool valid0, bool valid1, float t0, float t1) {
+  bool pair = !kDeterministic && valid0 && valid1 && (off & 1) == 0 && (reinterpret_cast<unsigned long long>(grad) & 7) == 0;
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 900
+  pair = false;
+#endif
+  if (pair) {
+    flex_bwd::add_pair(static_cast<float*>(grad) + off, t0, t1);
+  } else {
+    if (valid0 && t0 != 0.f) flex_bwd::accumulate<kDeterministic>(grad, off, t0);
+    if (valid1 && t1 != 0.f) flex_bwd::accumulate<kDeterministic>(grad, off + 1, t1);
+  }
+}
+
 // The tile's gradients from both planes (after a CTA barrier that follows every write_plane): thread tid sums
 // columns 4 (tid % 4) + 16 k .. + 3 (k = 0..3) of query row tid / 4, so that each of a warp's four vector
 // reductions covers 64 contiguous bytes of 8 rows (whole 32-byte sectors; columns 16 (tid % 4) .. + 15 per
@@ -252,18 +286,8 @@ __device__ __forceinline__ void flush_grads(const FlexBackwardParams& p, const t
       void* grad = p.grad_ptr[Variant::kStagedTileScatter];
       const int j0 = n0 / 64;
       const long long off = r.grad_base + (long long)row * r.cols + j0;
-      const bool second = (j0 + 1) * 64 < p.seqlen_kv;
       // Both warpgroups' sums share a sector: one 8-byte vector atomic where the element pair is aligned.
-      bool pair = !kDeterministic && second && (off & 1) == 0 && (reinterpret_cast<unsigned long long>(grad) & 7) == 0;
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 900
-      pair = false;
-#endif
-      if (pair) {
-        flex_bwd::add_pair(static_cast<float*>(grad) + off, t0, t1);
-      } else {
-        if (t0 != 0.f) flex_bwd::accumulate<kDeterministic>(grad, off, t0);
-        if (t1 != 0.f && second) flex_bwd::accumulate<kDeterministic>(grad, off + 1, t1);
-      }
+      add_two<kDeterministic>(grad, off, true, (j0 + 1) * 64 < p.seqlen_kv, t0, t1);
     }
   }
   if constexpr (Variant::kStagedColScatter >= 0) {
@@ -281,20 +305,10 @@ __device__ __forceinline__ void flush_grads(const FlexBackwardParams& p, const t
       // of 32-byte sectors reduced in L2: whole sectors (the column order above) took SAM's backward from 6.54
       // to 5.95 ms (H100) against half-filled ones. A bulk reduction of whole rows (cp.reduce.async.bulk)
       // measured the same as the vector atomics.
-      bool vec = !kDeterministic && r.cols >= 64 && (off & 3) == 0 && (reinterpret_cast<unsigned long long>(grad) & 15) == 0;
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 900
-      vec = false;
-#else
-      if (vec) {
-        float4* dst = reinterpret_cast<float4*>(static_cast<float*>(grad) + off);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) atomicAdd(dst + 4 * k, make_float4(a[4 * k], a[4 * k + 1], a[4 * k + 2], a[4 * k + 3]));
-      }
-#endif
-      if (!vec) {
-#pragma unroll
-        for (int k = 0; k < 16; ++k)
-          if (a[k] != 0.f && c0 + 16 * (k / 4) + k % 4 < r.cols) flex_bwd::accumulate<kDeterministic>(grad, off + 16 * (k / 4) + k % 4, a[k]);
+      for (int k = 0; k < 4; ++k) {
+        const float v[4] = {a[4 * k], a[4 * k + 1], a[4 * k + 2], a[4 * k + 3]};
+        add_quad<kDeterministic>(grad, off + 16 * k, c0 + 16 * k, r.cols, v);
       }
     }
   }
@@ -323,18 +337,7 @@ __device__ __forceinline__ void flush_spread(const FlexBackwardParams& p, const 
     const StagedRows r = Variant::staged_col(vp, b, h, hkv);
     void* grad = p.grad_ptr[Variant::kStagedColScatter];
     const int c = col0 + 4 * sub;
-    const long long off = r.grad_base + (long long)row * r.cols + c;
-    bool vec = !kDeterministic && c + 4 <= r.cols && (off & 3) == 0 && (reinterpret_cast<unsigned long long>(grad) & 15) == 0;
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 900
-    vec = false;
-#else
-    if (vec) atomicAdd(reinterpret_cast<float4*>(static_cast<float*>(grad) + off), make_float4(a[0], a[1], a[2], a[3]));
-#endif
-    if (!vec) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        if (a[k] != 0.f && c + k < r.cols) flex_bwd::accumulate<kDeterministic>(grad, off + k, a[k]);
-    }
+    add_quad<kDeterministic>(grad, r.grad_base + (long long)row * r.cols + c, c, r.cols, a);
   }
   if constexpr (Variant::kStagedTileScatter >= 0) {
     const float* sums = slabs + 8 * kRows * kSlabStride;
@@ -342,18 +345,7 @@ __device__ __forceinline__ void flush_spread(const FlexBackwardParams& p, const 
     const StagedRows r = Variant::staged_tile(vp, b, h, hkv);
     void* grad = p.grad_ptr[Variant::kStagedTileScatter];
     const int j = j0 + 2 * sub;
-    const long long off = r.grad_base + (long long)row * r.cols + j;
-    const bool v0 = j * 64 < p.seqlen_kv, v1 = (j + 1) * 64 < p.seqlen_kv;
-    bool pair = !kDeterministic && v1 && (off & 1) == 0 && (reinterpret_cast<unsigned long long>(grad) & 7) == 0;
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 900
-    pair = false;
-#endif
-    if (pair) {
-      flex_bwd::add_pair(static_cast<float*>(grad) + off, t[0], t[1]);
-    } else {
-      if (v0 && t[0] != 0.f) flex_bwd::accumulate<kDeterministic>(grad, off, t[0]);
-      if (v1 && t[1] != 0.f) flex_bwd::accumulate<kDeterministic>(grad, off + 1, t[1]);
-    }
+    add_two<kDeterministic>(grad, r.grad_base + (long long)row * r.cols + j, j * 64 < p.seqlen_kv, (j + 1) * 64 < p.seqlen_kv, t[0], t[1]);
   }
 }
 
@@ -407,18 +399,7 @@ __device__ __forceinline__ void flush_selected_col(const FlexBackwardParams& p, 
     if (row >= p.seqlen_q) continue;
     const int c = odd ? col0 + 8 + 2 * (t4 - 1) : col0 + 2 * t4;
     const float v[4] = {odd ? r0 : a0, odd ? r1 : a1, odd ? b0 : r0, odd ? b1 : r1};
-    const long long off = r.grad_base + (long long)row * r.cols + c;
-    bool vec = !kDeterministic && c + 4 <= r.cols && (off & 3) == 0 && (reinterpret_cast<unsigned long long>(grad) & 15) == 0;
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 900
-    vec = false;
-#else
-    if (vec) atomicAdd(reinterpret_cast<float4*>(static_cast<float*>(grad) + off), make_float4(v[0], v[1], v[2], v[3]));
-#endif
-    if (!vec) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        if (v[k] != 0.f && c + k < r.cols) flex_bwd::accumulate<kDeterministic>(grad, off + k, v[k]);
-    }
+    add_quad<kDeterministic>(grad, r.grad_base + (long long)row * r.cols + c, c, r.cols, v);
   }
 }
 
@@ -435,18 +416,7 @@ __device__ __forceinline__ void flush_selected_tile(const FlexBackwardParams& p,
   for (int half = 0; half < 2; ++half) {
     const int row = q_row0 + 8 * half;
     if (row >= p.seqlen_q) continue;
-    const float t0 = acc[2 * half], t1 = acc[2 * half + 1];
-    const long long off = r.grad_base + (long long)row * r.cols + j;
-    bool pair = !kDeterministic && v1 && (off & 1) == 0 && (reinterpret_cast<unsigned long long>(grad) & 7) == 0;
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 900
-    pair = false;
-#endif
-    if (pair) {
-      flex_bwd::add_pair(static_cast<float*>(grad) + off, t0, t1);
-    } else {
-      if (v0 && t0 != 0.f) flex_bwd::accumulate<kDeterministic>(grad, off, t0);
-      if (v1 && t1 != 0.f) flex_bwd::accumulate<kDeterministic>(grad, off + 1, t1);
-    }
+    add_two<kDeterministic>(grad, r.grad_base + (long long)row * r.cols + j, v0, v1, acc[2 * half], acc[2 * half + 1]);
   }
 }
 

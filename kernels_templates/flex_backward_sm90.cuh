@@ -435,7 +435,8 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
           if constexpr (Staged::kAny) {
             // The staged terms join the logit: with no score_mod left, scale and log2(e) still fold into one
             // FFMA on the raw q.k, the terms into its addend.
-            const float col = Staged::kCol ? flex_bwd_staged::unpack<typename Variant::StagedColElement>(st_col[nt][e / 2], e % 2) : 0.f;
+            float col = 0.f;
+            if constexpr (Staged::kCol) col = flex_bwd_staged::unpack<typename Variant::StagedColElement>(st_col[nt][e / 2], e % 2);
             const float lse_e = e % 2 ? lse2.y : lse2.x;
             if constexpr (Variant::kHasScoreMod) ex = flex::ex2((z + (st_add[e % 2] + col)) * kLog2e - lse_e);
             else if constexpr (Staged::kCol) ex = flex::ex2(fmaf(acc_s[nt][e], scale_log2, fmaf(col, kLog2e, st_base[e % 2])));

@@ -437,8 +437,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
             // FFMA on the raw q.k, the terms into its addend.
             float col = 0.f;
             if constexpr (Staged::kCol) col = flex_bwd_staged::unpack<typename Variant::StagedColElement>(st_col[nt][e / 2], e % 2);
-            const float lse_e = e % 2 ? lse2.y : lse2.x;
-            if constexpr (Variant::kHasScoreMod) ex = flex::ex2((z + (st_add[e % 2] + col)) * kLog2e - lse_e);
+            if constexpr (Variant::kHasScoreMod) ex = flex::ex2((z + (st_add[e % 2] + col)) * kLog2e - (e % 2 ? lse2.y : lse2.x));
             else if constexpr (Staged::kCol) ex = flex::ex2(fmaf(acc_s[nt][e], scale_log2, fmaf(col, kLog2e, st_base[e % 2])));
             else ex = flex::ex2(fmaf(acc_s[nt][e], scale_log2, st_base[e % 2]));
           } else {

@@ -112,7 +112,13 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
   // 1.52, plain 3.69 -> 3.97; D32 causal 1.03 -> 1.35 (B4 H16 S4096, B8 H12 at D64 plain).
   constexpr int kDqBulkMinHeadDim = 96;
   constexpr int kSm90MaxDynamicShared = 227 * 1024;  // opt-in limit per block; fp16 SAM at head dim 128 (fp32 slabs) leaves no room
-  if (out.config.hopper && !qm && !options.deterministic && options.head_dim >= kDqBulkMinHeadDim) {
+  // Not with a diagonal scatter (the learnable bias[h, q - kv + S - 1]), whose split reduction runs its
+  // cross-warp sums while dQ runs: there the float4 atomics win. H100, B4 H16 S4096 D128, backward ms, bulk rows ->
+  // float4 atomics: bias 2.56 / 2.58 / 2.56 -> 2.47 / 2.45 / 2.48; causal 1.94 / 1.94 / 1.95 -> 2.04 / 2.02 / 2.01 and
+  // the learnable slope 2.23 -> 2.33 keep the rows.
+  bool diagonal_scatter = false;
+  for (const GradScatter& s : grad.scatters) diagonal_scatter = diagonal_scatter || classify_scatter(s) == ScatterClass::Diagonal;
+  if (out.config.hopper && !qm && !options.deterministic && options.head_dim >= kDqBulkMinHeadDim && !diagonal_scatter) {
     BackwardConfig bulk = out.config;
     bulk.dq_bulk = true;
     out.config.dq_bulk = bulk.shared_bytes() <= kSm90MaxDynamicShared;

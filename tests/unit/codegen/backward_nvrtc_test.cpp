@@ -181,7 +181,7 @@ TEST_CASE("the staged Hopper backward modules compile: SAM deterministic, fp16 a
   }
 }
 
-TEST_CASE("bulk dQ reductions: the Hopper fp32 kernel from head dim 96, where the rows fit in shared memory", "[backward]") {
+TEST_CASE("bulk dQ reductions: the Hopper fp32 kernel from head dim 96, where the rows fit in shared memory, without a diagonal scatter", "[backward]") {
   auto config = [](const char* score_mod, const char* mask, std::vector<std::string> buffers, std::vector<std::string> grads, int head_dim,
                    bool deterministic, const char* arch) {
     dsl::Spec spec;
@@ -206,6 +206,9 @@ TEST_CASE("bulk dQ reductions: the Hopper fp32 kernel from head dim 96, where th
   CHECK(config(nullptr, "q >= kv", {}, {}, 96, false, "sm_90a").config.dq_bulk);
   CHECK(!config(nullptr, "q >= kv", {}, {}, 64, false, "sm_90a").config.dq_bulk);  // slower than the atomics there
   CHECK(!config(nullptr, "q >= kv", {}, {}, 128, false, "sm_80").config.dq_bulk);
+  // A diagonal scatter (learnable relative bias) keeps the float4 atomics; a uniform one (learnable slope) takes the rows.
+  CHECK(!config("score + bias[h, q - kv + Skv - 1]", "q >= kv", {"bias: f32[H, L]"}, {"bias"}, 128, false, "sm_90a").config.dq_bulk);
+  CHECK(config("score + slope[h] * (kv - q)", "q >= kv", {"slope: f32[H]"}, {"slope"}, 128, false, "sm_90a").config.dq_bulk);
   // SAM with both gradients at head dim 128: with the selector GEMMs (bf16) the rows fit; with the fp32 slabs (fp16
   // SAM) the kernel already uses 226 KB and has no room for them.
   BackwardKernelSource sam = config("score + rel_h[b, h, q, kv // 64] + rel_w[b, h, q, kv % 64]", nullptr,

@@ -489,6 +489,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
 
     // Scatters (buffer gradients) from dS, then dS_pre = dS * d_score; the staged terms' dS^T into their planes.
     if constexpr (kGradGemm) {
+      // Nothing here: the selector GEMMs read the dS^T tile that dQ needs anyway.
     } else if constexpr (Staged::kGrad && kSpread) flex_bwd_staged::write_slab<(Variant::kStagedTileScatter >= 0)>(sh_st_grad, acc_dp, warp, ln);
     else if constexpr (Staged::kGrad) flex_bwd_staged::write_plane(sh_st_grad, acc_dp, wg, warp, ln);
     TileScatter0 split_scatter;
@@ -559,6 +560,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
       auto while_dq = [&] {
         if constexpr (kSplitScatter) TileScatter0::cta_sum(p, vp, sh_red, b, h, hkv, m0, n0, tid);
         if constexpr (kGradGemm) {
+          // The selector GEMMs' atomics follow dq_block (their accumulators are ready after its wait).
         } else if constexpr (Staged::kGrad && kSpread)
           flex_bwd_staged::flush_spread<Variant, kDeterministic>(p, vp, sh_st_grad, b, h, hkv, m0, spread_j0, spread_col0, tid);
         else if constexpr (Staged::kGrad)

@@ -629,7 +629,8 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
         const float mx = flex::quad_max(fmaxf(row_max[r], t4));
         const bool jump = (mx - row_max[r]) * mult > kRescaleLog2;
         const float m_new = jump ? mx : row_max[r];
-        max_scaled[r] = m_new == K::neg_inf() ? 0.f : m_new * mult;
+        const float scaled = m_new * mult;  // as flex_forward.cuh: no max yet, or one past the fp32 range once scaled
+        max_scaled[r] = scaled == K::neg_inf() ? 0.f : scaled;
         alpha[r] = flex::ex2(row_max[r] * mult - max_scaled[r]);
         row_max[r] = m_new;
         row_sum[r] *= alpha[r];

@@ -195,7 +195,11 @@ struct ForwardKernel {
         // (mx - m) * mult is +inf when m = -inf < mx, NaN (false) when both are -inf.
         const bool jump = (mx - row_max[r]) * mult > kRescaleLog2;
         const float m_new = jump ? mx : row_max[r];
-        max_scaled[r] = m_new == neg_inf() ? 0.f : m_new * mult;
+        // 0 while the row has no max, and also where a finite max scales past the fp32 range (scores near -3.4e38,
+        // e.g. the lowest bf16 used as a mask value): every element so far then scales to -inf as well, and 0 keeps
+        // alpha = ex2(-inf - max_scaled) at 0 instead of NaN. A row whose every score is that low ends as fully masked.
+        const float scaled = m_new * mult;
+        max_scaled[r] = scaled == neg_inf() ? 0.f : scaled;
         alpha[r] = flex::ex2(row_max[r] * mult - max_scaled[r]);
         row_max[r] = m_new;
         row_sum[r] *= alpha[r];

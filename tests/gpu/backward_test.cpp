@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <limits>
 
 #include "gpu/gpu_harness.h"
@@ -29,6 +30,9 @@ struct BwdCase {
   std::vector<std::pair<std::string, double>> params = {};  // initialised: designated initialisers may leave it out
   unsigned seed = 7;
   int64_t int_hi = 8;
+  double scale = 0;  // softmax scale of the launches and the reference; 0: 1 / sqrt(D)
+  // Rewrites a buffer's host values (by spec name) before they are uploaded, e.g. to put -inf entries in.
+  std::function<void(const std::string&, NpyArray&)> edit_buffer = {};
 };
 
 // Everything a backward launch reads, on the host and the device.
@@ -60,6 +64,11 @@ Problem make_problem(const dsl::Spec& spec_in, const BwdCase& c) {
   pr.ddo = upload4(0, ob, c.dtype, c.B, c.H, c.Sq, pr.D, false);
   pr.sym = {{"B", c.B}, {"H", c.H}, {"Hkv", c.Hkv}, {"Sq", c.Sq}, {"Skv", c.Skv}, {"D", pr.D}, {"L", 2 * c.Skv - 1}, {"N", 64}};
   pr.bufs = make_buffers(pr.spec, pr.sym, 0, rng, c.int_hi);
+  if (c.edit_buffer)
+    for (size_t i = 0; i < pr.bufs.size(); ++i) {
+      c.edit_buffer(pr.spec.buffers[i].name, pr.bufs[i].host);
+      pr.bufs[i].mem.upload(pr.bufs[i].host.data.data(), pr.bufs[i].host.data.size());
+    }
   return pr;
 }
 
@@ -124,6 +133,7 @@ GpuGrads run_backward(Kernel& kernel, const Problem& pr, const Tensor& o, const 
   a.buffers = buffer_args(pr);
   a.deterministic = deterministic;
   a.dq_mode = dq_mode;
+  a.scale = static_cast<float>(c.scale);
   std::vector<int> marked;
   for (size_t i = 0; i < pr.spec.buffers.size(); ++i) {
     if (!pr.spec.buffers[i].requires_grad) continue;
@@ -166,6 +176,7 @@ FwdOut run_forward(Kernel& kernel, const Problem& pr, const Tensor& k, const Ten
   a.lse = Tensor{f.lse.data(), dsl::DType::F32, {c.B, c.H, c.Sq}, {}};
   a.params = c.params;
   a.buffers = buffer_args(pr);
+  a.scale = static_cast<float>(c.scale);
   kernel.forward(a);
   kernel.check_errors(0, nullptr);
   f.o_host = download4(f.o, c.dtype);
@@ -204,7 +215,7 @@ CheckedRun check_case(const dsl::Spec& spec, const BwdCase& c, bool deterministi
   EvalEnv env = make_env(ir, pr);
   std::vector<double> lse_d(f.lse_host.begin(), f.lse_host.end());
   RefBackward ref = reference_backward(ir, RefShape{c.B, c.H, c.Hkv, c.Sq, c.Skv, pr.D, pr.D}, pr.q, pr.k, pr.v, pr.d_o, to_double(f.o_host),
-                                       lse_d, env, 1.0 / std::sqrt(double(pr.D)));
+                                       lse_d, env, c.scale > 0 ? c.scale : 1.0 / std::sqrt(double(pr.D)));
   CheckedRun run{modes, {}, std::move(ref)};
   for (BackwardDqMode mode : modes) {
     GpuGrads g = run_backward(*kernel, pr, f.o.tensor, lse, deterministic, pr.dk_in.tensor, pr.dv_in.tensor, c.Skv, mode);
@@ -336,6 +347,36 @@ TEST_CASE("backward: staged SAM terms - strided rows, fp16, head dim 128, a term
   check_case(inline_spec("sam_half_grad", "score * (1.0 - 0.25 * (q % 3)) + rel_h[b, h, q, kv // 64] + rel_w[b, h, q, kv % 64]", std::nullopt, 64,
                          {"rel_h: bf16[B, H, Sq, 64]", "rel_w: bf16[B, H, Sq, 64]"}, {"rel_w"}),
              BwdCase{.Sq = 128, .Skv = 200});
+}
+
+TEST_CASE("backward: staged SAM terms - softmax scales, -inf entries, head dims 32 / 80 / 128, rel_w alone with a mask", "[gpu][backward]") {
+  FLEXJIT_REQUIRE_GPU();
+  const dsl::Spec sam = load_spec(backward_data("sam_learnable.json"));
+  const BwdCase base{.B = 1, .H = 2, .Hkv = 2, .Sq = 200, .Skv = 600};  // partial tiles, a partial 512-row range
+  for (double scale : {0.0, 0.1, 0.3, 0.7}) {
+    INFO("scale " << scale);
+    BwdCase c = base;
+    c.scale = scale;
+    check_case(sam, c, false, 2e-2, {BackwardDqMode::Atomic});
+  }
+  SECTION("-inf and the lowest finite bf16 in rel_w and rel_h mask their elements only") {
+    BwdCase c = base;
+    c.edit_buffer = [](const std::string& name, NpyArray& h) {
+      uint16_t* x = h.as<uint16_t>();
+      const int64_t step = name == "rel_w" ? 7 : 13;
+      for (int64_t i = 0; i < h.numel(); i += step) x[i] = 0xff80;  // -inf
+      for (int64_t i = 3; i < h.numel(); i += 11) x[i] = 0xff7f;     // -3.39e38
+    };
+    check_case(sam, c, false, 2e-2, {BackwardDqMode::Atomic});
+  }
+  SECTION("head dims 32, 80 and 128, GQA 2:1; rel_w alone under a mask") {
+    for (int d : {32, 80, 128}) {
+      INFO("head dim " << d);
+      check_case(with_dim(sam, d), BwdCase{.B = 1, .H = 4, .Hkv = 2, .Sq = 130, .Skv = 520}, false, 2e-2, {BackwardDqMode::Atomic});
+    }
+    check_case(inline_spec("rel_w_only", "score + rel_w[b, h, q, kv % 64]", std::string("kv < q + 300"), 64, {"rel_w: bf16[B, H, Sq, 64]"}, {"rel_w"}),
+               base, false, 2e-2, {BackwardDqMode::Atomic});
+  }
 }
 
 TEST_CASE("backward: document mask, fully masked rows, GQA 4:1", "[gpu][backward]") {

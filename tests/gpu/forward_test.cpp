@@ -299,6 +299,24 @@ TEST_CASE("SAM's rel_w added by the S GEMM: scales, -inf entries, strided rows, 
                           base));
     expect_close(run_case(inline_spec("row_bias", std::string("score + 0.25 * float(h)"), std::string("q >= kv"), 64), base));
   }
+  SECTION("the lowest finite bf16 in rel_h for a row's first KV tile: a finite row max whose scaled value overflows") {
+    // The first tile of rows q % 4 == 0 holds scores near -3.39e38: the online softmax's first max is finite but
+    // scales to -inf, which once made alpha NaN and the whole row NaN (its later tiles are ordinary).
+    for (int d : {64, 128}) {
+      INFO("head dim " << d);
+      dsl::Spec s = sam;
+      s.head_dim = d;
+      CaseOptions c = base;
+      c.edit_buffer = [](const std::string& name, NpyArray& h) {
+        if (name != "rel_h") return;
+        uint16_t* x = h.as<uint16_t>();
+        for (int64_t i = 0; i < h.numel(); i += 4 * 64) x[i] = 0xff7f;  // rel_h[.., q, 0] for q % 4 == 0
+      };
+      CaseResult r = run_case(s, c);
+      expect_close(r);
+      CHECK(r.lse.bad == 0);
+    }
+  }
 }
 
 TEST_CASE("a document mask indexed past its buffer is reported, not read out of bounds", "[gpu]") {

@@ -35,9 +35,18 @@ struct Smem {
   using TileKV = flex::SwizzledTile<kBlockN, kHeadDim, kSwizzle>;  // K, V: [128 kv][D]
   using TileQ = flex::SwizzledTile<kBlockM, kHeadDim, kSwizzle>;   // Q, dO: [64 q][D] per stage
   using TileDS = flex::SwizzledTile<kBlockN, kBlockM, 128>;        // dS^T: [128 kv][64 q]
+  // dQ columns of each warpgroup: the first takes half of D rounded up to whole swizzle regions
+  // (D128: 64 + 64, D96: 64 + 32, D80: 48 + 32, D64: 32 + 32, D32: 16 + 16).
+  static constexpr int kDqN0 = (kHeadDim / 2 + TileKV::kRegionCols - 1) / TileKV::kRegionCols * TileKV::kRegionCols;
+  static constexpr int kDqN1 = kHeadDim - kDqN0;
+  // K as TileKV, or with a spare region after each warpgroup's dQ columns for the selectors (kGradGemm with equal
+  // column counts, see flex_backward_staged.cuh), which the dQ GEMM then reads as 16 more B columns.
+  static constexpr bool kSelectorsInK = kGradGemm && kDqN0 == kDqN1;
+  using TileK = flex::SwizzledTile<kBlockN, kHeadDim, kSwizzle, kSelectorsInK ? kDqN0 / TileKV::kRegionCols : 0>;
+  static constexpr int kSelectorCols = kSelectorsInK ? 16 : 0;
   static constexpr int kStages = 2;
   static constexpr int kOffK = 0;
-  static constexpr int kOffV = kOffK + TileKV::kBytes;
+  static constexpr int kOffV = kOffK + TileK::kBytes;
   static constexpr int kOffQ = kOffV + TileKV::kBytes;
   static constexpr int kOffDO = kOffQ + kStages * TileQ::kBytes;
   static constexpr int kOffDS = kOffDO + kStages * TileQ::kBytes;
@@ -49,8 +58,8 @@ struct Smem {
   static constexpr int kOffSched = kOffPlanes + Traits::kNWarps * 4 * (kBlockM + 16) * 4;  // tile classes of the CTA's column
   static constexpr int kOffStCol = kOffSched + Traits::kMaxSched;                               // [stages] Col tiles
   static constexpr int kOffStGrad = kOffStCol + (Staged::kCol ? kStages * flex_bwd_staged::kColBytes : 0);  // dS^T planes / slabs
-  // kGradGemm: the selector tiles (flex_bwd_staged::build_selectors) instead of the slabs, on a 1024-byte boundary.
-  static constexpr int kGradBytes = kGradGemm ? flex_bwd_staged::kSelectorRegionBytes : Staged::kGradRegionBytes;
+  // kGradGemm: no slabs; the selector tiles (1 KB aligned) unless they live in K's spare regions.
+  static constexpr int kGradBytes = kGradGemm ? (kSelectorsInK ? 0 : flex_bwd_staged::kSelectorRegionBytes) : Staged::kGradRegionBytes;
   static constexpr int kOffSelectors = (kOffStGrad + 1023) / 1024 * 1024;
   static constexpr int kOffStTile = kOffStGrad + (Staged::kGrad ? kGradBytes : 0);  // [stages] Tile values
   static constexpr int kOffDqBuf = kOffStTile + (Staged::kTile ? kStages * Staged::kTileStageBytes : 0);  // dQ partial rows
@@ -62,21 +71,17 @@ struct Smem {
   // XOR acts on absolute address bits) whatever the base of dynamic shared memory.
   static constexpr int kAllocBytes = kBytes + 1024;
 
-  // dQ columns of each warpgroup: the first takes half of D rounded up to whole swizzle regions
-  // (D128: 64 + 64, D96: 64 + 32, D80: 48 + 32, D64: 32 + 32, D32: 16 + 16).
-  static constexpr int kDqN0 = (kHeadDim / 2 + TileKV::kRegionCols - 1) / TileKV::kRegionCols * TileKV::kRegionCols;
-  static constexpr int kDqN1 = kHeadDim - kDqN0;
-
   static_assert(kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 80 || kHeadDim == 96 || kHeadDim == 128,
                 "flex_backward_main_sm90: head dims 32, 64, 80, 96 and 128 only (192 and 256 use flex_backward_main)");
   static_assert(kBlockM == 64 && kBlockN == 128 && Traits::kNWarps == 8, "flex_backward_main_sm90: 64 x 128 tiles, 8 warps");
-  static_assert(TileKV::kBytes % 1024 == 0 && TileQ::kBytes % 1024 == 0 && TileDS::kBytes % 1024 == 0,
+  static_assert(TileK::kBytes % 1024 == 0 && TileKV::kBytes % 1024 == 0 && TileQ::kBytes % 1024 == 0 && TileDS::kBytes % 1024 == 0,
                 "flex_backward_main_sm90: every tile must keep the next one 1024-byte aligned");
   static_assert(kDqN1 > 0 && kDqN0 % TileKV::kRegionCols == 0, "flex_backward_main_sm90: dQ split must land on a region boundary");
   static_assert(kOffStCol % 16 == 0 && kBlockM == flex_bwd_staged::kRows, "flex_backward_main_sm90: staged tiles need 16-byte rows of 64 queries");
   static_assert(kOffDqBuf % 16 == 0, "flex_backward_main_sm90: the dQ rows must be 16-byte aligned for the bulk reduction");
   static_assert(!kGradGemm || (Staged::kSpread && Staged::kGrad), "flex_backward_main_sm90: selector GEMMs reduce spread rows' staged gradients");
-  static_assert(!kGradGemm || kOffSelectors + 2 * flex_bwd_staged::SelectorTile::kBytes <= kOffStTile, "flex_backward_main_sm90: selector region");
+  static_assert(!kGradGemm || kSelectorsInK || kOffSelectors + 2 * flex_bwd_staged::SelectorTile::kBytes <= kOffStTile,
+                "flex_backward_main_sm90: selector region");
 };
 
 // x, through an instruction the compiler cannot look through. Used at the top of the query-tile loop for the
@@ -101,20 +106,29 @@ __device__ __forceinline__ float (&flat(float (&a)[M][N]))[M * N] {
 // warpgroup, then adds into the accumulator.
 // kBulk: the partial goes into the CTA's dQ rows in shared memory (`dq_buf`, row q - m0) instead, for the bulk
 // reduction at the top of the next query tile.
+// Layout::kSelectorCols = 16 (kGradGemm): the GEMM runs on into K's spare region after the warpgroup's columns, whose
+// first 16 columns hold its selector (flex_backward_staged.cuh); those 16 columns of the product, the staged
+// gradient sums, go to `sel` (the m64n16 accumulator layout). One GEMM instead of a second one over the same dS^T
+// tile: dS^T is read from shared memory once.
 template <int kN, class Layout, class Element, bool kDeterministic, bool kBulk, class Overlap>
 __device__ __forceinline__ void dq_block(const FlexBackwardParams& p, unsigned s_ds, unsigned s_k, int col0, long long row_base,
-                                         int q_row0, int t4, float* dq_buf, int m0, Overlap&& overlap) {
+                                         int q_row0, int t4, float* dq_buf, int m0, float (&sel)[8], Overlap&& overlap) {
   constexpr int kHeadDim = Layout::kHeadDim;
-  float acc[kN / 2];
+  constexpr int kNSel = kN + Layout::kSelectorCols;
+  float acc[kNSel / 2];
   flex::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < Layout::kBlockN / 16; ++kk)
-    flex::Wgmma<kN>::template ss<Element, 1, 1>(acc, flex::desc_mn_major<typename Layout::TileDS>(s_ds, kk * 16, 0),
-                                                flex::desc_mn_major<typename Layout::TileKV>(s_k, kk * 16, col0), kk > 0 ? 1 : 0);
+    flex::Wgmma<kNSel>::template ss<Element, 1, 1>(acc, flex::desc_mn_major<typename Layout::TileDS>(s_ds, kk * 16, 0),
+                                                   flex::desc_mn_major<typename Layout::TileK>(s_k, kk * 16, col0), kk > 0 ? 1 : 0);
   flex::wgmma_commit();
   overlap();
   flex::wgmma_wait<0>();
   flex::fence_operands(acc);
+  if constexpr (Layout::kSelectorCols > 0) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sel[i] = acc[kN / 2 + i];
+  }
   if constexpr (kBulk) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -183,6 +197,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   static_assert(!kDqBulk || (kDq && !kDeterministic), "flex_backward_main_sm90: bulk dQ reductions are fp32 and need kDq");
   using Staged = flex_bwd_staged::Flags<Variant>;
   using TileKV = typename S::TileKV;
+  using TileK = typename S::TileK;
   using TileQ = typename S::TileQ;
   using TileDS = typename S::TileDS;
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -272,7 +287,8 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   const flex_bwd::ColumnSchedule<kBlockM, kBlockN, kNThreads, Traits::kMaxSched> sched(
       p, b, hkv, range0, smem + S::kOffSched, tid, range0 + (kSpread ? flex_bwd_staged::kSpreadRange : kBlockN) - 1);
   const int total = sched.total;
-  if constexpr (kGradGemm) flex_bwd_staged::build_selectors<Element>(smem + S::kOffSelectors, tid, kNThreads);
+  if constexpr (S::kSelectorsInK) flex_bwd_staged::build_selectors<TileK, Element>(smem + S::kOffK, tid, kNThreads);
+  else if constexpr (kGradGemm) flex_bwd_staged::build_selectors<flex_bwd_staged::SelectorTiles, Element>(smem + S::kOffSelectors, tid, kNThreads);
   auto class_at = [&](int pos) -> int { return sched.class_at(pos); };
   auto next_pos = [&](int pos) -> int { return sched.next_pos(pos); };
 
@@ -318,10 +334,10 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   sched.split(pos, head_in_group, m_block);
   // K and V once, with the first Q / dO tile.
   if constexpr (kSpread) {
-    flex::load_swizzled_row_groups<TileKV, kBlockN, kNThreads, 16>(s_k0, g_k, p.k_stride_s, n0, 64, seqlen_kv, tid);
+    flex::load_swizzled_row_groups<TileK, kBlockN, kNThreads, 16>(s_k0, g_k, p.k_stride_s, n0, 64, seqlen_kv, tid);
     flex::load_swizzled_row_groups<TileKV, kBlockN, kNThreads, 16>(s_v0, g_v, p.v_stride_s, n0, 64, seqlen_kv, tid);
   } else {
-    flex::load_swizzled_rows<TileKV, kBlockN, kNThreads>(s_k0, g_k, p.k_stride_s, n0, seqlen_kv, tid);
+    flex::load_swizzled_rows<TileK, kBlockN, kNThreads>(s_k0, g_k, p.k_stride_s, n0, seqlen_kv, tid);
     flex::load_swizzled_rows<TileKV, kBlockN, kNThreads>(s_v0, g_v, p.v_stride_s, n0, seqlen_kv, tid);
   }
   if (pos < total) load_q_tile(head_in_group, m_block, 0);
@@ -373,7 +389,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     flex::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kD16; ++kk)
-      flex::Wgmma<kBlockM>::template ss<Element, 0, 0>(flex_bwd_sm90::flat(acc_s), flex::desc_k_major<TileKV>(s_k, wg * 64, kk * 16),
+      flex::Wgmma<kBlockM>::template ss<Element, 0, 0>(flex_bwd_sm90::flat(acc_s), flex::desc_k_major<TileK>(s_k, wg * 64, kk * 16),
                                                        flex::desc_k_major<TileQ>(sq, 0, kk * 16), kk > 0 ? 1 : 0);
     flex::wgmma_commit();
 #pragma unroll
@@ -552,11 +568,12 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
       __syncthreads();
       const long long row_base = ((long long)b * p.heads + h) * seqlen_q;
       const int q_row0 = m0 + (warp % 4) * 16 + g;
-      // Selector GEMMs: warpgroup 0 the Col sums, warpgroup 1 the Tile sums, in their own wgmma group ahead of
-      // dQ's; dq_block waits for both. (Behind dQ's, running during the dQ atomics: SAM D64 backward 4.59-4.64 ->
-      // 4.64-4.68 ms, D32 3.81 -> 3.77, D128 4.45 -> 4.42; H100, same run. D64 is the case that matters.)
+      // Selector sums (kGradGemm): warpgroup 0 the Col sums, warpgroup 1 the Tile sums, as 16 more columns of its
+      // dQ GEMM, or by a selector GEMM in its own wgmma group ahead of dQ's (dq_block waits for both; behind dQ's,
+      // during the dQ atomics: SAM D64 backward 4.59-4.64 -> 4.64-4.68 ms, D32 3.81 -> 3.77, D128 4.45 -> 4.42).
       float sel_acc[8];
-      if constexpr (kGradGemm) flex_bwd_staged::issue_selector_gemm<TileDS, Element>(sel_acc, s_ds, s_base + S::kOffSelectors, wg);
+      if constexpr (kGradGemm && !S::kSelectorsInK)
+        flex_bwd_staged::issue_selector_gemm<TileDS, Element>(sel_acc, s_ds, s_base + S::kOffSelectors, wg);
       auto while_dq = [&] {
         if constexpr (kSplitScatter) TileScatter0::cta_sum(p, vp, sh_red, b, h, hkv, m0, n0, tid);
         if constexpr (kGradGemm) {
@@ -568,13 +585,13 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
       };
       if constexpr (S::kDqN0 == S::kDqN1) {
         flex_bwd_sm90::dq_block<S::kDqN0, S, Element, kDeterministic, kDqBulk>(p, s_ds, s_k, wg * S::kDqN0, row_base, q_row0, t4, sh_dq, m0,
-                                                                                while_dq);
+                                                                                sel_acc, while_dq);
       } else {
         if (wg == 0)
-          flex_bwd_sm90::dq_block<S::kDqN0, S, Element, kDeterministic, kDqBulk>(p, s_ds, s_k, 0, row_base, q_row0, t4, sh_dq, m0, while_dq);
+          flex_bwd_sm90::dq_block<S::kDqN0, S, Element, kDeterministic, kDqBulk>(p, s_ds, s_k, 0, row_base, q_row0, t4, sh_dq, m0, sel_acc, while_dq);
         else
           flex_bwd_sm90::dq_block<S::kDqN1, S, Element, kDeterministic, kDqBulk>(p, s_ds, s_k, S::kDqN0, row_base, q_row0, t4, sh_dq, m0,
-                                                                                  while_dq);
+                                                                                  sel_acc, while_dq);
       }
       if constexpr (kGradGemm) {
         flex::fence_operands(sel_acc);

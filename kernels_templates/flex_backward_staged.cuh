@@ -23,6 +23,13 @@
 // the terms, and both terms learnable, so each warpgroup has one): the sums are products of that tile with constant 0/1 matrices instead of slab stores, shuffles and
 // tree sums. Warpgroup 0 computes G_col[q][r] = sum over the 8 warps w of dS[q][16 w + r] (the CTA's 16 kv % 64
 // columns), warpgroup 1 G_tile[q][w] = sum over r of dS[q][16 w + r] (its 8 J); both sum the bf16 dS that dQ uses.
+// Where the two [128 local KV rows][16] selectors live: where the warpgroups' dQ column counts are equal (head dims
+// 32, 64, 128), in two spare regions of the K tile, each right after one warpgroup's dQ columns, so each
+// warpgroup's dQ GEMM (B = K, MN-major) simply runs 16 columns longer and dS^T is read once (SAM ViT-B backward
+// 4.52-4.60 -> 4.28-4.31 ms, D32 3.79 -> 3.40, D128 4.34 -> 4.21 without its bulk dQ rows, which no longer fit;
+// H100, same run). Elsewhere (80, 96: 48 + 32, 64 + 32 columns) ptxas serialised every wgmma of the kernel that way
+// (C7511, registers; D80 7.02 -> 7.64 ms), so there the selectors are tiles of their own and each warpgroup issues a
+// separate m64n16 GEMM on the dS^T tile ahead of dQ's.
 #pragma once
 #include "flex_backward.cuh"
 #include "flex_wgmma.cuh"
@@ -47,10 +54,15 @@ constexpr int kSlabStride = 20;  // floats per query row: the accumulator-layout
 constexpr int kRowSumStride = kRows + 4;  // [8 warps][64 q + 4] Tile-gradient row sums: conflict-free float2 stores
 constexpr int kSpreadGradBytes = 8 * kRows * kSlabStride * 4 + 8 * kRowSumStride * 4;
 
-// Selector GEMMs: two [128 local KV rows][16] 0/1 tiles, MN-major B operands (32-byte swizzle: one region of 16
-// columns), 1024-byte aligned inside their region (hence the extra 1 KB).
+// Separate selectors: two [128 local KV rows][16] 0/1 tiles, MN-major B operands (32-byte swizzle: one region of 16
+// columns), 1024-byte aligned inside their region (hence the extra 1 KB). SelectorTiles describes them as
+// build_selectors expects (selector t at spare_offset(t)), as the K tile with spare regions does.
 using SelectorTile = flex::SwizzledTile<128, 16, 32>;
 constexpr int kSelectorRegionBytes = 2 * SelectorTile::kBytes + 1024;
+struct SelectorTiles : SelectorTile {
+  static constexpr int kSpares = 2;
+  static __device__ __forceinline__ unsigned spare_offset(int i) { return i * SelectorTile::kBytes; }
+};
 
 // What a variant stages (Variant = void: nothing, for layouts computed without a variant).
 template <class Variant>
@@ -349,14 +361,17 @@ __device__ __forceinline__ void flush_spread(const FlexBackwardParams& p, const 
   }
 }
 
-// The selectors at `sel` (1024-byte aligned): tile 0 has a one in column lr % 16 of row lr (the Col sums), tile 1 in
-// column lr / 16 (the Tile sums; columns 8 .. 15 stay zero). Written once per CTA by all threads; the fence and
-// barrier before the first dQ GEMM publish them to the tensor cores.
-template <class Element>
-__device__ __forceinline__ void build_selectors(unsigned char* sel, int tid, int nthreads) {
+// The selectors at `base` + Tile::spare_offset(t) (Tile: the K layout with spare regions, or SelectorTiles): selector 0
+// has a one in column lr % 16 of row lr (the Col sums, warpgroup 0's), selector 1 in column lr / 16 (the Tile sums,
+// warpgroup 1's; columns 8 .. 15 stay zero), every other column of the region zero. Written once per CTA by all
+// threads; the fence and barrier before the first dQ GEMM publish them to the tensor cores.
+template <class Tile, class Element>
+__device__ __forceinline__ void build_selectors(unsigned char* base, int tid, int nthreads) {
+  static_assert(Tile::kSpares == 2, "build_selectors: two selector regions");
   constexpr unsigned short kOne = flex::std_like::is_same<Element, __nv_bfloat16>::value ? 0x3F80u : 0x3C00u;
-  for (int i = tid; i < 2 * 128 * 2; i += nthreads) {
-    const int t = i / 256, row = (i / 2) % 128, chunk = i % 2;
+  constexpr int kChunks = Tile::kChunksPerRegionRow;
+  for (int i = tid; i < 2 * 128 * kChunks; i += nthreads) {
+    const int t = i / (128 * kChunks), row = (i / kChunks) % 128, chunk = i % kChunks;
     const int one = t == 0 ? row % 16 : row / 16;
     unsigned w[4];
 #pragma unroll
@@ -364,12 +379,13 @@ __device__ __forceinline__ void build_selectors(unsigned char* sel, int tid, int
       const int c = chunk * 8 + 2 * k;
       w[k] = (c == one ? kOne : 0u) | ((c + 1 == one ? kOne : 0u) << 16);
     }
-    *reinterpret_cast<uint4*>(sel + t * SelectorTile::kBytes + SelectorTile::chunk_offset(row, chunk)) = make_uint4(w[0], w[1], w[2], w[3]);
+    // Region 0's chunk offset is the offset inside any region.
+    *reinterpret_cast<uint4*>(base + Tile::spare_offset(t) + Tile::chunk_offset(row, chunk)) = make_uint4(w[0], w[1], w[2], w[3]);
   }
 }
 
-// Issues (and commits as one group) this warpgroup's selector GEMM, acc = dS . selector over the 128 local KV rows:
-// A = the dS^T tile (MN-major, as the dQ GEMM reads it), B = selector tile `which` (0: Col, 1: Tile).
+// Separate selectors: issues (and commits as one group) this warpgroup's selector GEMM, acc = dS . selector over the
+// 128 local KV rows: A = the dS^T tile (MN-major, as the dQ GEMM reads it), B = selector tile `which` (0: Col, 1: Tile).
 template <class TileDS, class Element>
 __device__ __forceinline__ void issue_selector_gemm(float (&acc)[8], unsigned s_ds, unsigned s_sel, int which) {
   static_assert(TileDS::kBytes == 128 * 64 * 2, "issue_selector_gemm: a [128 kv][64 q] dS^T tile");
@@ -381,7 +397,7 @@ __device__ __forceinline__ void issue_selector_gemm(float (&acc)[8], unsigned s_
   flex::wgmma_commit();
 }
 
-// Warpgroup 0 after its selector GEMM completed: the Col gradient of query rows q_row0 and q_row0 + 8, columns
+// Warpgroup 0 after its selector sums completed: the Col gradient of query rows q_row0 and q_row0 + 8, columns
 // col0 + (0 .. 15). Partner lanes t4 and t4 ^ 1 swap one pair so each sends 4 adjacent columns as one float4
 // atomic (a warp covers 8 rows x 64 contiguous bytes).
 template <class Variant, bool kDeterministic>
@@ -403,7 +419,7 @@ __device__ __forceinline__ void flush_selected_col(const FlexBackwardParams& p, 
   }
 }
 
-// Warpgroup 1 after its selector GEMM completed: the Tile gradient of query rows q_row0 and q_row0 + 8 for J = j0 +
+// Warpgroup 1 after its selector sums completed: the Tile gradient of query rows q_row0 and q_row0 + 8 for J = j0 +
 // 2 t4 and + 1 (the first n8 block; the second is the selector's zero columns), one 8-byte atomic per pair.
 template <class Variant, bool kDeterministic>
 __device__ __forceinline__ void flush_selected_tile(const FlexBackwardParams& p, const typename Variant::Params& vp, const float (&acc)[8], int b,

@@ -14,13 +14,17 @@ namespace flex {
 // without padding (80 = 5 x 16 elements, 96 = 3 x 32).
 // The same tile serves both as a K-major operand (rows are M or N, the columns are K: Q and K in S = Q K^T)
 // and as an MN-major operand (rows are K, the columns are N: V in O = P V).
-template <int kRows, int kCols, int kSwizzle>
+// kSpareAfter > 0: two spare regions, one between regions kSpareAfter - 1 and kSpareAfter and one after the last,
+// so that an MN-major GEMM over the columns before (or from) kSpareAfter regions runs on into a spare region (the
+// backward's selector columns appended to its dQ GEMM).
+template <int kRows, int kCols, int kSwizzle, int kSpareAfter = 0>
 struct SwizzledTile {
   static constexpr int kSwizzleBytes = kSwizzle;
   static constexpr int kRegionCols = kSwizzleBytes / 2;        // elements per region row
   static constexpr int kRegions = kCols / kRegionCols;
   static constexpr int kRegionBytes = kRows * kSwizzleBytes;
-  static constexpr int kBytes = kRegions * kRegionBytes;
+  static constexpr int kSpares = kSpareAfter > 0 ? 2 : 0;
+  static constexpr int kBytes = (kRegions + kSpares) * kRegionBytes;
   static constexpr int kChunksPerRegionRow = kSwizzleBytes / 16;
   static constexpr int kChunksPerRow = kCols / 8;
   static constexpr int kAtomBytes = 8 * kSwizzleBytes;           // 8 rows: the period of the XOR pattern
@@ -30,13 +34,19 @@ struct SwizzledTile {
   static_assert(kSwizzleBytes == 128 || kSwizzleBytes == 64 || kSwizzleBytes == 32, "SwizzledTile: swizzle must be 32, 64 or 128 bytes");
   static_assert(kCols % kRegionCols == 0, "SwizzledTile: the columns must fill whole swizzle regions");
   static_assert(kRows % 8 == 0, "SwizzledTile: rows must fill whole 8-row swizzle atoms");
+  static_assert(kSpareAfter >= 0 && kSpareAfter < kRegions, "SwizzledTile: spare regions go between or after the regions");
 
-  // Byte offset of the 16-byte chunk `chunk` (columns 8 * chunk .. + 7) of row `row`.
+  // Byte offset of region r, and of spare region i (0: the one after region kSpareAfter - 1, 1: after the last).
+  static __device__ __forceinline__ unsigned region_offset(int r) { return (r + (kSpareAfter > 0 && r >= kSpareAfter ? 1 : 0)) * kRegionBytes; }
+  static __device__ __forceinline__ unsigned spare_offset(int i) { return (i == 0 ? kSpareAfter : kRegions + 1) * kRegionBytes; }
+
+  // Byte offset of the 16-byte chunk `chunk` (columns 8 * chunk .. + 7) of row `row`. The XOR reads row bits only
+  // (regions are whole multiples of the 8-row atom), so it can act on the offset inside the region.
   static __device__ __forceinline__ unsigned chunk_offset(int row, int chunk) {
     const unsigned region = chunk / kChunksPerRegionRow;
     const unsigned c = chunk % kChunksPerRegionRow;
-    const unsigned o = region * kRegionBytes + row * kSwizzleBytes + c * 16;
-    return o ^ ((o >> 3) & ((kChunksPerRegionRow - 1) << 4));
+    const unsigned o = row * kSwizzleBytes + c * 16;
+    return region_offset(region) + (o ^ ((o >> 3) & ((kChunksPerRegionRow - 1) << 4)));
   }
 };
 
@@ -104,7 +114,7 @@ __device__ __forceinline__ unsigned long long make_desc(unsigned start, unsigned
 // Along a swizzled row the start simply moves by 32 bytes per k-step; the 8-row groups are one atom apart.
 template <class Tile>
 __device__ __forceinline__ unsigned long long desc_k_major(unsigned tile_base, int row0, int k0) {
-  const unsigned start = tile_base + (k0 / Tile::kRegionCols) * Tile::kRegionBytes + row0 * Tile::kSwizzleBytes +
+  const unsigned start = tile_base + Tile::region_offset(k0 / Tile::kRegionCols) + row0 * Tile::kSwizzleBytes +
                          (k0 % Tile::kRegionCols) * 2;
   return make_desc(start, 16, Tile::kAtomBytes, Tile::kMode);
 }
@@ -113,7 +123,7 @@ __device__ __forceinline__ unsigned long long desc_k_major(unsigned tile_base, i
 // Consecutive regions (kSwizzleBytes / 2 columns each) are the leading-dimension step, 8-row groups the stride.
 template <class Tile>
 __device__ __forceinline__ unsigned long long desc_mn_major(unsigned tile_base, int k0, int col0) {
-  const unsigned start = tile_base + (col0 / Tile::kRegionCols) * Tile::kRegionBytes + k0 * Tile::kSwizzleBytes;
+  const unsigned start = tile_base + Tile::region_offset(col0 / Tile::kRegionCols) + k0 * Tile::kSwizzleBytes;
   return make_desc(start, Tile::kRegionBytes, Tile::kAtomBytes, Tile::kMode);
 }
 

@@ -35,9 +35,11 @@ struct BackwardConfig {
   // Spread rows (flex_backward_staged.cuh): each CTA owns 16 kv % 64 columns of eight kv // 64 blocks instead of
   // 128 contiguous KV rows; the Tile values are [stages][64][8] and the gradients go through [8][64][20] slabs.
   bool spread_rows = false;
-  // Spread rows' staged gradients by two small GEMMs of the dS^T tile with 0/1 selectors instead of the slabs
+  // Spread rows' staged gradients as products of the dS^T tile with 0/1 selectors instead of the slabs
   // (flex_backward_staged.cuh): bf16 modules whose d_score is 1 (the tile then holds the terms' gradient) and
-  // whose Col and Tile terms both have a gradient; the slabs' region becomes two [128][16] selector tiles.
+  // whose Col and Tile terms both have a gradient; no slabs. The selectors take two spare swizzle regions of the K
+  // tile, where each warpgroup's dQ GEMM reads them as 16 more columns (head dims 32, 64, 128), or two [128][16]
+  // tiles of their own with a GEMM each (80, 96).
   bool grad_gemm = false;
   // dQ partials by bulk reductions from shared memory ([64][D + 8] fp32) instead of atomics from the accumulators
   // (flex_backward_sm90.cuh kDqBulk): the Hopper kernel of an fp32 (not deterministic) KV-major module, where the

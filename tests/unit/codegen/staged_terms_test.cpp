@@ -147,9 +147,18 @@ TEST_CASE("staged terms: only the Hopper kernel of an atomic module stages, and 
   BackwardKernelSource qsrc = backward_kernel_source(b.ir, b.grad, b.ranges, qm);
   CHECK(!qsrc.config.staged_col);
   CHECK(qsrc.module.source.find("static constexpr bool kStagedCol = false;") != std::string::npos);
-  // The staged regions are in the host's shared-memory mirror (spread rows: [8] Tile values per query row, and two
-  // [128][16] selector tiles with 1 KB to align them, or with the slabs eight [64][20] slabs and [8][68] row sums).
-  CHECK(src.config.shared_bytes() == qsrc.config.shared_bytes() + 2 * 64 * 64 * 2 + 2 * 64 * 8 * 2 + 2 * 128 * 16 * 2 + 1024);
+  // The staged regions are in the host's shared-memory mirror (spread rows: [8] Tile values per query row, and the
+  // selectors in two spare [128][32] regions of K (64-byte swizzle at head dim 64), or with the slabs eight [64][20]
+  // slabs and [8][68] row sums).
+  CHECK(src.config.shared_bytes() == qsrc.config.shared_bytes() + 2 * 64 * 64 * 2 + 2 * 64 * 8 * 2 + 2 * 128 * 64);
+  // Head dims 80 and 96 (unequal dQ column counts) keep two [128][16] selector tiles of their own, 1 KB aligned.
+  for (int d : {80, 96}) {
+    BackwardKernelOptions od = bo, oq = qm;
+    od.head_dim = oq.head_dim = d;
+    CHECK(backward_kernel_source(b.ir, b.grad, b.ranges, od).config.shared_bytes() ==
+          backward_kernel_source(b.ir, b.grad, b.ranges, oq).config.shared_bytes() + 2 * 64 * 64 * 2 + 2 * 64 * 8 * 2 + 2 * 128 * 16 * 2 + 1024 +
+              (d == 96 ? 64 * 104 * 4 : 0));
+  }
   BackwardConfig slabs = src.config;
   slabs.grad_gemm = false;
   CHECK(slabs.shared_bytes() == qsrc.config.shared_bytes() + 2 * 64 * 64 * 2 + 2 * 64 * 8 * 2 + 8 * 64 * 20 * 4 + 8 * 68 * 4);

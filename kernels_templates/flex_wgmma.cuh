@@ -41,12 +41,17 @@ struct SwizzledTile {
   static __device__ __forceinline__ unsigned spare_offset(int i) { return (i == 0 ? kSpareAfter : kRegions + 1) * kRegionBytes; }
 
   // Byte offset of the 16-byte chunk `chunk` (columns 8 * chunk .. + 7) of row `row`. The XOR reads row bits only
-  // (regions are whole multiples of the 8-row atom), so it can act on the offset inside the region.
+  // (regions are whole multiples of the 8-row atom), so with spare regions it acts on the offset inside the region.
   static __device__ __forceinline__ unsigned chunk_offset(int row, int chunk) {
     const unsigned region = chunk / kChunksPerRegionRow;
     const unsigned c = chunk % kChunksPerRegionRow;
-    const unsigned o = row * kSwizzleBytes + c * 16;
-    return region_offset(region) + (o ^ ((o >> 3) & ((kChunksPerRegionRow - 1) << 4)));
+    if constexpr (kSpareAfter > 0) {
+      const unsigned o = row * kSwizzleBytes + c * 16;
+      return region_offset(region) + (o ^ ((o >> 3) & ((kChunksPerRegionRow - 1) << 4)));
+    } else {
+      const unsigned o = region * kRegionBytes + row * kSwizzleBytes + c * 16;
+      return o ^ ((o >> 3) & ((kChunksPerRegionRow - 1) << 4));
+    }
   }
 };
 

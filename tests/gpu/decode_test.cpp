@@ -407,6 +407,15 @@ TEST_CASE("decode: mods see logical positions (causal, window, ALiBi, softcap, d
     c.num_splits = 32;     // most splits of a sequence see only other documents
     run_and_expect(c, "document mask, all-masked splits and rows");
   }
+  {
+    // Scores near -3e38 at positions 0 .. 63: the first split's first max is finite but scales past the fp32 range
+    // (the online softmax once made such rows NaN). Every row also sees ordinary scores (kv_len > 64).
+    DecodeCase c = with_spec(make_spec("huge_negative", std::string("score - 3.0e38 * float(kv < 64)"), std::nullopt, 128, {}));
+    c.kv_lens = {65, 200, 3000, 9000};
+    c.page_size = 16;
+    c.num_splits = 8;
+    run_and_expect(c, "scores near -3e38 in the first tile");
+  }
 }
 
 TEST_CASE("decode captured in a CUDA graph replays while the sequences grow", "[gpu][decode]") {

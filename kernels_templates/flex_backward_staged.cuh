@@ -20,8 +20,8 @@
 // gradient covers eight adjacent J (one 32-byte sector per query row).
 //
 // Selector GEMMs (kGradGemm: spread rows, bf16, d_score = 1, so the dS^T tile that dQ reads is the gradient of
-// the terms, and both terms learnable, so each warpgroup has one): the sums are products of that tile with constant 0/1 matrices instead of slab stores, shuffles and
-// tree sums. Warpgroup 0 computes G_col[q][r] = sum over the 8 warps w of dS[q][16 w + r] (the CTA's 16 kv % 64
+// the terms, and both terms learnable, so each warpgroup has one): the sums are products of that tile with constant
+// 0/1 matrices instead of slab stores, shuffles and tree sums. Warpgroup 0 computes G_col[q][r] = sum over the 8 warps w of dS[q][16 w + r] (the CTA's 16 kv % 64
 // columns), warpgroup 1 G_tile[q][w] = sum over r of dS[q][16 w + r] (its 8 J); both sum the bf16 dS that dQ uses.
 // Where the two [128 local KV rows][16] selectors live: where the warpgroups' dQ column counts are equal (head dims
 // 32, 64, 128), in two spare regions of the K tile, each right after one warpgroup's dQ columns, so each

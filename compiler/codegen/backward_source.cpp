@@ -24,10 +24,12 @@ int BackwardConfig::shared_bytes() const {
     bytes += 2 * stages * block_m * 4 + warps * block_m * 8 + warps * 4 * (block_m + 16) * 4 + 2048;
     if (staged_col) bytes += stages * block_m * 64 * 2;
     if (staged_tile) bytes += stages * block_m * (spread_rows ? 8 : 2) * 2;
-    // Selectors: two spare swizzle regions of K ([block_n][swizzle bytes], the swizzle of flex_bwd_sm90::Smem) where
-    // both warpgroups take as many dQ columns (head dims 32, 64, 128), else two [128][16] tiles and 1 KB to align them.
+    // Selectors: two spare swizzle regions of K ([block_n][swizzle bytes]) where both warpgroups take as many dQ
+    // columns (head dims 32, 64, 128), else two [128][16] tiles and 1 KB to align them. The swizzle and the dQ split
+    // are flex_bwd_sm90::Smem's (kSwizzle, kDqN0: half of D rounded up to whole swizzle regions).
     const int swizzle_bytes = head_dim == 128 ? 128 : (head_dim == 64 || head_dim == 96) ? 64 : 32;
-    const bool selectors_in_k = head_dim == 32 || head_dim == 64 || head_dim == 128;
+    const int region_cols = swizzle_bytes / 2;
+    const bool selectors_in_k = 2 * ((head_dim / 2 + region_cols - 1) / region_cols * region_cols) == head_dim;
     if (staged_grad && grad_gemm) bytes += selectors_in_k ? 2 * block_n * swizzle_bytes : 2 * block_n * 16 * 2 + 1024;
     else if (staged_grad) bytes += spread_rows ? 8 * block_m * 20 * 4 + 8 * (block_m + 4) * 4 : 2 * block_m * 68 * 4;
     if (dq_bulk) bytes += block_m * (head_dim + 8) * 4;

@@ -90,3 +90,33 @@ __device__ void flex_build_block_mask_dense(const FlexBlockMaskBuildParams& p, c
   __syncthreads();
   flex_blockmask::compact(p, cls, num_kv_tiles, b, h, qt);
 }
+
+// Ranks the query tiles of one (b, h) mask row by their count of listed KV tiles, heaviest first, ties the later
+// tile first (FlexQTileWork); run after the dense builder. grid (Hm, Bm), kThreads threads, dynamic shared memory
+// num_q_tiles ints rounded up to a multiple of 4 (the compiler vectorises the reads of the inner loop). Each thread counts, for its tiles, the tiles ahead of them: O(nq^2 / kThreads) compares, once
+// per build (nq = 64 at 8192 rows).
+__device__ void flex_rank_q_tiles(const FlexBlockMaskBuildParams& p) {
+  extern __shared__ int work[];
+  const int nq = p.num_q_tiles;
+  const long long row = (long long)blockIdx.y * p.stride_b + (long long)blockIdx.x * p.stride_h;
+  for (int t = threadIdx.x; t < nq; t += blockDim.x) work[t] = p.kv_num_partial[row + t] + p.kv_num_full[row + t];
+  __syncthreads();
+  for (int t = threadIdx.x; t < nq; t += blockDim.x) {
+    const int wt = work[t];
+    int rank = 0;
+    for (int u = 0; u < nq; ++u) {
+      const int wu = work[u];
+      rank += (wu > wt || (wu == wt && u > t)) ? 1 : 0;
+    }
+    const long long at = row + t;
+    const int np = p.kv_num_partial[at], nf = p.kv_num_full[at];
+    const int* pidx = p.kv_partial_idx + at * p.max_kv_tiles;
+    const int* fidx = p.kv_full_idx + at * p.max_kv_tiles;
+    FlexQTileWork item{};
+    item.m_block = t;
+    item.n_partial = np;
+    item.n_full = nf;
+    for (int e = 0; e < 2; ++e) item.first[e] = e < np ? pidx[e] : e - np < nf ? fidx[e - np] : 0;
+    p.q_order[row + rank] = item;
+  }
+}

@@ -376,6 +376,7 @@ struct ForwardTiles {
   const int* partial_idx;
   const int* full_idx;
   int n_partial, n_full;
+  int first[2];  // ranked launches (ranked_work): the first two entries of at(), without loading them
   __device__ __forceinline__ int count() const { return n_partial + n_full; }
   __device__ __forceinline__ int at(int t) const {
     if (t < n_partial) return partial_idx != nullptr ? partial_idx[t] : t;
@@ -383,76 +384,29 @@ struct ForwardTiles {
   }
 };
 
-// Which (query tile, head) this CTA computes: heaviest query tiles first, so that the last wave holds the
-// lightest ones (CTAs start roughly in linear block order). Under a block mask the work of a query tile
-// is its count of listed KV tiles, known only on the device: each CTA ranks the tiles of its (b, h) by
-// that count (ties: the later tile first) and takes the tile whose rank is its position in the launch.
-// Heads are interleaved in groups of kHeadGroup, so the heaviest tiles of 8 heads all start before the
-// lighter ones while the K/V working set in L2 stays near 8 heads (as in head-major order); for document
-// masks, whose tile counts vary irregularly, this removes most of the last-wave tail.
-// Used only for data-dependent masks (kRankTiles; the generator decides): merely compiled into the kernels
-// of full attention and softcap it cost them 7% (register allocation, harness run 7), causal lost 1-2%, and
-// causal-like masks get the heavy-first order from the reversed index anyway.
-// Without a block mask, or with more query tiles than `scratch` holds, the order is the reversed tile
-// index (heaviest first for causal-like masks). `scratch` is the Q tile's shared memory, free until the
-// Q copy is issued; the last barrier makes every thread's reads finish before that.
-template <int kNThreads>
-__device__ __forceinline__ void schedule_cta(const FlexBlockMask& bm, int b, int tid, int* scratch, int scratch_ints,
-                                             int& m_block, int& h) {
+// The order of a ranked launch (kRankTiles: data-dependent masks, whose query tiles carry irregular amounts of
+// work): heaviest query tiles first, so that the last wave holds the lightest ones (CTAs start roughly in linear
+// block order; a persistent CTA takes every gridDim.x-th item). Work item `lin` of a batch (0 .. H nq - 1) is the
+// query tile of rank `rank` in head `h`, the ranks coming from the block mask's q_order (FlexQTileWork). Heads are
+// interleaved in groups of kHeadGroup, so the heaviest tiles of 8 heads all start before the lighter ones while
+// the K/V working set in L2 stays near 8 heads (as in head-major order); for document masks, whose tile counts
+// vary irregularly, this removes most of the last-wave tail.
+// Only data-dependent masks take it (the generator decides): the ranking compiled into the kernels of full
+// attention and softcap cost them 7% (register allocation), and causal-like masks get the heavy-first order from
+// the reversed tile index anyway.
+__device__ __forceinline__ void ranked_item(int lin, int heads, int nq, int& h, int& rank) {
   constexpr int kHeadGroup = 8;
-  const int nq = gridDim.x;
-  const int heads = gridDim.y;
-  if ((bm.kv_num_partial == nullptr && bm.kv_num_full == nullptr) || nq + 1 > scratch_ints) {
-    m_block = nq - 1 - blockIdx.x;
-    h = blockIdx.y;
-    return;
-  }
-  const int group_ctas = nq * kHeadGroup;
-  const int lin = blockIdx.x + nq * blockIdx.y;
-  const int group = lin / group_ctas;
+  const int group_items = nq * kHeadGroup;
+  const int group = lin / group_items;
   const int group_heads = min(kHeadGroup, heads - group * kHeadGroup);
-  const int i = lin - group * group_ctas;
-  const int rank = i / group_heads;
+  const int i = lin - group * group_items;
+  rank = i / group_heads;
   h = group * kHeadGroup + i % group_heads;
-  const long long off = b * bm.stride_b + h * bm.stride_h;
-  for (int t = tid; t < nq; t += kNThreads) {
-    int w = 0;
-    if (bm.kv_num_partial != nullptr) w += bm.kv_num_partial[off + t];
-    if (bm.kv_num_full != nullptr) w += bm.kv_num_full[off + t];
-    scratch[t] = w;
-  }
-  __syncthreads();
-  int mine = -1;
-  for (int t = tid; t < nq; t += kNThreads) {
-    const int wt = scratch[t];
-    int r = 0;
-    for (int u = 0; u < nq; ++u) {
-      const int wu = scratch[u];
-      r += (wu > wt || (wu == wt && u > t)) ? 1 : 0;
-    }
-    if (r == rank) mine = t;
-  }
-  // The winner is published only after every thread's reads: the compiler reads the counts with vector loads
-  // that may cover scratch[nq] too (harmless, but a write there beside them is a hazard to racecheck).
-  __syncthreads();
-  if (mine >= 0) scratch[nq] = mine;
-  __syncthreads();
-  m_block = scratch[nq];
-  __syncthreads();
 }
 
-// Fills the CTA's work. `scratch` (scratch_ints ints of shared memory, free until the Q copy is issued) is
-// used by the ranked schedule. Returns false when a ragged batch's CTA lies past its sequence's end.
-template <int kNThreads, int kBlockM, int kBlockN, bool kHasMaskMod, bool kVarlen, bool kRankTiles>
-__device__ __forceinline__ bool forward_tiles(const FlexForwardParams& p, int tid, int* scratch, int scratch_ints, ForwardTiles& w) {
-  w.b = blockIdx.z;
-  if constexpr (kVarlen || !kRankTiles) {
-    // Heaviest query tiles (most KV tiles under causal-like masks) first: they start in the first wave.
-    w.m_block = gridDim.x - 1 - blockIdx.x;
-    w.h = blockIdx.y;
-  } else {
-    schedule_cta<kNThreads>(p.block_mask, w.b, tid, scratch, scratch_ints, w.m_block, w.h);
-  }
+// The sequence geometry of w's (b, h, query tile); false when a ragged batch's tile lies past its sequence's end.
+template <int kBlockM, bool kVarlen>
+__device__ __forceinline__ bool item_geometry(const FlexForwardParams& p, ForwardTiles& w) {
   w.hkv = w.h / (p.heads / p.kv_heads);
   w.m0 = w.m_block * kBlockM;
   w.seqlen_q = p.seqlen_q;
@@ -466,6 +420,13 @@ __device__ __forceinline__ bool forward_tiles(const FlexForwardParams& p, int ti
     w.seqlen_kv = p.cu_seqlens_kv[w.b + 1] - (int)w.kv_row0;
     if (w.m0 >= w.seqlen_q) return false;
   }
+  return true;
+}
+
+// The KV tile lists of w's (b, h, query tile) from the block mask; without one, every tile (partial when the
+// variant has a mask_mod: a "partial" tile of a variant without one needs no masking).
+template <int kBlockN, bool kHasMaskMod>
+__device__ __forceinline__ void item_lists(const FlexForwardParams& p, ForwardTiles& w) {
   const FlexBlockMask& bm = p.block_mask;
   w.partial_idx = nullptr;
   w.full_idx = nullptr;
@@ -482,12 +443,70 @@ __device__ __forceinline__ bool forward_tiles(const FlexForwardParams& p, int ti
       w.full_idx = bm.kv_full_idx + off * bm.max_kv_tiles;
     }
   } else {
-    // Without a mask_mod a "partial" tile needs no masking: every tile is full.
     const int n_blocks = (w.seqlen_kv + kBlockN - 1) / kBlockN;
     if (kHasMaskMod) w.n_partial = n_blocks;
     else w.n_full = n_blocks;
   }
-  return true;
+}
+
+// Work item `item` (0 .. B H nq - 1, batch-major, then ranked_item's order) of a ranked launch, with its lists and
+// first two KV tiles (w.first). From the block mask's q_order in two loads; a mask built without one (by another
+// spec's builder) falls back to the reversed tile index.
+template <int kBlockM, int kBlockN, bool kHasMaskMod>
+__device__ __forceinline__ void ranked_work(const FlexForwardParams& p, int item, int nq, ForwardTiles& w) {
+  const int per_batch = p.heads * nq;
+  w.b = item / per_batch;
+  int rank;
+  ranked_item(item - w.b * per_batch, p.heads, nq, w.h, rank);
+  const FlexBlockMask& bm = p.block_mask;
+  if (bm.q_order != nullptr) {
+    const long long row = w.b * bm.stride_b + w.h * bm.stride_h;
+    const int4* e = reinterpret_cast<const int4*>(bm.q_order + row + rank);
+    const int4 a = __ldg(e), c = __ldg(e + 1);
+    w.m_block = a.x;
+    w.n_partial = a.y;
+    w.n_full = a.z;
+    w.first[0] = a.w;
+    w.first[1] = c.x;
+    w.partial_idx = bm.kv_partial_idx + (row + w.m_block) * bm.max_kv_tiles;
+    w.full_idx = bm.kv_full_idx + (row + w.m_block) * bm.max_kv_tiles;
+    item_geometry<kBlockM, false>(p, w);
+  } else {
+    w.m_block = nq - 1 - rank;
+    item_geometry<kBlockM, false>(p, w);
+    item_lists<kBlockN, kHasMaskMod>(p, w);
+    w.first[0] = w.count() > 0 ? w.at(0) : 0;
+    w.first[1] = w.count() > 1 ? w.at(1) : 0;
+  }
+}
+
+// A persistent CTA's end in a dynamic schedule (FlexForwardParams::work_queue = {claimed, finished}): the last CTA
+// to finish clears both counters for the next launch. Every CTA's claims precede its increment of `finished`.
+__device__ __forceinline__ void finish_work_queue(unsigned* queue, int tid) {
+  if (tid != 0) return;
+  __threadfence();
+  if (atomicAdd(queue + 1, 1u) == gridDim.x - 1) {
+    atomicExch(queue, 0u);
+    atomicExch(queue + 1, 0u);
+  }
+}
+
+// Fills the CTA's work (one item: grid (nq, H, B)). Returns false when a ragged batch's CTA lies past its
+// sequence's end.
+template <int kBlockM, int kBlockN, bool kHasMaskMod, bool kVarlen, bool kRankTiles>
+__device__ __forceinline__ bool forward_tiles(const FlexForwardParams& p, ForwardTiles& w) {
+  if constexpr (kRankTiles && !kVarlen) {
+    ranked_work<kBlockM, kBlockN, kHasMaskMod>(p, blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), gridDim.x, w);
+    return true;
+  } else {
+    // Heaviest query tiles (most KV tiles under causal-like masks) first: they start in the first wave.
+    w.b = blockIdx.z;
+    w.m_block = gridDim.x - 1 - blockIdx.x;
+    w.h = blockIdx.y;
+    if (!item_geometry<kBlockM, kVarlen>(p, w)) return false;
+    item_lists<kBlockN, kHasMaskMod>(p, w);
+    return true;
+  }
 }
 
 }  // namespace flex
@@ -497,7 +516,7 @@ __device__ __forceinline__ bool forward_tiles(const FlexForwardParams& p, int ti
 // kVarlen: the ragged-batch instantiation (p.cu_seqlens_q / p.cu_seqlens_kv, see flex_params.cuh). It is a
 // separate instantiation because per-sequence lengths held in registers cost the dense path 15% (causal D128
 // spilled): without it, Sq and Skv stay in the constant bank and the dense code is unchanged.
-// kRankTiles: order CTAs by the block mask's per-tile work (see flex::schedule_cta); dense launches only.
+// kRankTiles: order CTAs by the block mask's per-tile work (flex::ranked_work); dense launches only.
 template <class Traits, class Variant, bool kVarlen = false, bool kRankTiles = false>
 __device__ __forceinline__ void flex_forward(const FlexForwardParams& p, const typename Variant::Params& vp) {
   using K = flex::ForwardKernel<Traits, Variant>;
@@ -520,8 +539,7 @@ __device__ __forceinline__ void flex_forward(const FlexForwardParams& p, const t
   const int warp = tid / 32;
   const int lane = tid % 32;
   flex::ForwardTiles w;
-  if (!flex::forward_tiles<Traits::kNThreads, kBlockM, kBlockN, Variant::kHasMaskMod, kVarlen, kRankTiles>(
-          p, tid, reinterpret_cast<int*>(flex_smem), Traits::kSmemQElems * 2 / 4, w))
+  if (!flex::forward_tiles<kBlockM, kBlockN, Variant::kHasMaskMod, kVarlen, kRankTiles>(p, w))
     return;
   const int b = w.b, h = w.h, hkv = w.hkv, m0 = w.m0;
   const int seqlen_q = w.seqlen_q, seqlen_kv = w.seqlen_kv;

@@ -358,7 +358,7 @@ void KernelImpl::backward(const BackwardArgs& a) {
     } else {
       VariantState& fvar = variant(forward_choice(values, a.scale), device);
       std::vector<uint64_t> fparams = runtime::fill_variant_params(fvar.source.variant.layout, buffers, values, nullptr);
-      build_mask_into(*ws.mask_, fvar, fparams, shape, fcfg, device, a.stream);
+      build_mask_into(*ws.mask_, fvar, fparams, shape, fcfg, device, a.stream, /*rank=*/false);
       mask = ws.mask_.get();
     }
     FlexTileStateParams tp{};

@@ -178,9 +178,13 @@ class BlockMask {
   int kv_tile() const { return kv_tile_; }
   int seqlen_q() const { return sq_; }
   int seqlen_kv() const { return skv_; }
+  // Whether the builder also ranked the query tiles by work (data-dependent masks; the kernel's schedule).
+  bool ranked() const { return ranked_; }
   // Copies the lists to the host (synchronises): for tests and inspection.
   struct HostLists {
     std::vector<int> num_partial, partial, num_full, full;
+    // Per mask row, its query tiles heaviest first (the kernel's schedule); empty unless ranked().
+    std::vector<int> order;
   };
   HostLists to_host() const;
 
@@ -189,8 +193,9 @@ class BlockMask {
   friend class Workspace;
   BlockMask() = default;
   int device_ = 0, bm_ = 1, hm_ = 1, num_q_tiles_ = 0, max_kv_tiles_ = 0, q_tile_ = 0, kv_tile_ = 0, sq_ = 0, skv_ = 0;
-  uint64_t memory_ = 0;  // one allocation: counts and index lists
+  uint64_t memory_ = 0;  // one allocation: counts, index lists and the ranked order (block_mask_bytes)
   bool owns_ = true;
+  bool ranked_ = false;
 };
 
 // Device memory a launch needs besides its operands (error word, per-launch block mask),

@@ -2,6 +2,7 @@
 // per-device module loading, pointer checks, block-mask building and the launches.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -91,6 +92,12 @@ BlockMask::HostLists BlockMask::to_host() const {
   check_cu(d.cuMemcpyDtoH_v2(h.num_full.data(), base + counts * 4, counts * 4), "cuMemcpyDtoH");
   check_cu(d.cuMemcpyDtoH_v2(h.partial.data(), base + counts * 8, counts * max_kv_tiles_ * 4), "cuMemcpyDtoH");
   check_cu(d.cuMemcpyDtoH_v2(h.full.data(), base + counts * 8 + counts * max_kv_tiles_ * 4, counts * max_kv_tiles_ * 4), "cuMemcpyDtoH");
+  if (ranked_) {
+    std::vector<FlexQTileWork> work(counts);
+    check_cu(d.cuMemcpyDtoH_v2(work.data(), base + block_mask_order_offset(bm_, hm_, num_q_tiles_, max_kv_tiles_), counts * sizeof(FlexQTileWork)),
+             "cuMemcpyDtoH");
+    for (const FlexQTileWork& w : work) h.order.push_back(w.m_block);
+  }
   return h;
 }
 
@@ -161,7 +168,18 @@ void KernelImpl::forward(const AttentionArgs& a) {
   timer.lap(3);
   void* args[] = {&p, vparams.data()};
   unsigned grid_x = static_cast<unsigned>((shape.seqlen_q + cfg.block_m - 1) / cfg.block_m);
-  check_cu(d.cuLaunchKernel(var.forward_fn.at(device), grid_x, static_cast<unsigned>(shape.heads), static_cast<unsigned>(shape.batch),
+  unsigned grid_y = static_cast<unsigned>(shape.heads), grid_z = static_cast<unsigned>(shape.batch);
+  if (cfg.persistent) {
+    // Persistent CTAs (flex_forward_sm90.cuh, ranked launches): as many as are resident at once, each taking every
+    // grid_x-th work item.
+    const int64_t items = static_cast<int64_t>(grid_x) * shape.heads * shape.batch;
+    if (items > INT32_MAX) throw Error("B * H * ceil(Sq / 128) must be below 2^31 for this kernel");
+    const int64_t resident = static_cast<int64_t>(runtime::device_info(device).sm_count) * var.ctas_per_sm.at(device);
+    grid_x = static_cast<unsigned>(std::min(items, resident));
+    grid_y = grid_z = 1;
+    p.work_queue = reinterpret_cast<unsigned*>(ws.memory_ + kWorkQueueOffset);
+  }
+  check_cu(d.cuLaunchKernel(var.forward_fn.at(device), grid_x, grid_y, grid_z,
                             static_cast<unsigned>(cfg.threads()), 1, 1, static_cast<unsigned>(cfg.shared_bytes()), a.stream, args, nullptr),
            "launching the forward kernel");
   timer.lap(4);
@@ -341,6 +359,13 @@ KernelImpl::VariantState& KernelImpl::variant(const runtime::VariantChoice& choi
     check_cu(d.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem), "setting the forward kernel's shared memory");
     v.forward_fn[device] = f;
     if (ir_.mask_mod) v.mask_fn[device] = get(kBlockMaskEntry);
+    if (std::find(v.source.entries.begin(), v.source.entries.end(), kRankEntry) != v.source.entries.end())
+      v.rank_fn[device] = get(kRankEntry);
+    if (v.source.config.persistent) {
+      int ctas = 0;
+      check_cu(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, f, v.source.config.threads(), smem), "cuOccupancyMaxActiveBlocksPerMultiprocessor");
+      v.ctas_per_sm[device] = std::max(ctas, 1);
+    }
   }
   return v;
 }
@@ -495,10 +520,12 @@ void KernelImpl::set_mask(FlexBlockMask& fm, const BlockMask& m) {
   fm.max_kv_tiles = m.max_kv_tiles_;
   fm.q_tile = m.q_tile_;
   fm.kv_tile = m.kv_tile_;
+  fm.q_order = m.ranked_ ? reinterpret_cast<const FlexQTileWork*>(base + block_mask_order_offset(m.bm_, m.hm_, m.num_q_tiles_, m.max_kv_tiles_))
+                         : nullptr;
 }
 
 void KernelImpl::build_mask_into(BlockMask& m, VariantState& var, std::vector<uint64_t>& vparams, const runtime::LaunchShape& s,
-                     const ForwardConfig& cfg, int device, CUstream stream) {
+                     const ForwardConfig& cfg, int device, CUstream stream, bool rank_tiles) {
   FlexBlockMask fm{};
   set_mask(fm, m);
   FlexBlockMaskBuildParams bp{};
@@ -522,6 +549,22 @@ void KernelImpl::build_mask_into(BlockMask& m, VariantState& var, std::vector<ui
   check_cu(drv().cuLaunchKernel(var.mask_fn.at(device), static_cast<unsigned>(m.num_q_tiles_), static_cast<unsigned>(m.hm_),
                                 static_cast<unsigned>(m.bm_), 128, 1, 1, static_cast<unsigned>(m.max_kv_tiles_), stream, args, nullptr),
            "launching the block-mask builder");
+  // Data-dependent masks: rank each row's query tiles by work for the kernel's schedule (flex_rank_q_tiles). A row
+  // of more query tiles than the default shared memory holds (Sq above 1.5 M) stays unranked: the kernel then
+  // takes the reversed tile order.
+  m.ranked_ = false;
+  auto rank = var.rank_fn.find(device);
+  // Rounded up to 4 counts: the ranking loop's reads are vectorised and may cover up to three past the last.
+  const size_t rank_smem = static_cast<size_t>((m.num_q_tiles_ + 3) / 4 * 4) * 4;
+  if (rank_tiles && rank != var.rank_fn.end() && rank_smem <= 48 * 1024) {
+    bp.q_order = const_cast<FlexQTileWork*>(
+        reinterpret_cast<const FlexQTileWork*>(m.memory_ + block_mask_order_offset(m.bm_, m.hm_, m.num_q_tiles_, m.max_kv_tiles_)));
+    void* rargs[] = {&bp};
+    check_cu(drv().cuLaunchKernel(rank->second, static_cast<unsigned>(m.hm_), static_cast<unsigned>(m.bm_), 1, 128, 1, 1,
+                                  static_cast<unsigned>(rank_smem), stream, rargs, nullptr),
+             "launching the block-mask ranking");
+    m.ranked_ = true;
+  }
 }
 
 Runtime::Runtime(RuntimeOptions options) : options_(options) {}

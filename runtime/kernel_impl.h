@@ -24,12 +24,21 @@ namespace flexjit {
 // The loaded CUDA driver; throws flexjit::Error saying why when there is none.
 const runtime::CudaDriver& require_driver();
 
-// Bytes at the start of every workspace for the error word (keeps what follows aligned).
+// Bytes at the start of every workspace for the error word and the persistent forward's work queue (keeps what
+// follows aligned).
 constexpr size_t kErrorWordBytes = 256;
+// Where in those bytes the work queue's two counters live (FlexForwardParams::work_queue).
+constexpr size_t kWorkQueueOffset = 128;
 
-// Bytes of a block mask's counts and index lists.
+// Where a block mask's ranked order (FlexQTileWork per query tile) starts: after the counts and index lists,
+// 16-byte aligned for the kernel's vector loads.
+inline size_t block_mask_order_offset(int64_t bm, int64_t hm, int64_t nq, int64_t max_kv) {
+  return (static_cast<size_t>(bm * hm * nq * (2 + 2 * max_kv) * 4) + 15) / 16 * 16;
+}
+
+// Bytes of a block mask: counts, index lists and the ranked order.
 inline size_t block_mask_bytes(int64_t bm, int64_t hm, int64_t nq, int64_t max_kv) {
-  return static_cast<size_t>(bm * hm * nq * (2 + 2 * max_kv) * 4);
+  return block_mask_order_offset(bm, hm, nq, max_kv) + static_cast<size_t>(bm * hm * nq) * sizeof(FlexQTileWork);
 }
 
 // Per-phase host time of launches, collected when FLEXJIT_PROFILE_LAUNCH is set (for
@@ -100,7 +109,8 @@ class KernelImpl : public Kernel {
     KernelSource source;
     std::shared_ptr<const runtime::CompiledArtefact> artefact;
     CUlibrary library = nullptr;
-    std::map<int, CUfunction> forward_fn, mask_fn;
+    std::map<int, CUfunction> forward_fn, mask_fn, rank_fn;  // rank_fn: data-dependent masks only
+    std::map<int, int> ctas_per_sm;                         // persistent forward kernels: resident CTAs per SM
   };
 
   int launch_device(const AttentionArgs& a) const;
@@ -155,8 +165,10 @@ class KernelImpl : public Kernel {
 
   static void set_mask(FlexBlockMask& fm, const BlockMask& m);
 
+  // Builds m's lists with var's builder; rank_tiles: also the ranked order, where var has a ranking entry (the
+  // forward's schedule; the backward does not read it).
   void build_mask_into(BlockMask& m, VariantState& var, std::vector<uint64_t>& vparams, const runtime::LaunchShape& s,
-                       const ForwardConfig& cfg, int device, CUstream stream);
+                       const ForwardConfig& cfg, int device, CUstream stream, bool rank_tiles = true);
 
 
   SpecIR ir_;

@@ -13,6 +13,8 @@ namespace flexjit {
 // builder in the same module (one compile, one cache entry).
 inline constexpr const char* kForwardEntry = "flexjit_forward";
 inline constexpr const char* kBlockMaskEntry = "flexjit_block_mask";
+// Data-dependent masks: ranks each mask row's query tiles by work after the build (flex_rank_q_tiles).
+inline constexpr const char* kRankEntry = "flexjit_rank_q_tiles";
 // Entry point of a ragged-prefill module (flex_forward<..., kVarlen = true>).
 inline constexpr const char* kForwardVarlenEntry = "flexjit_forward_varlen";
 

@@ -58,3 +58,8 @@ extern "C" __global__ void __launch_bounds__(flex_blockmask::kThreads)
 flexjit_block_mask(const FlexBlockMaskBuildParams p, const FlexVariant::Params vp) {
   flex_build_block_mask_dense<FlexVariant>(p, vp);
 }
+
+extern "C" __global__ void __launch_bounds__(flex_blockmask::kThreads)
+flexjit_rank_q_tiles(const FlexBlockMaskBuildParams p) {
+  flex_rank_q_tiles(p);
+}

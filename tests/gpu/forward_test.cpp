@@ -319,6 +319,87 @@ TEST_CASE("SAM's rel_w added by the S GEMM: scales, -inf entries, strided rows, 
   }
 }
 
+// Document ids per batch for the ranked schedule's test: segments of 1 to 700 rows, a query tile whose rows
+// match nothing (an item without KV tiles), one that matches a single KV tile and one that matches two, and rows
+// of id -1 that match nothing (fully masked rows). dq and dk differ only where noted.
+void plant_documents(const std::string& name, NpyArray& h, int64_t seqlen, unsigned seed) {
+  std::mt19937 rng(seed);
+  const int64_t batches = h.numel() / seqlen;
+  for (int64_t b = 0; b < batches; ++b) {
+    int32_t* ids = h.as<int32_t>() + b * seqlen;
+    int32_t id = 0;
+    for (int64_t i = 0; i < seqlen;) {
+      const int64_t len = std::uniform_int_distribution<int64_t>(1, 700)(rng);
+      for (int64_t j = i; j < std::min(seqlen, i + len); ++j) ids[j] = id;
+      i += len;
+      ++id;
+    }
+    const bool query = name == "dq";
+    if (seqlen >= 1024) {
+      for (int64_t j = 256; j < 384; ++j) ids[j] = query ? 100000 : ids[j];  // query tile 2: no match anywhere
+      for (int64_t j = 384; j < 512; ++j) ids[j] = query ? 100001 : ids[j];  // query tile 3: KV 70 .. 90 only
+      for (int64_t j = 70; j < 91; ++j) ids[j] = query ? ids[j] : 100001;
+      for (int64_t j = 512; j < 640; ++j) ids[j] = query ? 100002 : ids[j];  // query tile 4: KV 600 .. 700 (2 tiles)
+      for (int64_t j = 600; j < 701; ++j) ids[j] = query ? ids[j] : 100002;
+    }
+    for (int64_t j = 5 + b; j < seqlen; j += 97) ids[j] = query ? -1 : ids[j];  // rows matching nothing
+  }
+}
+
+// Sets an environment variable for one scope (the generator reads FLEXJIT_FWD_PERSISTENT when it writes a kernel).
+struct ScopedEnv {
+  std::string name;
+  ScopedEnv(const char* n, const char* value) : name(n) { setenv(n, value, 1); }
+  ~ScopedEnv() { unsetenv(name.c_str()); }
+};
+
+TEST_CASE("a data-dependent mask's ranked schedule: items of 0, 1 and 2 tiles, one or several per CTA", "[gpu]") {
+  FLEXJIT_REQUIRE_GPU();
+  // B 2 x H 6 x 33 query tiles = 396 items. With FLEXJIT_FWD_PERSISTENT=1 (Hopper): three per CTA on a 132-SM H100
+  // running one CTA per SM, so items follow items of every size (the K/V ring and the two Q regions carry over).
+  // Sq and Skv are not tile multiples.
+  const bool persistent = GENERATE(false, true);
+  INFO("persistent CTAs " << persistent);
+  std::unique_ptr<ScopedEnv> env;
+  if (persistent) env = std::make_unique<ScopedEnv>("FLEXJIT_FWD_PERSISTENT", "1");
+  SECTION("head dims 64 and 128, GQA 2:1") {
+    for (int d : {64, 128}) {
+      INFO("head dim " << d);
+      CaseOptions c;
+      c.B = 2;
+      c.H = 6;
+      c.Hkv = 3;
+      c.Sq = 4100;
+      c.Skv = 1900;
+      c.edit_buffer = [&](const std::string& name, NpyArray& h) { plant_documents(name, h, name == "dq" ? c.Sq : c.Skv, 3); };
+      expect_close(run_case(inline_spec("docs_ranked", std::nullopt, "dq[b, q] == dk[b, kv]", d, {"dq: i32[B, Sq]", "dk: i32[B, Skv]"}), c));
+    }
+  }
+  SECTION("head dims 80 and 256 (the mma.sync loop, one item per CTA)") {
+    for (int d : {80, 256}) {
+      INFO("head dim " << d);
+      CaseOptions c;
+      c.B = 1;
+      c.H = 2;
+      c.Hkv = 2;
+      c.Sq = 1100;
+      c.Skv = 1300;
+      c.edit_buffer = [&](const std::string& name, NpyArray& h) { plant_documents(name, h, name == "dq" ? c.Sq : c.Skv, 9); };
+      expect_close(run_case(inline_spec("docs_ranked_mma", std::nullopt, "dq[b, q] == dk[b, kv]", d, {"dq: i32[B, Sq]", "dk: i32[B, Skv]"}), c));
+    }
+  }
+  SECTION("one batch, one head: fewer items than CTAs") {
+    CaseOptions c;
+    c.B = 1;
+    c.H = 1;
+    c.Hkv = 1;
+    c.Sq = 1500;
+    c.Skv = 1500;
+    c.edit_buffer = [&](const std::string& name, NpyArray& h) { plant_documents(name, h, 1500, 5); };
+    expect_close(run_case(inline_spec("docs_ranked_small", "score * 0.5", "dq[b, q] == dk[b, kv]", 128, {"dq: i32[B, Sq]", "dk: i32[B, Skv]"}), c));
+  }
+}
+
 TEST_CASE("a document mask indexed past its buffer is reported, not read out of bounds", "[gpu]") {
   FLEXJIT_REQUIRE_GPU();
   CaseOptions c;

@@ -2,6 +2,8 @@
 // with new inputs (the launch path never allocates or synchronises once warm).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include "gpu/gpu_harness.h"
 
 using namespace flexjit;
@@ -69,6 +71,22 @@ TEST_CASE("a block mask built once is reused across launches", "[gpu]") {
   for (int n : lists.num_full) full += n;
   CHECK(partial > 0);
   CHECK(partial + full < mask->num_q_tiles() * mask->max_kv_tiles());  // some tiles are skipped
+  // A data-dependent mask is ranked for the kernel's schedule: every query tile once, by count of KV tiles,
+  // heaviest first, ties the later tile first.
+  REQUIRE(mask->ranked());
+  REQUIRE(lists.order.size() == size_t(mask->num_q_tiles()));
+  auto work = [&](int t) { return lists.num_partial[size_t(t)] + lists.num_full[size_t(t)]; };
+  std::vector<int> seen(size_t(mask->num_q_tiles()), 0);
+  for (size_t r = 0; r < lists.order.size(); ++r) {
+    const int t = lists.order[r];
+    REQUIRE((t >= 0 && t < mask->num_q_tiles()));
+    ++seen[size_t(t)];
+    if (r > 0) {
+      const int u = lists.order[r - 1];
+      CHECK((work(u) > work(t) || (work(u) == work(t) && u > t)));
+    }
+  }
+  CHECK(std::count(seen.begin(), seen.end(), 1) == mask->num_q_tiles());
   for (int round = 0; round < 3; ++round) {
     Problem fresh(100 + round);
     AttentionArgs a = fresh.args();
@@ -82,6 +100,32 @@ TEST_CASE("a block mask built once is reused across launches", "[gpu]") {
     CHECK(c.bad == 0);
     CHECK(c.rel_l2 < 1.5e-2);
   }
+}
+
+TEST_CASE("a ranked kernel given an unranked block mask takes the reversed tile order", "[gpu]") {
+  FLEXJIT_REQUIRE_GPU();
+  // doc = q // 60 (Problem): the same tiles as the interval mask q // 60 == kv // 60, whose builder does not rank.
+  Problem p(13);
+  Runtime rt;
+  dsl::Spec interval = p.spec;
+  interval.name = "blocks60";
+  interval.buffers.clear();
+  interval.mask_mod = "q // 60 == kv // 60";
+  auto interval_kernel = rt.compile(interval);
+  AttentionArgs ia = p.args();
+  ia.buffers.clear();
+  std::unique_ptr<BlockMask> mask = interval_kernel->build_block_mask(ia);
+  CHECK(!mask->ranked());
+  auto kernel = rt.compile(p.spec);
+  AttentionArgs a = p.args();
+  a.block_mask = mask.get();
+  p.dout->mem.fill_bytes(0xff);
+  kernel->forward(a);
+  kernel->check_errors(0, nullptr);
+  Comparison c = p.check();
+  INFO("rel_l2 " << c.rel_l2 << " bad " << c.bad);
+  CHECK(c.bad == 0);
+  CHECK(c.rel_l2 < 1.5e-2);
 }
 
 TEST_CASE("a launch captured in a CUDA graph replays with new inputs", "[gpu]") {

@@ -346,6 +346,20 @@ void plant_documents(const std::string& name, NpyArray& h, int64_t seqlen, unsig
   }
 }
 
+// dq[b, q] == dk[b, kv] over plant_documents' ids, against the reference.
+void expect_documents(int head_dim, int64_t B, int64_t H, int64_t Hkv, int64_t Sq, int64_t Skv, unsigned seed,
+                      std::optional<std::string> score = std::nullopt) {
+  INFO("head dim " << head_dim << ", B " << B << " H " << H << " Hkv " << Hkv << " Sq " << Sq << " Skv " << Skv);
+  CaseOptions c;
+  c.B = B;
+  c.H = H;
+  c.Hkv = Hkv;
+  c.Sq = Sq;
+  c.Skv = Skv;
+  c.edit_buffer = [&](const std::string& name, NpyArray& h) { plant_documents(name, h, name == "dq" ? Sq : Skv, seed); };
+  expect_close(run_case(inline_spec("docs_ranked", score, "dq[b, q] == dk[b, kv]", head_dim, {"dq: i32[B, Sq]", "dk: i32[B, Skv]"}), c));
+}
+
 // Sets an environment variable for one scope (the generator reads FLEXJIT_FWD_PERSISTENT when it writes a kernel).
 struct ScopedEnv {
   std::string name;
@@ -363,40 +377,13 @@ TEST_CASE("a data-dependent mask's ranked schedule: items of 0, 1 and 2 tiles, o
   std::unique_ptr<ScopedEnv> env;
   if (persistent) env = std::make_unique<ScopedEnv>("FLEXJIT_FWD_PERSISTENT", "1");
   SECTION("head dims 64 and 128, GQA 2:1") {
-    for (int d : {64, 128}) {
-      INFO("head dim " << d);
-      CaseOptions c;
-      c.B = 2;
-      c.H = 6;
-      c.Hkv = 3;
-      c.Sq = 4100;
-      c.Skv = 1900;
-      c.edit_buffer = [&](const std::string& name, NpyArray& h) { plant_documents(name, h, name == "dq" ? c.Sq : c.Skv, 3); };
-      expect_close(run_case(inline_spec("docs_ranked", std::nullopt, "dq[b, q] == dk[b, kv]", d, {"dq: i32[B, Sq]", "dk: i32[B, Skv]"}), c));
-    }
+    for (int d : {64, 128}) expect_documents(d, 2, 6, 3, 4100, 1900, 3);
   }
   SECTION("head dims 80 and 256 (the mma.sync loop, one item per CTA)") {
-    for (int d : {80, 256}) {
-      INFO("head dim " << d);
-      CaseOptions c;
-      c.B = 1;
-      c.H = 2;
-      c.Hkv = 2;
-      c.Sq = 1100;
-      c.Skv = 1300;
-      c.edit_buffer = [&](const std::string& name, NpyArray& h) { plant_documents(name, h, name == "dq" ? c.Sq : c.Skv, 9); };
-      expect_close(run_case(inline_spec("docs_ranked_mma", std::nullopt, "dq[b, q] == dk[b, kv]", d, {"dq: i32[B, Sq]", "dk: i32[B, Skv]"}), c));
-    }
+    for (int d : {80, 256}) expect_documents(d, 1, 2, 2, 1100, 1300, 9);
   }
   SECTION("one batch, one head: fewer items than CTAs") {
-    CaseOptions c;
-    c.B = 1;
-    c.H = 1;
-    c.Hkv = 1;
-    c.Sq = 1500;
-    c.Skv = 1500;
-    c.edit_buffer = [&](const std::string& name, NpyArray& h) { plant_documents(name, h, 1500, 5); };
-    expect_close(run_case(inline_spec("docs_ranked_small", "score * 0.5", "dq[b, q] == dk[b, kv]", 128, {"dq: i32[B, Sq]", "dk: i32[B, Skv]"}), c));
+    expect_documents(128, 1, 1, 1, 1500, 1500, 5, "score * 0.5");
   }
 }
 

@@ -170,8 +170,8 @@ void KernelImpl::forward(const AttentionArgs& a) {
   unsigned grid_x = static_cast<unsigned>((shape.seqlen_q + cfg.block_m - 1) / cfg.block_m);
   unsigned grid_y = static_cast<unsigned>(shape.heads), grid_z = static_cast<unsigned>(shape.batch);
   if (cfg.persistent) {
-    // Persistent CTAs (flex_forward_sm90.cuh, ranked launches): as many as are resident at once, each taking every
-    // grid_x-th work item.
+    // Persistent CTAs (flex_forward_sm90.cuh, FLEXJIT_FWD_PERSISTENT=1): as many as are resident at once; after
+    // its first item, each claims the next from the workspace's queue (left at zero by the previous launch).
     const int64_t items = static_cast<int64_t>(grid_x) * shape.heads * shape.batch;
     if (items > INT32_MAX) throw Error("B * H * ceil(Sq / 128) must be below 2^31 for this kernel");
     const int64_t resident = static_cast<int64_t>(runtime::device_info(device).sm_count) * var.ctas_per_sm.at(device);

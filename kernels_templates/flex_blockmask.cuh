@@ -93,8 +93,9 @@ __device__ void flex_build_block_mask_dense(const FlexBlockMaskBuildParams& p, c
 
 // Ranks the query tiles of one (b, h) mask row by their count of listed KV tiles, heaviest first, ties the later
 // tile first (FlexQTileWork); run after the dense builder. grid (Hm, Bm), kThreads threads, dynamic shared memory
-// num_q_tiles ints rounded up to a multiple of 4 (the compiler vectorises the reads of the inner loop). Each thread counts, for its tiles, the tiles ahead of them: O(nq^2 / kThreads) compares, once
-// per build (nq = 64 at 8192 rows).
+// num_q_tiles ints rounded up to a multiple of 4 (the compiler vectorises the reads of the inner loop). Each
+// thread counts, for its tiles, the tiles ahead of them: O(nq^2 / kThreads) compares, once per build (nq = 64 at
+// 8192 rows).
 __device__ void flex_rank_q_tiles(const FlexBlockMaskBuildParams& p) {
   extern __shared__ int work[];
   const int nq = p.num_q_tiles;
@@ -108,15 +109,10 @@ __device__ void flex_rank_q_tiles(const FlexBlockMaskBuildParams& p) {
       const int wu = work[u];
       rank += (wu > wt || (wu == wt && u > t)) ? 1 : 0;
     }
-    const long long at = row + t;
-    const int np = p.kv_num_partial[at], nf = p.kv_num_full[at];
-    const int* pidx = p.kv_partial_idx + at * p.max_kv_tiles;
-    const int* fidx = p.kv_full_idx + at * p.max_kv_tiles;
     FlexQTileWork item{};
     item.m_block = t;
-    item.n_partial = np;
-    item.n_full = nf;
-    for (int e = 0; e < 2; ++e) item.first[e] = e < np ? pidx[e] : e - np < nf ? fidx[e - np] : 0;
+    item.n_partial = p.kv_num_partial[row + t];
+    item.n_full = p.kv_num_full[row + t];
     p.q_order[row + rank] = item;
   }
 }

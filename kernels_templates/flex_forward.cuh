@@ -376,33 +376,12 @@ struct ForwardTiles {
   const int* partial_idx;
   const int* full_idx;
   int n_partial, n_full;
-  int first[2];  // ranked launches (ranked_work): the first two entries of at(), without loading them
   __device__ __forceinline__ int count() const { return n_partial + n_full; }
   __device__ __forceinline__ int at(int t) const {
     if (t < n_partial) return partial_idx != nullptr ? partial_idx[t] : t;
     return full_idx != nullptr ? full_idx[t - n_partial] : t - n_partial;
   }
 };
-
-// The order of a ranked launch (kRankTiles: data-dependent masks, whose query tiles carry irregular amounts of
-// work): heaviest query tiles first, so that the last wave holds the lightest ones (CTAs start roughly in linear
-// block order; a persistent CTA takes every gridDim.x-th item). Work item `lin` of a batch (0 .. H nq - 1) is the
-// query tile of rank `rank` in head `h`, the ranks coming from the block mask's q_order (FlexQTileWork). Heads are
-// interleaved in groups of kHeadGroup, so the heaviest tiles of 8 heads all start before the lighter ones while
-// the K/V working set in L2 stays near 8 heads (as in head-major order); for document masks, whose tile counts
-// vary irregularly, this removes most of the last-wave tail.
-// Only data-dependent masks take it (the generator decides): the ranking compiled into the kernels of full
-// attention and softcap cost them 7% (register allocation), and causal-like masks get the heavy-first order from
-// the reversed tile index anyway.
-__device__ __forceinline__ void ranked_item(int lin, int heads, int nq, int& h, int& rank) {
-  constexpr int kHeadGroup = 8;
-  const int group_items = nq * kHeadGroup;
-  const int group = lin / group_items;
-  const int group_heads = min(kHeadGroup, heads - group * kHeadGroup);
-  const int i = lin - group * group_items;
-  rank = i / group_heads;
-  h = group * kHeadGroup + i % group_heads;
-}
 
 // The sequence geometry of w's (b, h, query tile); false when a ragged batch's tile lies past its sequence's end.
 template <int kBlockM, bool kVarlen>
@@ -424,7 +403,7 @@ __device__ __forceinline__ bool item_geometry(const FlexForwardParams& p, Forwar
 }
 
 // The KV tile lists of w's (b, h, query tile) from the block mask; without one, every tile (partial when the
-// variant has a mask_mod: a "partial" tile of a variant without one needs no masking).
+// variant has a mask_mod; without a mask_mod a "partial" tile needs no masking, so every tile is full).
 template <int kBlockN, bool kHasMaskMod>
 __device__ __forceinline__ void item_lists(const FlexForwardParams& p, ForwardTiles& w) {
   const FlexBlockMask& bm = p.block_mask;
@@ -449,25 +428,35 @@ __device__ __forceinline__ void item_lists(const FlexForwardParams& p, ForwardTi
   }
 }
 
-// Work item `item` (0 .. B H nq - 1, batch-major, then ranked_item's order) of a ranked launch, with its lists and
-// first two KV tiles (w.first). From the block mask's q_order in two loads; a mask built without one (by another
-// spec's builder) falls back to the reversed tile index.
+// The work of a ranked launch's CTA (kRankTiles: data-dependent masks, whose query tiles carry irregular amounts
+// of work): heaviest query tiles first, so that the last wave holds the lightest ones (CTAs start roughly in
+// linear block order). The CTA at position `lin` of its batch computes the query tile of rank lin / heads-in-group,
+// the ranks coming from the block mask's q_order (FlexQTileWork, one load; a mask built without one, by another
+// spec's builder, falls back to the reversed tile index). Heads are interleaved in groups of kHeadGroup, so the
+// heaviest tiles of 8 heads all start before the lighter ones while the K/V working set in L2 stays near 8 heads
+// (as in head-major order); for document masks this removes most of the last-wave tail.
+// Only data-dependent masks take it (the generator decides): the ranking compiled into the kernels of full
+// attention and softcap cost them 7% (register allocation), and causal-like masks get the heavy-first order from
+// the reversed tile index anyway.
 template <int kBlockM, int kBlockN, bool kHasMaskMod>
-__device__ __forceinline__ void ranked_work(const FlexForwardParams& p, int item, int nq, ForwardTiles& w) {
-  const int per_batch = p.heads * nq;
-  w.b = item / per_batch;
-  int rank;
-  ranked_item(item - w.b * per_batch, p.heads, nq, w.h, rank);
+__device__ __forceinline__ void ranked_work(const FlexForwardParams& p, ForwardTiles& w) {
+  constexpr int kHeadGroup = 8;
+  const int nq = gridDim.x;
+  const int group_ctas = nq * kHeadGroup;
+  const int lin = blockIdx.x + nq * blockIdx.y;
+  const int group = lin / group_ctas;
+  const int group_heads = min(kHeadGroup, p.heads - group * kHeadGroup);
+  const int i = lin - group * group_ctas;
+  const int rank = i / group_heads;
+  w.b = blockIdx.z;
+  w.h = group * kHeadGroup + i % group_heads;
   const FlexBlockMask& bm = p.block_mask;
   if (bm.q_order != nullptr) {
     const long long row = w.b * bm.stride_b + w.h * bm.stride_h;
-    const int4* e = reinterpret_cast<const int4*>(bm.q_order + row + rank);
-    const int4 a = __ldg(e), c = __ldg(e + 1);
-    w.m_block = a.x;
-    w.n_partial = a.y;
-    w.n_full = a.z;
-    w.first[0] = a.w;
-    w.first[1] = c.x;
+    const int4 e = __ldg(reinterpret_cast<const int4*>(bm.q_order + row + rank));
+    w.m_block = e.x;
+    w.n_partial = e.y;
+    w.n_full = e.z;
     w.partial_idx = bm.kv_partial_idx + (row + w.m_block) * bm.max_kv_tiles;
     w.full_idx = bm.kv_full_idx + (row + w.m_block) * bm.max_kv_tiles;
     item_geometry<kBlockM, false>(p, w);
@@ -475,28 +464,15 @@ __device__ __forceinline__ void ranked_work(const FlexForwardParams& p, int item
     w.m_block = nq - 1 - rank;
     item_geometry<kBlockM, false>(p, w);
     item_lists<kBlockN, kHasMaskMod>(p, w);
-    w.first[0] = w.count() > 0 ? w.at(0) : 0;
-    w.first[1] = w.count() > 1 ? w.at(1) : 0;
   }
 }
 
-// A persistent CTA's end in a dynamic schedule (FlexForwardParams::work_queue = {claimed, finished}): the last CTA
-// to finish clears both counters for the next launch. Every CTA's claims precede its increment of `finished`.
-__device__ __forceinline__ void finish_work_queue(unsigned* queue, int tid) {
-  if (tid != 0) return;
-  __threadfence();
-  if (atomicAdd(queue + 1, 1u) == gridDim.x - 1) {
-    atomicExch(queue, 0u);
-    atomicExch(queue + 1, 0u);
-  }
-}
-
-// Fills the CTA's work (one item: grid (nq, H, B)). Returns false when a ragged batch's CTA lies past its
+// Fills the CTA's work (grid (nq, H, B)). Returns false when a ragged batch's CTA lies past its
 // sequence's end.
 template <int kBlockM, int kBlockN, bool kHasMaskMod, bool kVarlen, bool kRankTiles>
 __device__ __forceinline__ bool forward_tiles(const FlexForwardParams& p, ForwardTiles& w) {
   if constexpr (kRankTiles && !kVarlen) {
-    ranked_work<kBlockM, kBlockN, kHasMaskMod>(p, blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), gridDim.x, w);
+    ranked_work<kBlockM, kBlockN, kHasMaskMod>(p, w);
     return true;
   } else {
     // Heaviest query tiles (most KV tiles under causal-like masks) first: they start in the first wave.

@@ -43,8 +43,7 @@ struct FlexSm90Swizzle {
 // chain cost more than the adds (compiler/codegen/kernel_source.cpp has the figures).
 // -inf in C (a masked element) would give 0 * -inf = NaN in every other column of its row, so the kernel
 // replaces it by the lowest finite bf16, whose product with c0 >= 2 (scale <= 0.5, the host's rule) is -inf.
-// kQSlots_: Q regions (2 for the persistent CTAs of ranked launches: the next item's Q lands beside the current one).
-template <int kHeadDim_, class Element_, int kColGemmParts_ = 0, int kQSlots_ = 1>
+template <int kHeadDim_, class Element_, int kColGemmParts_ = 0>
 struct FlexForwardTraitsSm90 : FlexForwardTraits<kHeadDim_, 128, 64, 8, Element_> {
   using Base = FlexForwardTraits<kHeadDim_, 128, 64, 8, Element_>;
   static constexpr int kSwizzle = FlexSm90Swizzle<kHeadDim_>::value;
@@ -63,10 +62,9 @@ struct FlexForwardTraitsSm90 : FlexForwardTraits<kHeadDim_, 128, 64, 8, Element_
   static constexpr int kOStageBytes = Base::kBlockM * Base::kSmemStride * 2;  // ForwardKernel::store_o_lse's layout
   static constexpr int kQRegionBytes =
       ((QTile::kBytes > kOStageBytes ? QTile::kBytes : kOStageBytes) + 1023) / 1024 * 1024;
-  static constexpr int kQSlots = kQSlots_;
   static constexpr int kStageBytes = 2 * KVTile::kBytes;  // K then V
   // +1024: the dynamic shared memory base is rounded up to the 1024-byte alignment the swizzle needs.
-  static constexpr int kSmemBytes = kQSlots * kQRegionBytes + kColBytes + kKVStages * kStageBytes + 1024;
+  static constexpr int kSmemBytes = kQRegionBytes + kColBytes + kKVStages * kStageBytes + 1024;
 
   static_assert(kHeadDim_ <= 128, "FlexForwardTraitsSm90: head dims above 128 use the mma.sync loop (registers)");
   static_assert(kKVStages == 2 * kLookahead,
@@ -74,7 +72,6 @@ struct FlexForwardTraitsSm90 : FlexForwardTraits<kHeadDim_, 128, 64, 8, Element_
   static_assert(kSmemBytes <= 232448, "FlexForwardTraitsSm90: shared memory exceeds the 227 KB an sm_90 block may opt into");
   static_assert(ColTile::kBytes % 1024 == 0 && DiagTile::kBytes <= kDiagStride, "FlexForwardTraitsSm90: column GEMM layout");
   static_assert(kColGemmParts == 0 || kColGemmParts == 1 || kColGemmParts == 3, "FlexForwardTraitsSm90: 1 or 3 parts of 1 / scale");
-  static_assert(kQSlots == 1 || (kQSlots == 2 && !kColGemm), "FlexForwardTraitsSm90: one Q region, or two without the column GEMM");
 };
 
 namespace flex {
@@ -127,19 +124,6 @@ __device__ __forceinline__ void build_scale_diagonal(unsigned char* diag, float 
 
 // One CTA computes O and LSE for kBlockM query rows of one (b, h): the same contract, grid and block mask as
 // flex_forward (flex_forward.cuh), block = 256 threads, dynamic shared memory = Traits::kSmemBytes.
-//
-// Persistent CTAs (Traits::kQSlots = 2; the generator's choice, for ranked launches without the column GEMM):
-// grid = (CTAs resident on the device at once, 1, 1); CTA c computes work item c of flex::ranked_work's heavy-first
-// order, then claims further items from p.work_queue as it frees up. Why: a document mask's query tile visits about
-// 8 KV tiles, and a CTA's fixed costs (the schedule's loads, Q and the first K/V copies landing before the first
-// wgmma, the epilogue) came to a quarter of its time (dense attention over 512 keys, 8 tiles per CTA: 347 TFLOP/s
-// against 452 over 4096; H100). The copies of the next item's Q (into the second Q region) and first two K/V tiles
-// are issued by the current item's last two iterations, in the copy groups that would otherwise be empty, so the
-// next item's first S GEMM finds them landed. Measured no faster than one item per CTA (the epilogue still stops
-// the tensor cores; docs/KERNEL_NOTES.md), so the generator asks for it only under FLEXJIT_FWD_PERSISTENT=1.
-// The K/V stages form one ring across items: tile t of an item sits in stage (stream + t) % kKVStages, where
-// stream counts the tiles this CTA consumed before the item. After an item of fewer than two tiles the next
-// item issues its own first copies (nothing was prefetched), as every CTA's first item does.
 template <class Traits, class Variant, bool kVarlen = false, bool kRankTiles = false>
 __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, const typename Variant::Params& vp) {
   using K = flex::ForwardKernel<Traits, Variant>;
@@ -157,268 +141,181 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
   constexpr int kColsPerThread = Traits::kColsPerThread;
   constexpr int kKVStages = Traits::kKVStages;
   constexpr int kLookahead = Traits::kLookahead;
-
   static_assert(Traits::kMTiles == 1 && kNTiles * 8 == 64, "flex_forward_sm90: one m16 row block per warp, 64-column S tiles");
   constexpr bool kColGemm = flex::HasColGemm<Variant>::value;
-  constexpr bool kPersistent = Traits::kQSlots == 2;  // the generator's choice (ForwardConfig::persistent)
   static_assert(kColGemm == Traits::kColGemm, "flex_forward_sm90: the traits' column-GEMM layout must match the variant");
-  static_assert(!kPersistent || (kRankTiles && !kVarlen && !kColGemm),
-                "flex_forward_sm90: persistent CTAs run ranked dense launches without the column GEMM (loaded once per CTA)");
-  static_assert(kLookahead == 2, "flex_forward_sm90: the next item's first two tiles are issued by the last two iterations");
   using ColTile = typename Traits::ColTile;
   using DiagTile = typename Traits::DiagTile;
 
   extern __shared__ __align__(1024) unsigned char flex_smem_raw[];
   unsigned char* smem = flex_smem_raw + ((1024 - (flex::smem_addr(flex_smem_raw) & 1023)) & 1023);
 
-  // ============================================ Schedule ============================================
+  // ============================================ Prologue ============================================
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
   flex::ForwardTiles w;
-  int item = 0, items = 0, nq = 0, next = 0;
-  __shared__ int claimed[2];  // persistent CTAs: the next item, by the parity of the current one's ordinal
-  if constexpr (kPersistent) {
-    nq = (p.seqlen_q + kBlockM - 1) / kBlockM;
-    items = p.batch * p.heads * nq;
-    item = blockIdx.x;
-    if (item >= items) {
-      flex::finish_work_queue(p.work_queue, tid);
-      return;
-    }
-    flex::ranked_work<kBlockM, kBlockN, Variant::kHasMaskMod>(p, item, nq, w);
-    if (tid == 0) claimed[0] = gridDim.x + atomicAdd(p.work_queue, 1u);
-    __syncthreads();
-    next = claimed[0];
-  } else {
-    if (!flex::forward_tiles<kBlockM, kBlockN, Variant::kHasMaskMod, kVarlen, kRankTiles>(p, w)) return;
+  if (!flex::forward_tiles<kBlockM, kBlockN, Variant::kHasMaskMod, kVarlen, kRankTiles>(p, w)) return;
+  const int b = w.b, h = w.h, hkv = w.hkv, m0 = w.m0;
+  const int seqlen_q = w.seqlen_q, seqlen_kv = w.seqlen_kv;
+
+  const Element* g_q = static_cast<const Element*>(p.q) + b * p.q_stride_b + h * p.q_stride_h + w.q_row0 * p.q_stride_s;
+  const Element* g_k = static_cast<const Element*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h + w.kv_row0 * p.k_stride_s;
+  const Element* g_v = static_cast<const Element*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h + w.kv_row0 * p.v_stride_s;
+
+  const unsigned s_q = flex::smem_addr(smem);
+  const unsigned s_col = s_q + Traits::kQRegionBytes;  // column GEMM: C, then the diagonal parts
+  const unsigned s_diag = s_col + ColTile::kBytes;
+  const unsigned s_kv = s_q + Traits::kQRegionBytes + Traits::kColBytes;
+  auto k_stage = [&](int t) { return s_kv + (unsigned)((t % kKVStages) * Traits::kStageBytes); };
+
+  const int n_masked = w.n_partial;
+  const int n_tiles = w.count();
+  auto load_kv = [&](int t) {
+    const int row0 = w.at(t) * kBlockN;
+    flex::load_swizzled_rows<KVTile, kBlockN, kNThreads>(k_stage(t), g_k, p.k_stride_s, row0, seqlen_kv, tid);
+    flex::load_swizzled_rows<KVTile, kBlockN, kNThreads>(k_stage(t) + KVTile::kBytes, g_v, p.v_stride_s, row0, seqlen_kv, tid);
+  };
+
+  // Copy groups: {Q, KV 0}, then one group per K/V tile, kLookahead tiles ahead (empty groups keep the count).
+  flex::load_swizzled_rows<QTile, kBlockM, kNThreads>(s_q, g_q, p.q_stride_s, m0, seqlen_q, tid);
+  if constexpr (kColGemm) {
+    flex::load_staged_block<kBlockM, kNThreads>(smem + Traits::kQRegionBytes, s_col, Variant::col_gemm_rows(vp, b, h, hkv), m0, seqlen_q,
+                                                tid);
+    flex::build_scale_diagonal<DiagTile, Traits::kColGemmParts, Traits::kDiagStride>(
+        smem + Traits::kQRegionBytes + ColTile::kBytes, p.scale, tid);
+  }
+#pragma unroll
+  for (int t = 0; t < kLookahead; ++t) {
+    if (t < n_tiles) load_kv(t);
+    flex::cp_async_commit();
   }
 
-  const unsigned s_q0 = flex::smem_addr(smem);
-  const unsigned s_col = s_q0 + Traits::kQRegionBytes;  // column GEMM: C, then the diagonal parts
-  const unsigned s_diag = s_col + ColTile::kBytes;
-  const unsigned s_kv = s_q0 + Traits::kQSlots * Traits::kQRegionBytes + Traits::kColBytes;
-  auto k_stage = [&](int t) { return s_kv + (unsigned)((t % kKVStages) * Traits::kStageBytes); };
+  // Hoisted variant state, while the copies fly.
+  typename Variant::Row row_st[kRowsPerThread];
+  typename Variant::Col col_st[kRowsPerThread][kColsPerThread];
+  // Per-tile state without a branch (hoist_tile_clamped) at head dims 96 and up, which run one CTA per SM anyway:
+  // SAM at D128 1.69 -> 1.53 ms, rel_h alone 1.48 -> 1.39 (H100, same run). At D64 the clamped form needs 141
+  // registers for rel_h alone and loses the second CTA per SM (1.25 -> 1.71 ms); SAM D64 (capped at 128) is unchanged.
+  constexpr bool kClampedHoist = kHeadDim >= 96;
+  K::template hoist_rows<kClampedHoist>(vp, row_st, col_st, b, h, hkv, m0, warp, lane, seqlen_q, seqlen_kv);
+
+  float acc_o[1][kDTiles][4];
+#pragma unroll
+  for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_o[0][dt][e] = 0.f;
+  float(&o_flat)[kHeadDim / 2] = reinterpret_cast<float(&)[kHeadDim / 2]>(acc_o);
+  float row_max[kRowsPerThread];
+  float row_sum[kRowsPerThread];
+#pragma unroll
+  for (int r = 0; r < kRowsPerThread; ++r) {
+    row_max[r] = K::neg_inf();
+    row_sum[r] = 0.f;
+  }
   const float mult = K::exp2_mult(p.scale);
+  const bool q_tail = m0 + kBlockM > seqlen_q;
+
   const int wg_row0 = (warp / 4) * 64;  // the warpgroup's first Q row: the A rows of its S wgmma
 
-  // An item's Q, K and V rows in global memory.
-  auto q_rows = [&](const flex::ForwardTiles& x) {
-    return static_cast<const Element*>(p.q) + x.b * p.q_stride_b + x.h * p.q_stride_h + x.q_row0 * p.q_stride_s;
-  };
-  auto k_rows = [&](const flex::ForwardTiles& x) {
-    return static_cast<const Element*>(p.k) + x.b * p.k_stride_b + x.hkv * p.k_stride_h + x.kv_row0 * p.k_stride_s;
-  };
-  auto v_rows = [&](const flex::ForwardTiles& x) {
-    return static_cast<const Element*>(p.v) + x.b * p.v_stride_b + x.hkv * p.v_stride_h + x.kv_row0 * p.v_stride_s;
-  };
-  // K/V tile `tile` into stage `stage`.
-  auto load_kv_tile = [&](const Element* g_k, const Element* g_v, int seqlen_kv, int tile, unsigned stage) {
-    flex::load_swizzled_rows<KVTile, kBlockN, kNThreads>(stage, g_k, p.k_stride_s, tile * kBlockN, seqlen_kv, tid);
-    flex::load_swizzled_rows<KVTile, kBlockN, kNThreads>(stage + KVTile::kBytes, g_v, p.v_stride_s, tile * kBlockN, seqlen_kv, tid);
-  };
+  // Per-tile variant state is computed two tiles ahead: its loads (SAM's rel_h[b, h, q, kv // 64]) then have two
+  // iterations to land instead of stalling the softmax of a short wgmma iteration (one tile ahead: SAM D64 1.51 ms,
+  // D128 1.74; two: 1.48, 1.68).
+  typename Variant::Tile tile_next[kRowsPerThread], tile_next2[kRowsPerThread];
+  if (n_tiles > 0) K::hoist_tile(vp, row_st, tile_next, b, h, hkv, m0, w.at(0) * kBlockN, warp, lane, seqlen_q, seqlen_kv);
+  if (n_tiles > 1) K::hoist_tile(vp, row_st, tile_next2, b, h, hkv, m0, w.at(1) * kBlockN, warp, lane, seqlen_q, seqlen_kv);
 
-  int stream = 0;           // K/V tiles this CTA consumed before the current item (persistent CTAs)
-  int slot = 0;             // the current item's Q region (persistent CTAs alternate between two); also the parity
-                            // of its ordinal, which picks the `claimed` entry its successor's successor goes to
-  bool prefetched = false;  // the current item's Q and first tiles were issued by the previous item
-  for (;;) {
-    // The next item's schedule loads land while this item runs; the item after it is claimed now and published at
-    // the epilogue's barrier (an atomic's latency hidden behind a whole item).
-    flex::ForwardTiles wn;
-    bool has_next = false;
-    unsigned after = 0;
-    if constexpr (kPersistent) {
-      has_next = next < items;
-      if (has_next) {
-        flex::ranked_work<kBlockM, kBlockN, Variant::kHasMaskMod>(p, next, nq, wn);
-        if (tid == 0) after = gridDim.x + atomicAdd(p.work_queue, 1u);
-      }
+  if constexpr (kColGemm) {
+    // C has landed with Q (the oldest copy group); each thread rewrites the chunks it copied, -inf made finite
+    // (see the traits). The first iteration's proxy fence and barrier publish them to the wgmmas.
+    flex::cp_async_wait<kLookahead - 1>();
+    for (int i = tid; i < kBlockM * 8; i += kNThreads) {
+      uint4* chunk = reinterpret_cast<uint4*>(smem + Traits::kQRegionBytes + flex::staged_block_offset(i / 8, i % 8));
+      uint4 v = *chunk;
+      v.x = flex::finite_bf16x2(v.x), v.y = flex::finite_bf16x2(v.y), v.z = flex::finite_bf16x2(v.z), v.w = flex::finite_bf16x2(v.w);
+      *chunk = v;
     }
-    const int b = w.b, h = w.h, hkv = w.hkv, m0 = w.m0;
-    const int seqlen_q = w.seqlen_q, seqlen_kv = w.seqlen_kv;
-    const unsigned s_q = s_q0 + (unsigned)(slot * Traits::kQRegionBytes);
-    const Element* g_k = k_rows(w);
-    const Element* g_v = v_rows(w);
-    const int n_masked = w.n_partial;
-    const int n_tiles = w.count();
+  }
 
-    // ============================================ Prologue ============================================
-    // Copy groups: {Q, KV 0}, then one group per K/V tile, kLookahead tiles ahead (empty groups keep the count).
-    if (!prefetched) {
-      // Not for an item without tiles in persistent CTAs: nothing would wait for the copy before the epilogue
-      // stages O in the same region.
-      if (!kPersistent || n_tiles > 0) flex::load_swizzled_rows<QTile, kBlockM, kNThreads>(s_q, q_rows(w), p.q_stride_s, m0, seqlen_q, tid);
-      if constexpr (kColGemm) {
-        flex::load_staged_block<kBlockM, kNThreads>(smem + Traits::kQRegionBytes, s_col, Variant::col_gemm_rows(vp, b, h, hkv), m0,
-                                                    seqlen_q, tid);
-        flex::build_scale_diagonal<DiagTile, Traits::kColGemmParts, Traits::kDiagStride>(
-            smem + Traits::kQRegionBytes + ColTile::kBytes, p.scale, tid);
-      }
+  // ============================================ Mainloop ============================================
+  // A stage is refilled at the barrier two iterations after its tile was consumed: every thread passing the
+  // barrier of iteration it has finished iteration it - 1, whose wgmma_wait<0> retired the P V of tile it - 2.
+  for (int it = 0; it < n_tiles; ++it) {
+    const int k0 = w.at(it) * kBlockN;
+    typename Variant::Tile tile_st[kRowsPerThread];
 #pragma unroll
-      for (int t = 0; t < kLookahead; ++t) {
-        if (t < n_tiles) load_kv_tile(g_k, g_v, seqlen_kv, w.at(t), k_stage(stream + t));
-        flex::cp_async_commit();
-      }
-    }
+    for (int r = 0; r < kRowsPerThread; ++r) tile_st[r] = tile_next[r], tile_next[r] = tile_next2[r];
+    if constexpr (kClampedHoist)
+      K::hoist_tile_clamped(vp, row_st, tile_next2, b, h, hkv, m0, w.at(min(it + 2, n_tiles - 1)) * kBlockN, warp, lane, seqlen_q);
+    else if (it + 2 < n_tiles)
+      K::hoist_tile(vp, row_st, tile_next2, b, h, hkv, m0, w.at(it + 2) * kBlockN, warp, lane, seqlen_q, seqlen_kv);
 
-    // Hoisted variant state, while the copies fly.
-    typename Variant::Row row_st[kRowsPerThread];
-    typename Variant::Col col_st[kRowsPerThread][kColsPerThread];
-    // Per-tile state without a branch (hoist_tile_clamped) at head dims 96 and up, which run one CTA per SM anyway:
-    // SAM at D128 1.69 -> 1.53 ms, rel_h alone 1.48 -> 1.39 (H100, same run). At D64 the clamped form needs 141
-    // registers for rel_h alone and loses the second CTA per SM (1.25 -> 1.71 ms); SAM D64 (capped at 128) is unchanged.
-    constexpr bool kClampedHoist = kHeadDim >= 96;
-    K::template hoist_rows<kClampedHoist>(vp, row_st, col_st, b, h, hkv, m0, warp, lane, seqlen_q, seqlen_kv);
+    flex::cp_async_wait<kLookahead - 1>();  // tile it has landed (tile it + 1 may still fly)
+    flex::fence_proxy_async();              // cp.async wrote through the generic proxy; wgmma reads through the async one
+    __syncthreads();
+    if (it + kLookahead < n_tiles) load_kv(it + kLookahead);
+    flex::cp_async_commit();
 
-    float acc_o[1][kDTiles][4];
-#pragma unroll
-    for (int dt = 0; dt < kDTiles; ++dt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc_o[0][dt][e] = 0.f;
-    float(&o_flat)[kHeadDim / 2] = reinterpret_cast<float(&)[kHeadDim / 2]>(acc_o);
-    float row_max[kRowsPerThread];
-    float row_sum[kRowsPerThread];
-#pragma unroll
-    for (int r = 0; r < kRowsPerThread; ++r) {
-      row_max[r] = K::neg_inf();
-      row_sum[r] = 0.f;
-    }
-    const bool q_tail = m0 + kBlockM > seqlen_q;
+    const unsigned sk = k_stage(it);
+    const unsigned sv = sk + KVTile::kBytes;
 
-    // Per-tile variant state is computed two tiles ahead: its loads (SAM's rel_h[b, h, q, kv // 64]) then have two
-    // iterations to land instead of stalling the softmax of a short wgmma iteration (one tile ahead: SAM D64 1.51 ms,
-    // D128 1.74; two: 1.48, 1.68).
-    typename Variant::Tile tile_next[kRowsPerThread], tile_next2[kRowsPerThread];
-    if (n_tiles > 0) K::hoist_tile(vp, row_st, tile_next, b, h, hkv, m0, w.at(0) * kBlockN, warp, lane, seqlen_q, seqlen_kv);
-    if (n_tiles > 1) K::hoist_tile(vp, row_st, tile_next2, b, h, hkv, m0, w.at(1) * kBlockN, warp, lane, seqlen_q, seqlen_kv);
-
+    // S = Q @ K^T   (per warpgroup: [64 x kBlockN], fp32)
+    float acc_s[1][kNTiles][4];
+    float(&s_flat)[kNTiles * 4] = reinterpret_cast<float(&)[kNTiles * 4]>(acc_s);
+    flex::wgmma_fence();
     if constexpr (kColGemm) {
-      // C has landed with Q (the oldest copy group); each thread rewrites the chunks it copied, -inf made finite
-      // (see the traits). The first iteration's proxy fence and barrier publish them to the wgmmas.
-      flex::cp_async_wait<kLookahead - 1>();
-      for (int i = tid; i < kBlockM * 8; i += kNThreads) {
-        uint4* chunk = reinterpret_cast<uint4*>(smem + Traits::kQRegionBytes + flex::staged_block_offset(i / 8, i % 8));
-        uint4 v = *chunk;
-        v.x = flex::finite_bf16x2(v.x), v.y = flex::finite_bf16x2(v.y), v.z = flex::finite_bf16x2(v.z), v.w = flex::finite_bf16x2(v.w);
-        *chunk = v;
-      }
+      // C (1 / scale) I first: columns 16 jj .. 16 jj + 15 of S get C's same columns, once per diagonal part; Q K^T
+      // then accumulates onto them. ptxas serialises every wgmma of the kernel when one sits under a run-time
+      // condition (C7520: hence the compile-time part count) or when these follow Q K^T (C7511).
+#pragma unroll
+      for (int jj = 0; jj < kBlockN / 16; ++jj)
+#pragma unroll
+        for (int t = 0; t < Traits::kColGemmParts; ++t)
+          flex::Wgmma<16>::template ss<__nv_bfloat16, /*kTransA=*/0, /*kTransB=*/0>(
+              reinterpret_cast<float(&)[8]>(s_flat[8 * jj]), flex::desc_k_major<ColTile>(s_col, wg_row0, 16 * jj),
+              flex::desc_k_major<DiagTile>(s_diag + t * Traits::kDiagStride, 0, 0), t > 0 ? 1 : 0);
     }
-
-    // ============================================ Mainloop ============================================
-    // A stage is refilled at the barrier two iterations after its tile was consumed: every thread passing the
-    // barrier of iteration it has finished iteration it - 1, whose wgmma_wait<0> retired the P V of tile it - 2
-    // (of the previous item when it < 2: its epilogue retired everything).
-    for (int it = 0; it < n_tiles; ++it) {
-      const int k0 = w.at(it) * kBlockN;
-      typename Variant::Tile tile_st[kRowsPerThread];
 #pragma unroll
-      for (int r = 0; r < kRowsPerThread; ++r) tile_st[r] = tile_next[r], tile_next[r] = tile_next2[r];
-      if constexpr (kClampedHoist)
-        K::hoist_tile_clamped(vp, row_st, tile_next2, b, h, hkv, m0, w.at(min(it + 2, n_tiles - 1)) * kBlockN, warp, lane, seqlen_q);
-      else if (it + 2 < n_tiles)
-        K::hoist_tile(vp, row_st, tile_next2, b, h, hkv, m0, w.at(it + 2) * kBlockN, warp, lane, seqlen_q, seqlen_kv);
-
-      flex::cp_async_wait<kLookahead - 1>();  // tile it has landed (tile it + 1 may still fly)
-      flex::fence_proxy_async();              // cp.async wrote through the generic proxy; wgmma reads through the async one
-      __syncthreads();
-      if (it + kLookahead < n_tiles) {
-        load_kv_tile(g_k, g_v, seqlen_kv, w.at(it + kLookahead), k_stage(stream + it + kLookahead));
-      } else if constexpr (kPersistent) {
-        // The next item's Q and tiles 0 and 1, in this item's last two groups (see above).
-        const int e = it + kLookahead - n_tiles;
-        if (has_next && n_tiles >= kLookahead && e < wn.count()) {
-          if (e == 0)
-            flex::load_swizzled_rows<QTile, kBlockM, kNThreads>(s_q0 + (unsigned)((slot ^ 1) * Traits::kQRegionBytes), q_rows(wn),
-                                                                p.q_stride_s, wn.m0, wn.seqlen_q, tid);
-          load_kv_tile(k_rows(wn), v_rows(wn), wn.seqlen_kv, e == 0 ? wn.first[0] : wn.first[1],  // no indexed local array
-                       k_stage(stream + it + kLookahead));
-        }
-      }
-      flex::cp_async_commit();
-
-      const unsigned sk = k_stage(stream + it);
-      const unsigned sv = sk + KVTile::kBytes;
-
-      // S = Q @ K^T   (per warpgroup: [64 x kBlockN], fp32)
-      float acc_s[1][kNTiles][4];
-      float(&s_flat)[kNTiles * 4] = reinterpret_cast<float(&)[kNTiles * 4]>(acc_s);
-      flex::wgmma_fence();
-      if constexpr (kColGemm) {
-        // C (1 / scale) I first: columns 16 jj .. 16 jj + 15 of S get C's same columns, once per diagonal part; Q K^T
-        // then accumulates onto them. ptxas serialises every wgmma of the kernel when one sits under a run-time
-        // condition (C7520: hence the compile-time part count) or when these follow Q K^T (C7511).
-#pragma unroll
-        for (int jj = 0; jj < kBlockN / 16; ++jj)
-#pragma unroll
-          for (int t = 0; t < Traits::kColGemmParts; ++t)
-            flex::Wgmma<16>::template ss<__nv_bfloat16, /*kTransA=*/0, /*kTransB=*/0>(
-                reinterpret_cast<float(&)[8]>(s_flat[8 * jj]), flex::desc_k_major<ColTile>(s_col, wg_row0, 16 * jj),
-                flex::desc_k_major<DiagTile>(s_diag + t * Traits::kDiagStride, 0, 0), t > 0 ? 1 : 0);
-      }
-#pragma unroll
-      for (int kk = 0; kk < kD16; ++kk)
-        flex::Wgmma<kBlockN>::template ss<Element, /*kTransA=*/0, /*kTransB=*/0>(
-            s_flat, flex::desc_k_major<QTile>(s_q, wg_row0, kk * 16), flex::desc_k_major<KVTile>(sk, 0, kk * 16), (kColGemm || kk > 0) ? 1 : 0);
-      flex::wgmma_commit();
-      flex::wgmma_wait<0>();  // S of this tile and P V of the previous one
-      flex::fence_operands(s_flat);
-      flex::fence_operands(o_flat);
-
-      // S = mask(score_mod(scale * S)); -inf outside [0, Sq) x [0, Skv)
-      K::mods(acc_s, it < n_masked, q_tail || k0 + kBlockN > seqlen_kv, vp, row_st, col_st, tile_st, b, h, hkv, m0, warp, lane, k0,
-              seqlen_q, seqlen_kv, p.scale);
-
-      float alpha[kRowsPerThread];
-      float max_scaled[kRowsPerThread];
-      const bool rescale = K::softmax_rescale(acc_s, row_max, row_sum, mult, max_scaled, alpha);
-      if (__any_sync(0xffffffffu, rescale)) {
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc_o[0][dt][e] *= alpha[e / 2];
-      }
-
-      // O += P @ V: P packed into the A fragments of 4 k-steps of 16 KV rows; left running on the tensor cores.
-      unsigned pa[kBlockN / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) K::template exp_pack<kHeadDim == 128>(acc_s, 0, kk, mult, max_scaled, row_sum, pa[kk]);
-      flex::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk)
-        flex::Wgmma<kHeadDim>::template rs<Element, /*kTransB=*/1>(o_flat, pa[kk], flex::desc_mn_major<KVTile>(sv, kk * 16, 0), 1);
-      flex::wgmma_commit();
-    }
-    flex::wgmma_wait<0>();
+    for (int kk = 0; kk < kD16; ++kk)
+      flex::Wgmma<kBlockN>::template ss<Element, /*kTransA=*/0, /*kTransB=*/0>(
+          s_flat, flex::desc_k_major<QTile>(s_q, wg_row0, kk * 16), flex::desc_k_major<KVTile>(sk, 0, kk * 16), (kColGemm || kk > 0) ? 1 : 0);
+    flex::wgmma_commit();
+    flex::wgmma_wait<0>();  // S of this tile and P V of the previous one
+    flex::fence_operands(s_flat);
     flex::fence_operands(o_flat);
 
-    // ============================================ Epilogue ============================================
-    float lse[kRowsPerThread];
-    K::normalize(acc_o, row_max, row_sum, K::score_unit(p.scale), lse);
-    // O is staged through the item's Q region once every warpgroup's last S wgmma has read Q (and, in one-item CTAs,
-    // every copy has landed: the column block follows Q). A persistent CTA's copies in flight target the other Q
-    // region and the K/V stages; its Q copy landed before the first iteration, and an item without tiles has none.
-    if constexpr (!kPersistent) flex::cp_async_wait<0>();
-    if constexpr (kPersistent)
-      if (tid == 0 && has_next) claimed[slot ^ 1] = (int)after;
-    __syncthreads();
-    K::store_o_lse(p, smem + slot * Traits::kQRegionBytes, acc_o, lse, b, h, m0, seqlen_q, kVarlen ? p.cu_seqlens_q[b] : 0, tid, warp,
-                   lane);
-    if constexpr (!kPersistent) {
-      break;
-    } else {
-      if (!has_next) break;
-      // store_o_lse's barrier orders this item's reads of its staging before any later copy into the region.
-      prefetched = n_tiles >= kLookahead;
-      stream += n_tiles;
-      slot ^= 1;
-      item = next;
-      next = claimed[slot];
-      w = wn;
+    // S = mask(score_mod(scale * S)); -inf outside [0, Sq) x [0, Skv)
+    K::mods(acc_s, it < n_masked, q_tail || k0 + kBlockN > seqlen_kv, vp, row_st, col_st, tile_st, b, h, hkv, m0, warp, lane, k0,
+            seqlen_q, seqlen_kv, p.scale);
+
+    float alpha[kRowsPerThread];
+    float max_scaled[kRowsPerThread];
+    const bool rescale = K::softmax_rescale(acc_s, row_max, row_sum, mult, max_scaled, alpha);
+    if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_o[0][dt][e] *= alpha[e / 2];
     }
+
+    // O += P @ V: P packed into the A fragments of 4 k-steps of 16 KV rows; left running on the tensor cores.
+    unsigned pa[kBlockN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) K::template exp_pack<kHeadDim == 128>(acc_s, 0, kk, mult, max_scaled, row_sum, pa[kk]);
+    flex::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+      flex::Wgmma<kHeadDim>::template rs<Element, /*kTransB=*/1>(o_flat, pa[kk], flex::desc_mn_major<KVTile>(sv, kk * 16, 0), 1);
+    flex::wgmma_commit();
   }
-  if constexpr (kPersistent) {
-    flex::cp_async_wait<0>();
-    flex::finish_work_queue(p.work_queue, tid);
-  }
+  flex::wgmma_wait<0>();
+  flex::fence_operands(o_flat);
+
+  // ============================================ Epilogue ============================================
+  float lse[kRowsPerThread];
+  K::normalize(acc_o, row_max, row_sum, K::score_unit(p.scale), lse);
+  // O is staged through the Q region once every copy has landed and every warpgroup's last S wgmma has read Q.
+  flex::cp_async_wait<0>();
+  __syncthreads();
+  K::store_o_lse(p, smem, acc_o, lse, b, h, m0, seqlen_q, kVarlen ? p.cu_seqlens_q[b] : 0, tid, warp, lane);
 }

@@ -6,15 +6,12 @@
 
 // One query tile's work in a ranked block mask (FlexBlockMask::q_order). The builder of a data-dependent mask
 // sorts each (b, h) row's query tiles by their count of listed KV tiles, heaviest first (ties: the later tile
-// first), so the kernel's schedule needs one load per work item instead of a ranking pass per CTA, and carries the
-// counts and the first two KV tiles along so that the next item's copies can be issued without further loads.
-// 32 bytes: two 16-byte loads.
+// first), so a CTA finds its tile and counts in one 16-byte load instead of ranking the row itself.
 struct FlexQTileWork {
   int m_block;    // the query tile
   int n_partial;  // its count of partial KV tiles (as kv_num_partial)
   int n_full;     // its count of full KV tiles (as kv_num_full)
-  int first[2];   // its first two KV tiles in visiting order (0 where it has fewer)
-  int unused[3];
+  int unused;
 };
 
 // Block sparsity of one launch, built for tiles of q_tile x kv_tile. For each (b, h, query tile) it lists
@@ -74,9 +71,4 @@ struct FlexForwardParams {
   // The block mask must be empty (every tile below the sequence's KV length runs as partial).
   const int* cu_seqlens_q;
   const int* cu_seqlens_kv;
-  // Persistent CTAs (ranked launches on Hopper, flex_forward_sm90.cuh): two counters, zero before the launch, from
-  // which CTAs claim work items beyond their first (as they free up, heaviest first); the last CTA to finish sets
-  // them back to zero (flex::finish_work_queue), so the next launch on the workspace needs no clearing. Claiming
-  // measured 10% faster than CTA c taking items c, c + gridDim.x, ... (document mask, D128, H100).
-  unsigned* work_queue;
 };

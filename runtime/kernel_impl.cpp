@@ -168,18 +168,7 @@ void KernelImpl::forward(const AttentionArgs& a) {
   timer.lap(3);
   void* args[] = {&p, vparams.data()};
   unsigned grid_x = static_cast<unsigned>((shape.seqlen_q + cfg.block_m - 1) / cfg.block_m);
-  unsigned grid_y = static_cast<unsigned>(shape.heads), grid_z = static_cast<unsigned>(shape.batch);
-  if (cfg.persistent) {
-    // Persistent CTAs (flex_forward_sm90.cuh, FLEXJIT_FWD_PERSISTENT=1): as many as are resident at once; after
-    // its first item, each claims the next from the workspace's queue (left at zero by the previous launch).
-    const int64_t items = static_cast<int64_t>(grid_x) * shape.heads * shape.batch;
-    if (items > INT32_MAX) throw Error("B * H * ceil(Sq / 128) must be below 2^31 for this kernel");
-    const int64_t resident = static_cast<int64_t>(runtime::device_info(device).sm_count) * var.ctas_per_sm.at(device);
-    grid_x = static_cast<unsigned>(std::min(items, resident));
-    grid_y = grid_z = 1;
-    p.work_queue = reinterpret_cast<unsigned*>(ws.memory_ + kWorkQueueOffset);
-  }
-  check_cu(d.cuLaunchKernel(var.forward_fn.at(device), grid_x, grid_y, grid_z,
+  check_cu(d.cuLaunchKernel(var.forward_fn.at(device), grid_x, static_cast<unsigned>(shape.heads), static_cast<unsigned>(shape.batch),
                             static_cast<unsigned>(cfg.threads()), 1, 1, static_cast<unsigned>(cfg.shared_bytes()), a.stream, args, nullptr),
            "launching the forward kernel");
   timer.lap(4);
@@ -361,11 +350,6 @@ KernelImpl::VariantState& KernelImpl::variant(const runtime::VariantChoice& choi
     if (ir_.mask_mod) v.mask_fn[device] = get(kBlockMaskEntry);
     if (std::find(v.source.entries.begin(), v.source.entries.end(), kRankEntry) != v.source.entries.end())
       v.rank_fn[device] = get(kRankEntry);
-    if (v.source.config.persistent) {
-      int ctas = 0;
-      check_cu(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, f, v.source.config.threads(), smem), "cuOccupancyMaxActiveBlocksPerMultiprocessor");
-      v.ctas_per_sm[device] = std::max(ctas, 1);
-    }
   }
   return v;
 }
@@ -557,8 +541,7 @@ void KernelImpl::build_mask_into(BlockMask& m, VariantState& var, std::vector<ui
   // Rounded up to 4 counts: the ranking loop's reads are vectorised and may cover up to three past the last.
   const size_t rank_smem = static_cast<size_t>((m.num_q_tiles_ + 3) / 4 * 4) * 4;
   if (rank_tiles && rank != var.rank_fn.end() && rank_smem <= 48 * 1024) {
-    bp.q_order = const_cast<FlexQTileWork*>(
-        reinterpret_cast<const FlexQTileWork*>(m.memory_ + block_mask_order_offset(m.bm_, m.hm_, m.num_q_tiles_, m.max_kv_tiles_)));
+    bp.q_order = reinterpret_cast<FlexQTileWork*>(m.memory_ + block_mask_order_offset(m.bm_, m.hm_, m.num_q_tiles_, m.max_kv_tiles_));
     void* rargs[] = {&bp};
     check_cu(drv().cuLaunchKernel(rank->second, static_cast<unsigned>(m.hm_), static_cast<unsigned>(m.bm_), 1, 128, 1, 1,
                                   static_cast<unsigned>(rank_smem), stream, rargs, nullptr),

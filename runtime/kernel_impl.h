@@ -24,11 +24,8 @@ namespace flexjit {
 // The loaded CUDA driver; throws flexjit::Error saying why when there is none.
 const runtime::CudaDriver& require_driver();
 
-// Bytes at the start of every workspace for the error word and the persistent forward's work queue (keeps what
-// follows aligned).
+// Bytes at the start of every workspace for the error word (keeps what follows aligned).
 constexpr size_t kErrorWordBytes = 256;
-// Where in those bytes the work queue's two counters live (FlexForwardParams::work_queue).
-constexpr size_t kWorkQueueOffset = 128;
 
 // Where a block mask's ranked order (FlexQTileWork per query tile) starts: after the counts and index lists,
 // 16-byte aligned for the kernel's vector loads.
@@ -110,7 +107,6 @@ class KernelImpl : public Kernel {
     std::shared_ptr<const runtime::CompiledArtefact> artefact;
     CUlibrary library = nullptr;
     std::map<int, CUfunction> forward_fn, mask_fn, rank_fn;  // rank_fn: data-dependent masks only
-    std::map<int, int> ctas_per_sm;                         // persistent forward kernels: resident CTAs per SM
   };
 
   int launch_device(const AttentionArgs& a) const;

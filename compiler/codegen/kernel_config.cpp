@@ -13,8 +13,8 @@
 namespace flexjit {
 
 std::string ForwardConfig::str() const {
-  return fmt::format("d{}_m{}_n{}_w{}{}{}{}", head_dim, block_m, block_n, warps, hopper ? "_sm90" : "",
-                     col_gemm_parts ? fmt::format("_cg{}", col_gemm_parts) : "", persistent ? "_persistent" : "");
+  return fmt::format("d{}_m{}_n{}_w{}{}{}", head_dim, block_m, block_n, warps, hopper ? "_sm90" : "",
+                     col_gemm_parts ? fmt::format("_cg{}", col_gemm_parts) : "");
 }
 
 int ForwardConfig::shared_bytes() const {
@@ -23,10 +23,9 @@ int ForwardConfig::shared_bytes() const {
   // FlexForwardTraitsSm90: a Q region (the swizzled Q tile or the padded O staging tile, 1 KB aligned), four
   // stages of dense swizzled K and V tiles, and 1 KB to align the base.
   // With the column GEMM, the [block_m][64] bf16 column block and one 1 KB diagonal per part follow the Q region.
-  // Persistent CTAs hold two Q regions.
   const int q_region = (std::max(block_m * head_dim * 2, block_m * padded) + 1023) / 1024 * 1024;
   const int col_gemm_bytes = col_gemm_parts ? block_m * 64 * 2 + col_gemm_parts * 1024 : 0;
-  return (persistent ? 2 : 1) * q_region + col_gemm_bytes + 4 * 2 * block_n * head_dim * 2 + 1024;
+  return q_region + col_gemm_bytes + 4 * 2 * block_n * head_dim * 2 + 1024;
 }
 
 bool is_hopper_arch(const std::string& arch) { return arch == "sm_90a"; }

@@ -21,9 +21,6 @@ struct ForwardConfig {
   // column GEMM; compiler/codegen/staged_terms.h, find_forward_col_gemm) in this many bf16 parts of 1 / scale
   // (1 or 3; 0: no column GEMM).
   int col_gemm_parts = 0;
-  // Hopper only: persistent CTAs over a ranked schedule (data-dependent masks under FLEXJIT_FWD_PERSISTENT=1;
-  // flex_forward_sm90.cuh): grid = the CTAs resident at once, and a second Q region in shared memory.
-  bool persistent = false;
   std::string str() const;
   // Dynamic shared memory of the forward kernel (the generated source static_asserts that it equals the
   // template's Traits::kSmemBytes).

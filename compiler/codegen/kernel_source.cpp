@@ -2,9 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <cstdlib>
-#include <string_view>
-
 #include "compiler/codegen/codegen_cuda_interval.h"
 #include "compiler/codegen/staged_rows_source.h"
 #include "compiler/codegen/staged_terms.h"
@@ -30,11 +27,10 @@ namespace {
 std::string forward_entry(const ForwardConfig& c, const char* element, const char* entry, const std::string& template_args) {
   std::string traits, body;
   if (c.hopper) {
-    std::string extra = c.col_gemm_parts ? fmt::format(", /*kColGemmParts=*/{}", c.col_gemm_parts) : "";
-    if (c.persistent) extra = fmt::format(", /*kColGemmParts=*/{}, /*kQSlots=*/2", c.col_gemm_parts);
     traits = fmt::format("using FlexTraits = FlexForwardTraitsSm90</*kHeadDim=*/{}, {}{}>;\n"
                          "static_assert(FlexTraits::kSmemBytes == {}, \"host and template disagree on the forward's shared memory\");\n",
-                         c.head_dim, element, extra, c.shared_bytes());
+                         c.head_dim, element, c.col_gemm_parts ? fmt::format(", /*kColGemmParts=*/{}", c.col_gemm_parts) : "",
+                         c.shared_bytes());
     body = fmt::format("  flex_forward_sm90<FlexTraits, FlexVariant{}>(p, vp);\n", template_args);
   } else {
     traits = fmt::format("using FlexTraits = FlexForwardTraits</*kHeadDim=*/{}, /*kBlockM=*/{}, /*kBlockN=*/{}, /*kNWarps=*/{}, {}>;\n",
@@ -75,14 +71,6 @@ KernelSource forward_module(const SpecIR& ir, const RangeInfo& ranges, const For
   } else {
     ks.variant = generate_cuda_variant(ir, ranges, vo, "FlexVariant");
   }
-  // Persistent CTAs for data-dependent masks on Hopper (flex_forward_sm90.cuh) only when FLEXJIT_FWD_PERSISTENT=1:
-  // they compute the same results but measured no faster than one item per CTA with the ranked order (H100,
-  // document mask: D128 0.253-0.257 ms against 0.256-0.257; D64 0.207-0.209 against 0.202-0.203; D32 0.182
-  // against 0.125, one CTA per SM instead of two; docs/KERNEL_NOTES.md). Never with the column GEMM, whose block
-  // is loaded once per CTA.
-  const bool ranked = ir.mask_mod && !varlen && !mask_is_interval_classifiable(ir);
-  const char* persistent_env = std::getenv("FLEXJIT_FWD_PERSISTENT");
-  ks.config.persistent = ranked && ks.config.hopper && !col_gemm.term && persistent_env && std::string_view(persistent_env) == "1";
   const char* element = cuda_element_type(options.dtype);
   ks.name = fmt::format("{}_fwd{}_{}_{}", ir.spec().name, varlen ? "_varlen" : "", dsl::dtype_name(options.dtype), ks.config.str());
   ks.entries = {varlen ? kForwardVarlenEntry : kForwardEntry};
@@ -99,7 +87,7 @@ KernelSource forward_module(const SpecIR& ir, const RangeInfo& ranges, const For
     } else {
       // Data-dependent masks (built by the dense path) give query tiles irregular amounts of work: the builder
       // ranks each row's query tiles by their tile counts and the kernel takes them heaviest first
-      // (flex::ranked_work), on Hopper in persistent CTAs.
+      // (flex::ranked_work).
       template_args = ", /*kVarlen=*/false, /*kRankTiles=*/true";
       ks.entries.push_back(kRankEntry);
       block_mask = fmt::format("\nextern \"C\" __global__ void __launch_bounds__(flex_blockmask::kThreads)\n"

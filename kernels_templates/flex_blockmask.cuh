@@ -113,6 +113,9 @@ __device__ void flex_rank_q_tiles(const FlexBlockMaskBuildParams& p) {
     item.m_block = t;
     item.n_partial = p.kv_num_partial[row + t];
     item.n_full = p.kv_num_full[row + t];
+    item.first_kv = item.n_partial > 0 ? p.kv_partial_idx[(row + t) * p.max_kv_tiles]
+                    : item.n_full > 0  ? p.kv_full_idx[(row + t) * p.max_kv_tiles]
+                                       : -1;
     p.q_order[row + rank] = item;
   }
 }

@@ -376,11 +376,13 @@ struct ForwardTiles {
   const int* partial_idx;
   const int* full_idx;
   int n_partial, n_full;
+  int first_kv = -1;  // at(0) when the ranked order carried it (FlexQTileWork::first_kv), else -1
   __device__ __forceinline__ int count() const { return n_partial + n_full; }
   __device__ __forceinline__ int at(int t) const {
     if (t < n_partial) return partial_idx != nullptr ? partial_idx[t] : t;
     return full_idx != nullptr ? full_idx[t - n_partial] : t - n_partial;
   }
+  __device__ __forceinline__ int first() const { return first_kv >= 0 ? first_kv : at(0); }
 };
 
 // The sequence geometry of w's (b, h, query tile); false when a ragged batch's tile lies past its sequence's end.
@@ -457,6 +459,7 @@ __device__ __forceinline__ void ranked_work(const FlexForwardParams& p, ForwardT
     w.m_block = e.x;
     w.n_partial = e.y;
     w.n_full = e.z;
+    w.first_kv = e.w;
     w.partial_idx = bm.kv_partial_idx + (row + w.m_block) * bm.max_kv_tiles;
     w.full_idx = bm.kv_full_idx + (row + w.m_block) * bm.max_kv_tiles;
     item_geometry<kBlockM, false>(p, w);

@@ -6,12 +6,15 @@
 
 // Tile configuration (head dims up to 128; 192 and 256 keep the mma.sync loop of flex_forward.cuh):
 //
-//   CTA = 2 warpgroups (8 warps, 256 threads); warpgroup w owns query rows 64w..64w+63 of the 128-row tile,
-//   so warp `warp` owns rows 16*warp..+15, exactly as the mma.sync loop's 8-warp configuration.
-//   kBlockM x kBlockN = 128 x 64 as on sm_80: block masks, the staging pass (SAM's kv // 64 per tile) and the
-//   host geometry are shared by both main loops.
-//   Shared memory: a Q region (the swizzled Q tile, later the O staging tile), then kKVStages stages of
-//   {K, V} swizzled [64][D] tiles. K/V tile i + 2 is copied while tile i is consumed.
+//   kBlockM = 128 (the default): CTA = 2 warpgroups (8 warps, 256 threads); warpgroup w owns query rows
+//   64w..64w+63 of the 128-row tile, so warp `warp` owns rows 16*warp..+15, exactly as the mma.sync loop's
+//   8-warp configuration. kBlockM x kBlockN = 128 x 64 as on sm_80: block masks, the staging pass (SAM's kv // 64
+//   per tile) and the host geometry are shared by both main loops.
+//   kBlockM = 64: CTA = 1 warpgroup (4 warps, 128 threads), for data-dependent masks (compiler/codegen/
+//   kernel_config.cpp says why). Two such CTAs share an SM, so one CTA's prologue and epilogue run under the
+//   other's GEMMs, and a 64 x 64 block mask visits less of a document mask's area than 128 x 64.
+//   Shared memory: a Q region (the swizzled Q tile, at kBlockM = 128 later the O staging tile), then kKVStages
+//   stages of {K, V} swizzled [64][D] tiles. K/V tile i + kLookahead is copied while tile i is consumed.
 //
 // Per KV tile and warpgroup: S = Q K^T is D/16 wgmma m64n64k16 with both operands in shared memory (Q as a
 // register operand measured 2% faster on full attention and 2% slower on causal, and at head dim 64, where
@@ -43,11 +46,11 @@ struct FlexSm90Swizzle {
 // chain cost more than the adds (compiler/codegen/kernel_source.cpp has the figures).
 // -inf in C (a masked element) would give 0 * -inf = NaN in every other column of its row, so the kernel
 // replaces it by the lowest finite bf16, whose product with c0 >= 2 (scale <= 0.5, the host's rule) is -inf.
-template <int kHeadDim_, class Element_, int kColGemmParts_ = 0>
-struct FlexForwardTraitsSm90 : FlexForwardTraits<kHeadDim_, 128, 64, 8, Element_> {
-  using Base = FlexForwardTraits<kHeadDim_, 128, 64, 8, Element_>;
+template <int kHeadDim_, class Element_, int kColGemmParts_ = 0, int kBlockM_ = 128>
+struct FlexForwardTraitsSm90 : FlexForwardTraits<kHeadDim_, kBlockM_, 64, kBlockM_ / 16, Element_> {
+  using Base = FlexForwardTraits<kHeadDim_, kBlockM_, 64, kBlockM_ / 16, Element_>;
   static constexpr int kSwizzle = FlexSm90Swizzle<kHeadDim_>::value;
-  using QTile = flex::SwizzledTile<128, kHeadDim_, kSwizzle>;
+  using QTile = flex::SwizzledTile<kBlockM_, kHeadDim_, kSwizzle>;
   using KVTile = flex::SwizzledTile<64, kHeadDim_, kSwizzle>;
   static constexpr int kColGemmParts = kColGemmParts_;  // 0: no column GEMM
   static constexpr bool kColGemm = kColGemmParts > 0;
@@ -55,20 +58,31 @@ struct FlexForwardTraitsSm90 : FlexForwardTraits<kHeadDim_, 128, 64, 8, Element_
   using DiagTile = flex::SwizzledTile<16, 16, 32>;   // one diagonal part of (1 / scale) I
   static constexpr int kDiagStride = 1024;          // bytes from one diagonal part to the next (aligned atoms)
   static constexpr int kColBytes = kColGemm ? ColTile::kBytes + kColGemmParts * kDiagStride : 0;
-  // The column GEMM's point is two CTAs per SM (see above): without the bound ptxas took 132 registers.
-  static constexpr int kMinBlocksPerSM = kColGemm ? 2 : 1;
-  static constexpr int kKVStages = 4;
-  static constexpr int kLookahead = 2;  // K/V tiles in flight beyond the one being consumed
+  // The column GEMM's point is two CTAs per SM (see above): without the bound ptxas took 132 registers. A
+  // one-warpgroup CTA exists to share its SM.
+  static constexpr int kMinBlocksPerSM = kColGemm || kBlockM_ == 64 ? 2 : 1;
+  // One-warpgroup CTAs at head dim 128: three stages, one tile ahead, so that two CTAs fit an SM's 228 KB
+  // (2 x (113 KB + the 1 KB the hardware reserves per CTA)); every other configuration keeps two tiles ahead.
+  static constexpr bool kShallow = kBlockM_ == 64 && kHeadDim_ > 64;
+  static constexpr int kKVStages = kShallow ? 3 : 4;
+  static constexpr int kLookahead = kShallow ? 1 : 2;  // K/V tiles in flight beyond the one being consumed
   static constexpr int kOStageBytes = Base::kBlockM * Base::kSmemStride * 2;  // ForwardKernel::store_o_lse's layout
+  // The O staging tile overlays Q at kBlockM = 128 and the first K/V stages at 64 (free once the last copy has
+  // landed and the last P V retired), where the Q region's 1 KB of padding would cost the second CTA.
+  static constexpr bool kOStageInKV = kBlockM_ == 64;
   static constexpr int kQRegionBytes =
-      ((QTile::kBytes > kOStageBytes ? QTile::kBytes : kOStageBytes) + 1023) / 1024 * 1024;
+      ((QTile::kBytes > kOStageBytes || kOStageInKV ? QTile::kBytes : kOStageBytes) + 1023) / 1024 * 1024;
   static constexpr int kStageBytes = 2 * KVTile::kBytes;  // K then V
+  static constexpr int kOStageOffset = kOStageInKV ? kQRegionBytes + kColBytes : 0;  // from the aligned base
   // +1024: the dynamic shared memory base is rounded up to the 1024-byte alignment the swizzle needs.
   static constexpr int kSmemBytes = kQRegionBytes + kColBytes + kKVStages * kStageBytes + 1024;
 
+  static_assert(kBlockM_ == 128 || kBlockM_ == 64, "FlexForwardTraitsSm90: one or two warpgroups of 64 query rows");
+  static_assert(kBlockM_ == 128 || !kColGemm, "FlexForwardTraitsSm90: the column GEMM's block C has 128 rows");
   static_assert(kHeadDim_ <= 128, "FlexForwardTraitsSm90: head dims above 128 use the mma.sync loop (registers)");
-  static_assert(kKVStages == 2 * kLookahead,
+  static_assert(kKVStages == kLookahead + 2,
                 "FlexForwardTraitsSm90: a stage is refilled two tiles after its last reader's wait (see the mainloop)");
+  static_assert(!kOStageInKV || kOStageBytes <= kKVStages * kStageBytes, "FlexForwardTraitsSm90: the O staging tile must fit the K/V stages");
   static_assert(kSmemBytes <= 232448, "FlexForwardTraitsSm90: shared memory exceeds the 227 KB an sm_90 block may opt into");
   static_assert(ColTile::kBytes % 1024 == 0 && DiagTile::kBytes <= kDiagStride, "FlexForwardTraitsSm90: column GEMM layout");
   static_assert(kColGemmParts == 0 || kColGemmParts == 1 || kColGemmParts == 3, "FlexForwardTraitsSm90: 1 or 3 parts of 1 / scale");
@@ -123,7 +137,7 @@ __device__ __forceinline__ void build_scale_diagonal(unsigned char* diag, float 
 }  // namespace flex
 
 // One CTA computes O and LSE for kBlockM query rows of one (b, h): the same contract, grid and block mask as
-// flex_forward (flex_forward.cuh), block = 256 threads, dynamic shared memory = Traits::kSmemBytes.
+// flex_forward (flex_forward.cuh), block = Traits::kNThreads, dynamic shared memory = Traits::kSmemBytes.
 template <class Traits, class Variant, bool kVarlen = false, bool kRankTiles = false>
 __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, const typename Variant::Params& vp) {
   using K = flex::ForwardKernel<Traits, Variant>;
@@ -143,7 +157,6 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
   constexpr int kLookahead = Traits::kLookahead;
   static_assert(Traits::kMTiles == 1 && kNTiles * 8 == 64, "flex_forward_sm90: one m16 row block per warp, 64-column S tiles");
   constexpr bool kColGemm = flex::HasColGemm<Variant>::value;
-  static_assert(kColGemm == Traits::kColGemm, "flex_forward_sm90: the traits' column-GEMM layout must match the variant");
   using ColTile = typename Traits::ColTile;
   using DiagTile = typename Traits::DiagTile;
 
@@ -171,10 +184,20 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
 
   const int n_masked = w.n_partial;
   const int n_tiles = w.count();
-  auto load_kv = [&](int t) {
-    const int row0 = w.at(t) * kBlockN;
-    flex::load_swizzled_rows<KVTile, kBlockN, kNThreads>(k_stage(t), g_k, p.k_stride_s, row0, seqlen_kv, tid);
-    flex::load_swizzled_rows<KVTile, kBlockN, kNThreads>(k_stage(t) + KVTile::kBytes, g_v, p.v_stride_s, row0, seqlen_kv, tid);
+  // Data-dependent masks (kRankTiles): the KV tile indices come from the lists one iteration before they are
+  // needed, so no copy and no hoist waits on a global load (the first from the ranked order itself). idx[u] is
+  // the tile of iteration it + u, clamped to the last one. Other kernels read w.at() where they use it.
+  // H100, documents: D128 0.226 -> 0.221 ms, D64 0.139 -> 0.136; not at D32, where its 18 registers cost the
+  // fourth CTA per SM (0.102 -> 0.112).
+  constexpr bool kIndexRing = kRankTiles && kHeadDim >= 64;
+  auto tile_of = [&](int t) { return w.at(min(t, n_tiles - 1)); };
+  int idx[3] = {0, 0, 0};
+  if (kIndexRing && n_tiles > 0) idx[0] = w.first(), idx[1] = tile_of(1), idx[2] = tile_of(2);
+  auto kv_tile = [&](int it, int u) { return kIndexRing ? idx[u] : w.at(it + u); };
+  auto load_kv = [&](int it, int u) {
+    const int row0 = kv_tile(it, u) * kBlockN;
+    flex::load_swizzled_rows<KVTile, kBlockN, kNThreads>(k_stage(it + u), g_k, p.k_stride_s, row0, seqlen_kv, tid);
+    flex::load_swizzled_rows<KVTile, kBlockN, kNThreads>(k_stage(it + u) + KVTile::kBytes, g_v, p.v_stride_s, row0, seqlen_kv, tid);
   };
 
   // Copy groups: {Q, KV 0}, then one group per K/V tile, kLookahead tiles ahead (empty groups keep the count).
@@ -187,7 +210,7 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
   }
 #pragma unroll
   for (int t = 0; t < kLookahead; ++t) {
-    if (t < n_tiles) load_kv(t);
+    if (t < n_tiles) load_kv(0, t);
     flex::cp_async_commit();
   }
 
@@ -222,8 +245,8 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
   // iterations to land instead of stalling the softmax of a short wgmma iteration (one tile ahead: SAM D64 1.51 ms,
   // D128 1.74; two: 1.48, 1.68).
   typename Variant::Tile tile_next[kRowsPerThread], tile_next2[kRowsPerThread];
-  if (n_tiles > 0) K::hoist_tile(vp, row_st, tile_next, b, h, hkv, m0, w.at(0) * kBlockN, warp, lane, seqlen_q, seqlen_kv);
-  if (n_tiles > 1) K::hoist_tile(vp, row_st, tile_next2, b, h, hkv, m0, w.at(1) * kBlockN, warp, lane, seqlen_q, seqlen_kv);
+  if (n_tiles > 0) K::hoist_tile(vp, row_st, tile_next, b, h, hkv, m0, kv_tile(0, 0) * kBlockN, warp, lane, seqlen_q, seqlen_kv);
+  if (n_tiles > 1) K::hoist_tile(vp, row_st, tile_next2, b, h, hkv, m0, kv_tile(0, 1) * kBlockN, warp, lane, seqlen_q, seqlen_kv);
 
   if constexpr (kColGemm) {
     // C has landed with Q (the oldest copy group); each thread rewrites the chunks it copied, -inf made finite
@@ -241,19 +264,21 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
   // A stage is refilled at the barrier two iterations after its tile was consumed: every thread passing the
   // barrier of iteration it has finished iteration it - 1, whose wgmma_wait<0> retired the P V of tile it - 2.
   for (int it = 0; it < n_tiles; ++it) {
-    const int k0 = w.at(it) * kBlockN;
+    const int k0 = kv_tile(it, 0) * kBlockN;
+    const int idx_after = kIndexRing ? tile_of(it + 3) : 0;  // idx[2] of the next iteration
     typename Variant::Tile tile_st[kRowsPerThread];
 #pragma unroll
     for (int r = 0; r < kRowsPerThread; ++r) tile_st[r] = tile_next[r], tile_next[r] = tile_next2[r];
     if constexpr (kClampedHoist)
-      K::hoist_tile_clamped(vp, row_st, tile_next2, b, h, hkv, m0, w.at(min(it + 2, n_tiles - 1)) * kBlockN, warp, lane, seqlen_q);
+      K::hoist_tile_clamped(vp, row_st, tile_next2, b, h, hkv, m0, (kIndexRing ? idx[2] : w.at(min(it + 2, n_tiles - 1))) * kBlockN, warp,
+                            lane, seqlen_q);
     else if (it + 2 < n_tiles)
-      K::hoist_tile(vp, row_st, tile_next2, b, h, hkv, m0, w.at(it + 2) * kBlockN, warp, lane, seqlen_q, seqlen_kv);
+      K::hoist_tile(vp, row_st, tile_next2, b, h, hkv, m0, kv_tile(it, 2) * kBlockN, warp, lane, seqlen_q, seqlen_kv);
 
     flex::cp_async_wait<kLookahead - 1>();  // tile it has landed (tile it + 1 may still fly)
     flex::fence_proxy_async();              // cp.async wrote through the generic proxy; wgmma reads through the async one
     __syncthreads();
-    if (it + kLookahead < n_tiles) load_kv(it + kLookahead);
+    if (it + kLookahead < n_tiles) load_kv(it, kLookahead);
     flex::cp_async_commit();
 
     const unsigned sk = k_stage(it);
@@ -307,6 +332,7 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
     for (int kk = 0; kk < kBlockN / 16; ++kk)
       flex::Wgmma<kHeadDim>::template rs<Element, /*kTransB=*/1>(o_flat, pa[kk], flex::desc_mn_major<KVTile>(sv, kk * 16, 0), 1);
     flex::wgmma_commit();
+    if constexpr (kIndexRing) idx[0] = idx[1], idx[1] = idx[2], idx[2] = idx_after;
   }
   flex::wgmma_wait<0>();
   flex::fence_operands(o_flat);
@@ -317,5 +343,5 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
   // O is staged through the Q region once every copy has landed and every warpgroup's last S wgmma has read Q.
   flex::cp_async_wait<0>();
   __syncthreads();
-  K::store_o_lse(p, smem, acc_o, lse, b, h, m0, seqlen_q, kVarlen ? p.cu_seqlens_q[b] : 0, tid, warp, lane);
+  K::store_o_lse(p, smem + Traits::kOStageOffset, acc_o, lse, b, h, m0, seqlen_q, kVarlen ? p.cu_seqlens_q[b] : 0, tid, warp, lane);
 }

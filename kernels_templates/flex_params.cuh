@@ -6,12 +6,13 @@
 
 // One query tile's work in a ranked block mask (FlexBlockMask::q_order). The builder of a data-dependent mask
 // sorts each (b, h) row's query tiles by their count of listed KV tiles, heaviest first (ties: the later tile
-// first), so a CTA finds its tile and counts in one 16-byte load instead of ranking the row itself.
+// first), so a CTA finds its tile, counts and first KV tile in one 16-byte load instead of ranking the row
+// itself and then reading the lists before its first copy.
 struct FlexQTileWork {
   int m_block;    // the query tile
   int n_partial;  // its count of partial KV tiles (as kv_num_partial)
   int n_full;     // its count of full KV tiles (as kv_num_full)
-  int unused;
+  int first_kv;   // the first KV tile it visits (the first partial one, else the first full one); -1: none
 };
 
 // Block sparsity of one launch, built for tiles of q_tile x kv_tile. For each (b, h, query tile) it lists

@@ -113,7 +113,7 @@ std::unique_ptr<Workspace> KernelImpl::make_backward_workspace(int device, int b
   runtime::ScopedDevice scope(device);
   runtime::LaunchShape s{batch, heads, heads, seqlen_q, seqlen_kv, spec().head_dim, spec().value_head_dim()};
   BackwardLayout l = backward_layout(batch, heads, seqlen_q, seqlen_kv, spec().head_dim, 0);
-  return allocate_workspace(device, s, forward_config(spec().head_dim), l.total);
+  return allocate_workspace(device, s, device_forward_config(device), l.total);
 }
 
 void KernelImpl::backward(const BackwardArgs& a) {

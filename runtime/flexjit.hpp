@@ -94,7 +94,7 @@ struct BackwardArgs {
   std::vector<std::pair<std::string, Tensor>> grads;
   bool deterministic = false;             // fixed summation order, no float atomics (bitwise reproducible)
   BackwardDqMode dq_mode = BackwardDqMode::Auto;
-  const BlockMask* block_mask = nullptr;  // the forward's mask for these sizes; null: built per launch
+  const BlockMask* block_mask = nullptr;  // the forward's mask for these sizes (128 x 64 tiles); null: built per launch
   Workspace* workspace = nullptr;         // null: the kernel's own per-device workspace
   CUstream stream = nullptr;
   Device device;
@@ -166,6 +166,9 @@ class DecodePlan {
 
 // Per-(b, h, query tile) lists of partial and full KV tiles, on one device. Immutable once
 // built; may be shared by many launches with the same B, H, Sq, Skv (and parameters).
+// Its tiles are the kernel's: 128 x 64, except the Hopper forward of a data-dependent mask
+// (one that reads buffers, e.g. documents), which uses 64 x 64; the backward keeps 128 x 64
+// and builds its own mask when given none. A launch refuses a mask of other tiles.
 class BlockMask {
  public:
   ~BlockMask();

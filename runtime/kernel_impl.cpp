@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 
+#include "compiler/codegen/codegen_cuda_interval.h"
 #include "compiler/codegen/kernel_source.h"
 #include "compiler/codegen/staged_terms.h"
 #include "compiler/frontend.h"
@@ -193,9 +194,12 @@ std::unique_ptr<BlockMask> KernelImpl::build_block_mask(const AttentionArgs& a) 
 
 std::unique_ptr<Workspace> KernelImpl::make_workspace(int device, int batch, int heads, int seqlen_q, int seqlen_kv) {
   runtime::ScopedDevice scope(device);
-  ForwardConfig cfg = forward_config(spec().head_dim);
   runtime::LaunchShape s{batch, heads, heads, seqlen_q, seqlen_kv, spec().head_dim, spec().value_head_dim()};
-  return allocate_workspace(device, s, cfg);
+  return allocate_workspace(device, s, device_forward_config(device));
+}
+
+ForwardConfig KernelImpl::device_forward_config(int device) const {
+  return forward_config(spec().head_dim, runtime::device_info(device).arch, ir_.mask_mod && !mask_is_interval_classifiable(ir_));
 }
 
 void KernelImpl::bind_buffer(const std::string& name, const Tensor& t) {
@@ -482,8 +486,10 @@ Workspace& KernelImpl::workspace_for(Workspace* given, CUstream stream, int devi
 
 void KernelImpl::check_mask(const BlockMask& m, const runtime::LaunchShape& s, const ForwardConfig& cfg, int device) const {
   if (m.q_tile_ != cfg.block_m || m.kv_tile_ != cfg.block_n)
-    throw Error(fmt::format("the block mask was built for {}x{} tiles but this kernel uses {}x{}", m.q_tile_, m.kv_tile_, cfg.block_m,
-                            cfg.block_n));
+    throw Error(fmt::format("the block mask was built for {}x{} tiles but this kernel uses {}x{}; build it with this kernel's "
+                            "build_block_mask (on Hopper the forward of a data-dependent mask uses 64-row tiles and the backward "
+                            "128-row ones: pass the backward no mask and it builds its own)",
+                            m.q_tile_, m.kv_tile_, cfg.block_m, cfg.block_n));
   if (m.sq_ != s.seqlen_q || m.skv_ != s.seqlen_kv)
     throw Error(fmt::format("the block mask was built for Sq={} Skv={} but this launch has Sq={} Skv={}", m.sq_, m.skv_, s.seqlen_q, s.seqlen_kv));
   if ((m.bm_ != 1 && m.bm_ != s.batch) || (m.hm_ != 1 && m.hm_ != s.heads))

@@ -136,6 +136,9 @@ class KernelImpl : public Kernel {
   void load_library(VariantState& v, const std::string& arch);
   // Kernel options of the forward (dense or ragged) module for a variant choice on an architecture.
   ForwardKernelOptions forward_options(const runtime::VariantChoice& choice, const std::string& arch) const;
+  // The forward's tile configuration on `device` (its block mask's geometry), as the generator picks it. Workspaces
+  // are sized with it: its tiles are never larger than the backward's, so its mask room covers both.
+  ForwardConfig device_forward_config(int device) const;
 
   void fill_forward_params(FlexForwardParams& p, const AttentionArgs& a, const runtime::LaunchShape& s) const;
 

@@ -20,12 +20,15 @@ std::string ForwardConfig::str() const {
 int ForwardConfig::shared_bytes() const {
   const int padded = (head_dim + 8) * 2;  // bytes of a padded row (mma.sync tiles and the O staging tile)
   if (!hopper) return (block_m + 4 * block_n) * padded;  // Q tile + two stages of K and V
-  // FlexForwardTraitsSm90: a Q region (the swizzled Q tile or the padded O staging tile, 1 KB aligned), four
-  // stages of dense swizzled K and V tiles, and 1 KB to align the base.
-  // With the column GEMM, the [block_m][64] bf16 column block and one 1 KB diagonal per part follow the Q region.
-  const int q_region = (std::max(block_m * head_dim * 2, block_m * padded) + 1023) / 1024 * 1024;
+  // FlexForwardTraitsSm90: a Q region (the swizzled Q tile, 1 KB aligned; at 128 rows also the padded O staging
+  // tile), K/V stages of dense swizzled tiles (three at 64 rows and head dims above 64, else four), and 1 KB to
+  // align the base. With the column GEMM, the [block_m][64] bf16 column block and one 1 KB diagonal per part
+  // follow the Q region.
+  const int q_tile = block_m * head_dim * 2;
+  const int q_region = (std::max(q_tile, block_m == 64 ? q_tile : block_m * padded) + 1023) / 1024 * 1024;
   const int col_gemm_bytes = col_gemm_parts ? block_m * 64 * 2 + col_gemm_parts * 1024 : 0;
-  return q_region + col_gemm_bytes + 4 * 2 * block_n * head_dim * 2 + 1024;
+  const int stages = block_m == 64 && head_dim > 64 ? 3 : 4;
+  return q_region + col_gemm_bytes + stages * 2 * block_n * head_dim * 2 + 1024;
 }
 
 bool is_hopper_arch(const std::string& arch) { return arch == "sm_90a"; }
@@ -38,13 +41,19 @@ int col_gemm_parts_for_scale(float scale) {
   return (bits & 0xffffu) == 0 ? 1 : 3;  // a bf16 is an fp32 whose low 16 bits are zero
 }
 
-ForwardConfig forward_config(int head_dim, const std::string& arch) {
+ForwardConfig forward_config(int head_dim, const std::string& arch, bool data_dependent_mask) {
   // Head dim 80 stays on the mma.sync loop: its 32-byte swizzle made the Hopper loop slower there (H100, full
   // B4 H16 S4096: 270 vs 343 TFLOP/s; SAM ViT-H 3.26 vs 2.87 ms). 192 and 256 do not fit its registers.
   if (is_hopper_arch(arch) && head_dim <= 128 && head_dim != 80 && head_dim % 16 == 0) {
     ForwardConfig c = forward_config(head_dim);
     c.warps = 8;
     c.hopper = true;
+    if (data_dependent_mask) {
+      // One warpgroup per 64-row CTA: a document mask gives each query tile a few KV tiles only, so a CTA's
+      // prologue and epilogue weigh; two CTAs per SM overlap them, and 64-row tiles visit less masked area.
+      c.block_m = 64;
+      c.warps = 4;
+    }
     return c;
   }
   switch (head_dim) {

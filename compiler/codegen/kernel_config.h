@@ -30,7 +30,9 @@ struct ForwardConfig {
 
 // Throws flexjit::Error naming the supported dims for an unsupported head dim. `arch` is the NVRTC target
 // ("sm_90a", "sm_80"); empty means the portable mma.sync kernel.
-ForwardConfig forward_config(int head_dim, const std::string& arch = "");
+// data_dependent_mask: the spec's mask_mod is classified by the dense block-mask builder (it reads buffers), which
+// picks 64-row tiles for the Hopper loop.
+ForwardConfig forward_config(int head_dim, const std::string& arch = "", bool data_dependent_mask = false);
 
 // The column GEMM's parts for a launch's softmax scale (FlexForwardTraitsSm90::kColGemmParts): 1 when 1 / scale (in
 // fp32) is a bf16 value, 3 otherwise, 0 (the per-element path) for scale > 0.5, where a -inf term would not

@@ -27,10 +27,10 @@ namespace {
 std::string forward_entry(const ForwardConfig& c, const char* element, const char* entry, const std::string& template_args) {
   std::string traits, body;
   if (c.hopper) {
-    traits = fmt::format("using FlexTraits = FlexForwardTraitsSm90</*kHeadDim=*/{}, {}{}>;\n"
+    traits = fmt::format("using FlexTraits = FlexForwardTraitsSm90</*kHeadDim=*/{}, {}{}{}>;\n"
                          "static_assert(FlexTraits::kSmemBytes == {}, \"host and template disagree on the forward's shared memory\");\n",
-                         c.head_dim, element, c.col_gemm_parts ? fmt::format(", /*kColGemmParts=*/{}", c.col_gemm_parts) : "",
-                         c.shared_bytes());
+                         c.head_dim, element, c.col_gemm_parts || c.block_m != 128 ? fmt::format(", /*kColGemmParts=*/{}", c.col_gemm_parts) : "",
+                         c.block_m != 128 ? fmt::format(", /*kBlockM=*/{}", c.block_m) : "", c.shared_bytes());
     body = fmt::format("  flex_forward_sm90<FlexTraits, FlexVariant{}>(p, vp);\n", template_args);
   } else {
     traits = fmt::format("using FlexTraits = FlexForwardTraits</*kHeadDim=*/{}, /*kBlockM=*/{}, /*kBlockN=*/{}, /*kNWarps=*/{}, {}>;\n",
@@ -46,7 +46,7 @@ std::string forward_entry(const ForwardConfig& c, const char* element, const cha
 // builder (one compile, one cache entry).
 KernelSource forward_module(const SpecIR& ir, const RangeInfo& ranges, const ForwardKernelOptions& options, bool varlen) {
   KernelSource ks;
-  ks.config = forward_config(options.head_dim, options.arch);
+  ks.config = forward_config(options.head_dim, options.arch, ir.mask_mod && !varlen && !mask_is_interval_classifiable(ir));
   VariantOptions vo = options.variant;
   vo.tile_size = ks.config.block_n;
   // The column GEMM (Hopper loop, dense kernel): the term leaves score_mod and the S GEMM adds it. Only up to head
@@ -54,7 +54,7 @@ KernelSource forward_module(const SpecIR& ir, const RangeInfo& ranges, const For
   // S chain more than the adds they replace (H100, SAM forward: D64 2.02 -> 1.62 ms, D32 1.75 -> 1.62, but D96
   // 1.55 -> 2.14 and D128 1.74 -> 2.30; docs/KERNEL_NOTES.md).
   ForwardColGemm col_gemm;
-  if (options.col_gemm_parts && ks.config.hopper && ks.config.head_dim <= 64 && !varlen && ks.config.block_n == kStagedTermTile)
+  if (options.col_gemm_parts && ks.config.hopper && ks.config.block_m == 128 && ks.config.head_dim <= 64 && !varlen && ks.config.block_n == kStagedTermTile)
     col_gemm = find_forward_col_gemm(ir, ranges, vo);
   ks.config.col_gemm_parts = col_gemm.term ? options.col_gemm_parts : 0;
   if (col_gemm.term) {

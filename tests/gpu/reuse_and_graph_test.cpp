@@ -20,7 +20,7 @@ struct Problem {
   std::vector<int32_t> doc;
   std::unique_ptr<runtime::DeviceBuffer> ddoc;
 
-  explicit Problem(unsigned seed) {
+  explicit Problem(unsigned seed, int64_t head_dim = 64) : D(head_dim) {
     spec = load_spec(gallery_dir() / "document.json");
     spec.head_dim = static_cast<int>(D);
     std::mt19937 rng(seed);
@@ -110,7 +110,9 @@ TEST_CASE("a block mask built once is reused across launches", "[gpu]") {
 TEST_CASE("a ranked kernel given an unranked block mask takes the reversed tile order", "[gpu]") {
   FLEXJIT_REQUIRE_GPU();
   // doc = q // 60 (Problem): the same tiles as the interval mask q // 60 == kv // 60, whose builder does not rank.
-  Problem p(13);
+  // Head dim 80 runs the mma.sync loop on every GPU, where both specs use 128 x 64 tiles (on Hopper the Hopper
+  // loop gives data-dependent masks 64-row tiles; the next test case checks that a 128-row mask is refused there).
+  Problem p(13, 80);
   Runtime rt;
   dsl::Spec interval = p.spec;
   interval.name = "blocks60";
@@ -122,6 +124,31 @@ TEST_CASE("a ranked kernel given an unranked block mask takes the reversed tile 
   std::unique_ptr<BlockMask> mask = interval_kernel->build_block_mask(ia);
   CHECK(!mask->ranked());
   expect_launch(*rt.compile(p.spec), p, mask.get());
+}
+
+TEST_CASE("a block mask built for other tiles is refused with both geometries named", "[gpu]") {
+  FLEXJIT_REQUIRE_GPU();
+  if (runtime::device_info(0).arch != "sm_90a") {
+    WARN("skipped: the 64-row tiles of data-dependent masks are the Hopper loop's");
+    return;
+  }
+  Problem p(17);
+  Runtime rt;
+  dsl::Spec interval = p.spec;
+  interval.name = "blocks60";
+  interval.buffers.clear();
+  interval.mask_mod = "q // 60 == kv // 60";
+  AttentionArgs ia = p.args();
+  ia.buffers.clear();
+  std::unique_ptr<BlockMask> mask = rt.compile(interval)->build_block_mask(ia);
+  CHECK(mask->q_tile() == 128);
+  auto kernel = rt.compile(p.spec);
+  std::unique_ptr<BlockMask> own = kernel->build_block_mask(p.args());
+  CHECK(own->q_tile() == 64);
+  AttentionArgs a = p.args();
+  a.block_mask = mask.get();
+  CHECK_THROWS_WITH(kernel->forward(a), Catch::Matchers::Contains("128x64") && Catch::Matchers::Contains("64x64"));
+  expect_launch(*kernel, p, own.get());
 }
 
 TEST_CASE("a launch captured in a CUDA graph replays with new inputs", "[gpu]") {

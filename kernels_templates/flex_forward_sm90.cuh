@@ -270,8 +270,7 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
 #pragma unroll
     for (int r = 0; r < kRowsPerThread; ++r) tile_st[r] = tile_next[r], tile_next[r] = tile_next2[r];
     if constexpr (kClampedHoist)
-      K::hoist_tile_clamped(vp, row_st, tile_next2, b, h, hkv, m0, (kIndexRing ? idx[2] : w.at(min(it + 2, n_tiles - 1))) * kBlockN, warp,
-                            lane, seqlen_q);
+      K::hoist_tile_clamped(vp, row_st, tile_next2, b, h, hkv, m0, (kIndexRing ? idx[2] : tile_of(it + 2)) * kBlockN, warp, lane, seqlen_q);
     else if (it + 2 < n_tiles)
       K::hoist_tile(vp, row_st, tile_next2, b, h, hkv, m0, kv_tile(it, 2) * kBlockN, warp, lane, seqlen_q, seqlen_kv);
 
@@ -340,7 +339,8 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
   // ============================================ Epilogue ============================================
   float lse[kRowsPerThread];
   K::normalize(acc_o, row_max, row_sum, K::score_unit(p.scale), lse);
-  // O is staged through the Q region once every copy has landed and every warpgroup's last S wgmma has read Q.
+  // O is staged (in the Q region at 128 rows, over the K/V stages at 64) once every copy has landed and every
+  // warpgroup's last wgmma has read its operands.
   flex::cp_async_wait<0>();
   __syncthreads();
   K::store_o_lse(p, smem + Traits::kOStageOffset, acc_o, lse, b, h, m0, seqlen_q, kVarlen ? p.cu_seqlens_q[b] : 0, tid, warp, lane);

@@ -199,7 +199,7 @@ std::unique_ptr<Workspace> KernelImpl::make_workspace(int device, int batch, int
 }
 
 ForwardConfig KernelImpl::device_forward_config(int device) const {
-  return forward_config(spec().head_dim, runtime::device_info(device).arch, ir_.mask_mod && !mask_is_interval_classifiable(ir_));
+  return forward_config(spec().head_dim, runtime::device_info(device).arch, mask_is_data_dependent(ir_));
 }
 
 void KernelImpl::bind_buffer(const std::string& name, const Tensor& t) {

@@ -20,6 +20,8 @@ bool mask_is_interval_classifiable(const SpecIR& ir) {
   return !loads;
 }
 
+bool mask_is_data_dependent(const SpecIR& ir) { return ir.mask_mod && !mask_is_interval_classifiable(ir); }
+
 namespace {
 
 std::string point(const Expr& e) {

@@ -25,7 +25,7 @@ int ForwardConfig::shared_bytes() const {
   // align the base. With the column GEMM, the [block_m][64] bf16 column block and one 1 KB diagonal per part
   // follow the Q region.
   const int q_tile = block_m * head_dim * 2;
-  const int q_region = (std::max(q_tile, block_m == 64 ? q_tile : block_m * padded) + 1023) / 1024 * 1024;
+  const int q_region = ((block_m == 64 ? q_tile : std::max(q_tile, block_m * padded)) + 1023) / 1024 * 1024;
   const int col_gemm_bytes = col_gemm_parts ? block_m * 64 * 2 + col_gemm_parts * 1024 : 0;
   const int stages = block_m == 64 && head_dim > 64 ? 3 : 4;
   return q_region + col_gemm_bytes + stages * 2 * block_n * head_dim * 2 + 1024;

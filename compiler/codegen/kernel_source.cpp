@@ -46,7 +46,7 @@ std::string forward_entry(const ForwardConfig& c, const char* element, const cha
 // builder (one compile, one cache entry).
 KernelSource forward_module(const SpecIR& ir, const RangeInfo& ranges, const ForwardKernelOptions& options, bool varlen) {
   KernelSource ks;
-  ks.config = forward_config(options.head_dim, options.arch, ir.mask_mod && !varlen && !mask_is_interval_classifiable(ir));
+  ks.config = forward_config(options.head_dim, options.arch, !varlen && mask_is_data_dependent(ir));
   VariantOptions vo = options.variant;
   vo.tile_size = ks.config.block_n;
   // The column GEMM (Hopper loop, dense kernel): the term leaves score_mod and the S GEMM adds it. Only up to head

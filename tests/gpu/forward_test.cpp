@@ -362,9 +362,14 @@ void expect_documents(int head_dim, int64_t B, int64_t H, int64_t Hkv, int64_t S
 
 TEST_CASE("a data-dependent mask's ranked order: items of 0, 1 and 2 tiles", "[gpu]") {
   FLEXJIT_REQUIRE_GPU();
-  // Sq and Skv are not tile multiples; the light items (no tiles, one, two) come last in the ranked order.
-  SECTION("head dims 64 and 128, GQA 2:1") {
-    for (int d : {64, 128}) expect_documents(d, 2, 6, 3, 4100, 1900, 3);
+  // Sq and Skv are not tile multiples; the light items (no tiles, one, two) come last in the ranked order. On
+  // Hopper every head dim here takes the 64-row loop, with items of fewer tiles than its copies run ahead (two
+  // tiles ahead at head dims 32 and 64, one at 96 and 128).
+  SECTION("head dims 32, 64, 96 and 128, GQA 2:1") {
+    for (int d : {32, 64, 96, 128}) expect_documents(d, 2, 6, 3, 4100, 1900, 3);
+  }
+  SECTION("a launch smaller than one wave: four query tiles") {
+    expect_documents(64, 1, 1, 1, 200, 300, 4);
   }
   SECTION("head dims 80 and 256 (the mma.sync loop)") {
     for (int d : {80, 256}) expect_documents(d, 1, 2, 2, 1100, 1300, 9);

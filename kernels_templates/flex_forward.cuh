@@ -267,37 +267,24 @@ struct ForwardKernel {
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        // Column dt * 8 + 2 * (lane % 4) of the row, as 32-bit words: one base and constant offsets (an index
-        // divided per store cost three instructions per store).
-        unsigned* s_row = s_o + (unsigned)row_in_tile(warp, lane, mt * 2 + half) * (kSmemStride / 2) + (unsigned)lane % 4;
+        const int row = row_in_tile(warp, lane, mt * 2 + half);
 #pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) s_row[dt * 4] = Mma::pack(acc_o[mt][dt][2 * half], acc_o[mt][dt][2 * half + 1]);
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          const int col = dt * 8 + 2 * (lane % 4);
+          s_o[(row * kSmemStride + col) / 2] = Mma::pack(acc_o[mt][dt][2 * half], acc_o[mt][dt][2 * half + 1]);
+        }
       }
     }
     __syncthreads();
     Element* g_o = static_cast<Element*>(p.o) + b * p.o_stride_b + h * p.o_stride_h + o_row0 * p.o_stride_s;
-    if constexpr (kNThreads % kChunksPerRow == 0 && kBlockM % (kNThreads / kChunksPerRow) == 0) {
-      // Each pass covers whole rows, so a thread keeps its chunk column: one address each, then constant steps
-      // (the general form below recomputes a 64-bit address per store, about 20 instructions).
-      constexpr int kRowsPerPass = kNThreads / kChunksPerRow;
-      const int r = tid / kChunksPerRow, c = tid % kChunksPerRow;
-      const unsigned char* s_src = stage + (r * kSmemStride + c * 8) * 2;
-      Element* g_dst = g_o + (long long)(m0 + r) * p.o_stride_s + c * 8;
-      const long long step = kRowsPerPass * p.o_stride_s;
 #pragma unroll
-      for (int i = 0; i < kBlockM / kRowsPerPass; ++i)
-        if (m0 + r + i * kRowsPerPass < seqlen_q)
-          *reinterpret_cast<uint4*>(g_dst + i * step) = *reinterpret_cast<const uint4*>(s_src + i * kRowsPerPass * kSmemStride * 2);
-    } else {
-#pragma unroll
-      for (int i = 0; i < kBlockM * kChunksPerRow / kNThreads; ++i) {
-        const int chunk = tid + i * kNThreads;
-        const int row = chunk / kChunksPerRow;
-        const int c = chunk % kChunksPerRow;
-        if (m0 + row < seqlen_q) {
-          const uint4 val = *reinterpret_cast<const uint4*>(stage + (row * kSmemStride + c * 8) * 2);
-          *reinterpret_cast<uint4*>(g_o + (long long)(m0 + row) * p.o_stride_s + c * 8) = val;
-        }
+    for (int i = 0; i < kBlockM * kChunksPerRow / kNThreads; ++i) {
+      const int chunk = tid + i * kNThreads;
+      const int row = chunk / kChunksPerRow;
+      const int c = chunk % kChunksPerRow;
+      if (m0 + row < seqlen_q) {
+        const uint4 val = *reinterpret_cast<const uint4*>(stage + (row * kSmemStride + c * 8) * 2);
+        *reinterpret_cast<uint4*>(g_o + (long long)(m0 + row) * p.o_stride_s + c * 8) = val;
       }
     }
     if (p.lse != nullptr && lane % 4 == 0) {

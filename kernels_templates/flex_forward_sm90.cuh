@@ -194,16 +194,14 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
   int idx[3] = {0, 0, 0};
   if (kIndexRing && n_tiles > 0) idx[0] = w.first(), idx[1] = tile_of(1), idx[2] = tile_of(2);
   auto kv_tile = [&](int it, int u) { return kIndexRing ? idx[u] : w.at(it + u); };
-  // kWhole: the copy's path for tiles wholly inside the sequence (load_swizzled_rows); the prologue only.
-  auto load_kv = [&](int it, int u, auto whole) {
-    constexpr bool kWhole = decltype(whole)::value;
+  auto load_kv = [&](int it, int u) {
     const int row0 = kv_tile(it, u) * kBlockN;
-    flex::load_swizzled_rows<KVTile, kBlockN, kNThreads, kWhole>(k_stage(it + u), g_k, p.k_stride_s, row0, seqlen_kv, tid);
-    flex::load_swizzled_rows<KVTile, kBlockN, kNThreads, kWhole>(k_stage(it + u) + KVTile::kBytes, g_v, p.v_stride_s, row0, seqlen_kv, tid);
+    flex::load_swizzled_rows<KVTile, kBlockN, kNThreads>(k_stage(it + u), g_k, p.k_stride_s, row0, seqlen_kv, tid);
+    flex::load_swizzled_rows<KVTile, kBlockN, kNThreads>(k_stage(it + u) + KVTile::kBytes, g_v, p.v_stride_s, row0, seqlen_kv, tid);
   };
 
   // Copy groups: {Q, KV 0}, then one group per K/V tile, kLookahead tiles ahead (empty groups keep the count).
-  flex::load_swizzled_rows<QTile, kBlockM, kNThreads, true>(s_q, g_q, p.q_stride_s, m0, seqlen_q, tid);
+  flex::load_swizzled_rows<QTile, kBlockM, kNThreads>(s_q, g_q, p.q_stride_s, m0, seqlen_q, tid);
   if constexpr (kColGemm) {
     flex::load_staged_block<kBlockM, kNThreads>(smem + Traits::kQRegionBytes, s_col, Variant::col_gemm_rows(vp, b, h, hkv), m0, seqlen_q,
                                                 tid);
@@ -212,7 +210,7 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
   }
 #pragma unroll
   for (int t = 0; t < kLookahead; ++t) {
-    if (t < n_tiles) load_kv(0, t, flex::BoolTag<true>{});
+    if (t < n_tiles) load_kv(0, t);
     flex::cp_async_commit();
   }
 
@@ -279,7 +277,7 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
     flex::cp_async_wait<kLookahead - 1>();  // tile it has landed (tile it + 1 may still fly)
     flex::fence_proxy_async();              // cp.async wrote through the generic proxy; wgmma reads through the async one
     __syncthreads();
-    if (it + kLookahead < n_tiles) load_kv(it, kLookahead, flex::BoolTag<false>{});
+    if (it + kLookahead < n_tiles) load_kv(it, kLookahead);
     flex::cp_async_commit();
 
     const unsigned sk = k_stage(it);

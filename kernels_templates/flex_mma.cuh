@@ -19,10 +19,6 @@ __device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, bool 
   const int src_size = pred ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size));
 }
-// The same copy where the source is known to be in bounds: no predicate, and `dst` may carry an immediate offset.
-__device__ __forceinline__ void cp_async_16(unsigned dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Wait until at most kPending of this thread's committed groups are still in flight.
 template <int kPending>

@@ -69,33 +69,14 @@ struct SwizzledRowCopy {
   __device__ __forceinline__ bool has_row(int i) const { return kRows % kRowsPerPass == 0 || r + i * kRowsPerPass < kRows; }
 };
 
-// A compile-time flag as a value (for a generic lambda's argument).
-template <bool kValue>
-struct BoolTag {
-  static constexpr bool value = kValue;
-};
-
 // Async copy of rows [row0, row0 + kRows) of a [S, D] slice into a swizzled tile; rows at or past seqlen are
 // zero-filled without reading global memory (masked anyway, and 0 * 0 is no NaN in P V).
-// When a pass spans whole 8-row swizzle atoms, a thread's chunk keeps its XOR phase in every pass, so its
-// destination is one swizzled offset plus a constant per pass; a tile wholly inside the sequence then takes no
-// bounds checks. Per K/V tile at head dim 128 this drops the copy code from about 10 instructions per 16-byte chunk
-// to 3, and the 8 registers that held the per-pass offsets.
-template <class Tile, int kRows, int kNThreads, bool kWholeTilePath = false, class Element>
+template <class Tile, int kRows, int kNThreads, class Element>
 __device__ __forceinline__ void load_swizzled_rows(unsigned smem, const Element* g, long long stride_s, int row0, int seqlen, int tid) {
   using Copy = SwizzledRowCopy<Tile, kRows, kNThreads>;
   const Copy cp(tid);
   if (!cp.takes_part()) return;
   const Element* src = g + (long long)(row0 + cp.r) * stride_s + cp.c * 8;
-  if constexpr (kWholeTilePath && Copy::kRowsPerPass % 8 == 0 && kRows % Copy::kRowsPerPass == 0) {
-    if (row0 + kRows <= seqlen) {
-      const unsigned dst = smem + Tile::chunk_offset(cp.r, cp.c);
-#pragma unroll
-      for (int i = 0; i < Copy::kPasses; ++i)
-        cp_async_16(dst + i * Copy::kRowsPerPass * Tile::kSwizzleBytes, src + i * Copy::kRowsPerPass * stride_s);
-      return;
-    }
-  }
 #pragma unroll
   for (int i = 0; i < Copy::kPasses; ++i) {
     const int row = cp.r + i * Copy::kRowsPerPass;

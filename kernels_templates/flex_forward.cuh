@@ -376,7 +376,10 @@ struct ForwardTiles {
   const int* partial_idx;
   const int* full_idx;
   int n_partial, n_full;
-  int first_kv = -1;  // at(0) when the ranked order carried it (FlexQTileWork::first_kv), else -1
+  int first_kv = -1;  // at(0) when the ranked order carried it (from FlexQTileWork::first_kv_row), else -1
+  // KV rows the listed tiles are shifted by (a ranked mask built with shift_kv_tiles; FlexQTileWork): tile t covers
+  // rows [t kBlockN + kv_shift, ...). Only the 64-row Hopper loop's masks are shifted; other loops read 0 here.
+  int kv_shift = 0;
   __device__ __forceinline__ int count() const { return n_partial + n_full; }
   __device__ __forceinline__ int at(int t) const {
     if (t < n_partial) return partial_idx != nullptr ? partial_idx[t] : t;
@@ -459,7 +462,8 @@ __device__ __forceinline__ void ranked_work(const FlexForwardParams& p, ForwardT
     w.m_block = e.x;
     w.n_partial = e.y;
     w.n_full = e.z;
-    w.first_kv = e.w;
+    w.first_kv = e.w >= 0 ? e.w / kBlockN : -1;
+    w.kv_shift = e.w >= 0 ? e.w % kBlockN : 0;
     w.partial_idx = bm.kv_partial_idx + (row + w.m_block) * bm.max_kv_tiles;
     w.full_idx = bm.kv_full_idx + (row + w.m_block) * bm.max_kv_tiles;
     item_geometry<kBlockM, false>(p, w);

@@ -2,6 +2,7 @@
 #pragma once
 #include "flex_forward.cuh"
 #include "flex_staged_rows.cuh"
+#include "flex_tma.cuh"
 #include "flex_wgmma.cuh"
 
 // Tile configuration (head dims up to 128; 192 and 256 keep the mma.sync loop of flex_forward.cuh):
@@ -11,10 +12,13 @@
 //   8-warp configuration. kBlockM x kBlockN = 128 x 64 as on sm_80: block masks, the staging pass (SAM's kv // 64
 //   per tile) and the host geometry are shared by both main loops.
 //   kBlockM = 64: CTA = 1 warpgroup (4 warps, 128 threads), for data-dependent masks (compiler/codegen/
-//   kernel_config.cpp says why). Two such CTAs share an SM, so one CTA's prologue and epilogue run under the
-//   other's GEMMs, and a 64 x 64 block mask visits less of a document mask's area than 128 x 64.
+//   kernel_config.cpp says why). Three such CTAs share an SM at head dims 96 and 128 (more at 32 and 64), so one
+//   CTA's prologue and epilogue run under the others' GEMMs, and a 64 x 64 block mask visits less of a document
+//   mask's area than 128 x 64 (its ranked builder also shifts each query tile's KV tiles to its first kept column).
 //   Shared memory: a Q region (the swizzled Q tile, at kBlockM = 128 later the O staging tile), then kKVStages
-//   stages of {K, V} swizzled [64][D] tiles. K/V tile i + kLookahead is copied while tile i is consumed.
+//   stages of {K, V} swizzled [64][D] tiles (K/V tile i + kLookahead is copied while tile i is consumed), or at
+//   64 rows and head dims 96 and 128 a ring of three single K or V tiles (kTileRing), loaded by TMA (kTma) unless
+//   the launch's strides have no tensor map.
 //
 // Per KV tile and warpgroup: S = Q K^T is D/16 wgmma m64n64k16 with both operands in shared memory (Q as a
 // register operand measured 2% faster on full attention and 2% slower on causal, and at head dim 64, where
@@ -46,7 +50,7 @@ struct FlexSm90Swizzle {
 // chain cost more than the adds (compiler/codegen/kernel_source.cpp has the figures).
 // -inf in C (a masked element) would give 0 * -inf = NaN in every other column of its row, so the kernel
 // replaces it by the lowest finite bf16, whose product with c0 >= 2 (scale <= 0.5, the host's rule) is -inf.
-template <int kHeadDim_, class Element_, int kColGemmParts_ = 0, int kBlockM_ = 128>
+template <int kHeadDim_, class Element_, int kColGemmParts_ = 0, int kBlockM_ = 128, bool kTma_ = false>
 struct FlexForwardTraitsSm90 : FlexForwardTraits<kHeadDim_, kBlockM_, 64, kBlockM_ / 16, Element_> {
   using Base = FlexForwardTraits<kHeadDim_, kBlockM_, 64, kBlockM_ / 16, Element_>;
   static constexpr int kSwizzle = FlexSm90Swizzle<kHeadDim_>::value;
@@ -60,12 +64,13 @@ struct FlexForwardTraitsSm90 : FlexForwardTraits<kHeadDim_, kBlockM_, 64, kBlock
   static constexpr int kColBytes = kColGemm ? ColTile::kBytes + kColGemmParts * kDiagStride : 0;
   // The column GEMM's point is two CTAs per SM (see above): without the bound ptxas took 132 registers. A
   // one-warpgroup CTA exists to share its SM.
-  static constexpr int kMinBlocksPerSM = kColGemm || kBlockM_ == 64 ? 2 : 1;
-  // One-warpgroup CTAs at head dim 128: three stages, one tile ahead, so that two CTAs fit an SM's 228 KB
-  // (2 x (113 KB + the 1 KB the hardware reserves per CTA)); every other configuration keeps two tiles ahead.
-  static constexpr bool kShallow = kBlockM_ == 64 && kHeadDim_ > 64;
-  static constexpr int kKVStages = kShallow ? 3 : 4;
-  static constexpr int kLookahead = kShallow ? 1 : 2;  // K/V tiles in flight beyond the one being consumed
+  // One-warpgroup CTAs at head dims 96 and 128 keep K and V tiles in a ring of three single-tile slots (kTileRing,
+  // see the mainloop) instead of {K, V} stages, so that three CTAs share an SM: 3 x (65 KB + the 1 KB the
+  // hardware reserves per CTA) fits its 228 KB, and ptxas fits the loop in 168 registers without spills.
+  static constexpr bool kTileRing = kBlockM_ == 64 && kHeadDim_ > 64;
+  static constexpr int kMinBlocksPerSM = kTileRing ? 3 : kColGemm || kBlockM_ == 64 ? 2 : 1;
+  static constexpr int kKVStages = kTileRing ? 0 : 4;  // {K, V} stages; kTileRing: 3 single-tile slots instead
+  static constexpr int kLookahead = kTileRing ? 1 : 2;  // K/V tiles in flight beyond the one being consumed
   static constexpr int kOStageBytes = Base::kBlockM * Base::kSmemStride * 2;  // ForwardKernel::store_o_lse's layout
   // The O staging tile overlays Q at kBlockM = 128 and the first K/V stages at 64 (free once the last copy has
   // landed and the last P V retired), where the Q region's 1 KB of padding would cost the second CTA.
@@ -75,14 +80,20 @@ struct FlexForwardTraitsSm90 : FlexForwardTraits<kHeadDim_, kBlockM_, 64, kBlock
   static constexpr int kStageBytes = 2 * KVTile::kBytes;  // K then V
   static constexpr int kOStageOffset = kOStageInKV ? kQRegionBytes + kColBytes : 0;  // from the aligned base
   // +1024: the dynamic shared memory base is rounded up to the 1024-byte alignment the swizzle needs.
-  static constexpr int kSmemBytes = kQRegionBytes + kColBytes + kKVStages * kStageBytes + 1024;
+  static constexpr int kKVBytes = kTileRing ? 3 * KVTile::kBytes : kKVStages * kStageBytes;
+  // kTma (ring only): Q, K and V tiles are loaded by the TMA unit (one thread issues them) and complete on one
+  // mbarrier per ring slot, after the K/V tiles. The launch passes the tensor maps (FlexForwardTmaMaps).
+  static constexpr bool kTma = kTma_;
+  static constexpr int kBarrierBytes = kTma ? 64 : 0;
+  static constexpr int kSmemBytes = kQRegionBytes + kColBytes + kKVBytes + kBarrierBytes + 1024;
 
   static_assert(kBlockM_ == 128 || kBlockM_ == 64, "FlexForwardTraitsSm90: one or two warpgroups of 64 query rows");
   static_assert(kBlockM_ == 128 || !kColGemm, "FlexForwardTraitsSm90: the column GEMM's block C has 128 rows");
+  static_assert(!kTma || kTileRing, "FlexForwardTraitsSm90: TMA loads serve the ring of one-warpgroup CTAs");
   static_assert(kHeadDim_ <= 128, "FlexForwardTraitsSm90: head dims above 128 use the mma.sync loop (registers)");
-  static_assert(kKVStages == kLookahead + 2,
+  static_assert(kTileRing || kKVStages == kLookahead + 2,
                 "FlexForwardTraitsSm90: a stage is refilled two tiles after its last reader's wait (see the mainloop)");
-  static_assert(!kOStageInKV || kOStageBytes <= kKVStages * kStageBytes, "FlexForwardTraitsSm90: the O staging tile must fit the K/V stages");
+  static_assert(!kOStageInKV || kOStageBytes <= kKVBytes, "FlexForwardTraitsSm90: the O staging tile must fit the K/V stages");
   static_assert(kSmemBytes <= 232448, "FlexForwardTraitsSm90: shared memory exceeds the 227 KB an sm_90 block may opt into");
   static_assert(ColTile::kBytes % 1024 == 0 && DiagTile::kBytes <= kDiagStride, "FlexForwardTraitsSm90: column GEMM layout");
   static_assert(kColGemmParts == 0 || kColGemmParts == 1 || kColGemmParts == 3, "FlexForwardTraitsSm90: 1 or 3 parts of 1 / scale");
@@ -138,8 +149,10 @@ __device__ __forceinline__ void build_scale_diagonal(unsigned char* diag, float 
 
 // One CTA computes O and LSE for kBlockM query rows of one (b, h): the same contract, grid and block mask as
 // flex_forward (flex_forward.cuh), block = Traits::kNThreads, dynamic shared memory = Traits::kSmemBytes.
+// Traits::kTma: `tma` points at the launch's tensor maps (a __grid_constant__ parameter); else unused.
 template <class Traits, class Variant, bool kVarlen = false, bool kRankTiles = false>
-__device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, const typename Variant::Params& vp) {
+__device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, const typename Variant::Params& vp,
+                                                  const FlexForwardTmaMaps* tma = nullptr) {
   using K = flex::ForwardKernel<Traits, Variant>;
   using Element = typename Traits::Element;
   using QTile = typename Traits::QTile;
@@ -180,7 +193,27 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
   const unsigned s_col = s_q + Traits::kQRegionBytes;  // column GEMM: C, then the diagonal parts
   const unsigned s_diag = s_col + ColTile::kBytes;
   const unsigned s_kv = s_q + Traits::kQRegionBytes + Traits::kColBytes;
-  auto k_stage = [&](int t) { return s_kv + (unsigned)((t % kKVStages) * Traits::kStageBytes); };
+  auto k_stage = [&](int t) { return s_kv + (unsigned)((t % (kKVStages > 0 ? kKVStages : 1)) * Traits::kStageBytes); };
+  constexpr bool kTileRing = Traits::kTileRing;
+  constexpr bool kTma = Traits::kTma;
+  static_assert(!kTma || !kVarlen, "flex_forward_sm90: the tensor maps describe dense [B, H, S, D] tensors");
+  // kTileRing: the K and V tiles of iteration it take slots 2 it % 3 and (2 it + 1) % 3 of a three-slot ring;
+  // ring_k is the slot of K of the current iteration.
+  auto ring_slot = [&](int slot) { return s_kv + (unsigned)(slot * KVTile::kBytes); };
+  int ring_k = 0;
+  // kTma: slot s's mbarrier completes once per fill (Q lands with the first K, on slot 0's); bit s of ring_phase is
+  // the parity of its next phase.
+  const unsigned s_bars = s_kv + Traits::kKVBytes;
+  auto ring_bar = [&](int slot) { return s_bars + 8u * (unsigned)slot; };
+  unsigned ring_phase = 0;
+  auto ring_wait = [&](int slot) {
+    flex::mbarrier_wait(ring_bar(slot), (ring_phase >> slot) & 1u);
+    ring_phase ^= 1u << slot;
+  };
+  auto tma_kv = [&](const FlexTensorMap* map, int slot, int row0) {
+    flex::mbarrier_arrive_expect_tx(ring_bar(slot), KVTile::kBytes);
+    flex::tma_load_tile<KVTile>(ring_slot(slot), map, ring_bar(slot), row0, hkv, b);
+  };
 
   const int n_masked = w.n_partial;
   const int n_tiles = w.count();
@@ -189,29 +222,63 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
   // the tile of iteration it + u, clamped to the last one. Other kernels read w.at() where they use it.
   // H100, documents: D128 0.226 -> 0.221 ms, D64 0.139 -> 0.136; not at D32, where its 18 registers cost the
   // fourth CTA per SM (0.102 -> 0.112).
-  constexpr bool kIndexRing = kRankTiles && kHeadDim >= 64;
+  constexpr bool kIndexRing = kRankTiles && kHeadDim >= 64 && kHeadDim != 96;
   auto tile_of = [&](int t) { return w.at(min(t, n_tiles - 1)); };
   int idx[3] = {0, 0, 0};
   if (kIndexRing && n_tiles > 0) idx[0] = w.first(), idx[1] = tile_of(1), idx[2] = tile_of(2);
   auto kv_tile = [&](int it, int u) { return kIndexRing ? idx[u] : w.at(it + u); };
+  // A ranked mask's tiles may start off the multiples of kBlockN (ForwardTiles::kv_shift).
+  const int kv_shift = kRankTiles ? w.kv_shift : 0;
+  auto kv_row = [&](int it, int u) { return kv_tile(it, u) * kBlockN + kv_shift; };
+  auto load_k = [&](unsigned dst, int row0) {
+    flex::load_swizzled_rows<KVTile, kBlockN, kNThreads>(dst, g_k, p.k_stride_s, row0, seqlen_kv, tid);
+  };
+  auto load_v = [&](unsigned dst, int row0) {
+    flex::load_swizzled_rows<KVTile, kBlockN, kNThreads>(dst, g_v, p.v_stride_s, row0, seqlen_kv, tid);
+  };
   auto load_kv = [&](int it, int u) {
-    const int row0 = kv_tile(it, u) * kBlockN;
-    flex::load_swizzled_rows<KVTile, kBlockN, kNThreads>(k_stage(it + u), g_k, p.k_stride_s, row0, seqlen_kv, tid);
-    flex::load_swizzled_rows<KVTile, kBlockN, kNThreads>(k_stage(it + u) + KVTile::kBytes, g_v, p.v_stride_s, row0, seqlen_kv, tid);
+    const int row0 = kv_row(it, u);
+    load_k(k_stage(it + u), row0);
+    load_v(k_stage(it + u) + KVTile::kBytes, row0);
   };
 
   // Copy groups: {Q, KV 0}, then one group per K/V tile, kLookahead tiles ahead (empty groups keep the count).
-  flex::load_swizzled_rows<QTile, kBlockM, kNThreads>(s_q, g_q, p.q_stride_s, m0, seqlen_q, tid);
+  // kTileRing: {Q, K 0}, {V 0}, then one group per K tile and one per V tile. kTma: thread 0 issues the same
+  // tiles to the TMA unit (none when the query tile visits no KV tile: nothing may land after the CTA exits).
+  if constexpr (kTma) {
+    if (tid == 0) {
+#pragma unroll
+      for (int slot = 0; slot < 3; ++slot) flex::mbarrier_init(ring_bar(slot), 1);
+      flex::fence_mbarrier_init();
+    }
+    __syncthreads();
+    if (tid == 0 && n_tiles > 0) {
+      flex::mbarrier_arrive_expect_tx(ring_bar(0), QTile::kBytes + KVTile::kBytes);
+      flex::tma_load_tile<QTile>(s_q, &tma->q, ring_bar(0), m0, h, b);
+      flex::tma_load_tile<KVTile>(ring_slot(0), &tma->k, ring_bar(0), kv_row(0, 0), hkv, b);
+      tma_kv(&tma->v, 1, kv_row(0, 0));
+    }
+  } else {
+    flex::load_swizzled_rows<QTile, kBlockM, kNThreads>(s_q, g_q, p.q_stride_s, m0, seqlen_q, tid);
+  }
   if constexpr (kColGemm) {
     flex::load_staged_block<kBlockM, kNThreads>(smem + Traits::kQRegionBytes, s_col, Variant::col_gemm_rows(vp, b, h, hkv), m0, seqlen_q,
                                                 tid);
     flex::build_scale_diagonal<DiagTile, Traits::kColGemmParts, Traits::kDiagStride>(
         smem + Traits::kQRegionBytes + ColTile::kBytes, p.scale, tid);
   }
-#pragma unroll
-  for (int t = 0; t < kLookahead; ++t) {
-    if (t < n_tiles) load_kv(0, t);
+  if constexpr (kTma) {
+  } else if constexpr (kTileRing) {
+    if (n_tiles > 0) load_k(ring_slot(0), kv_row(0, 0));
     flex::cp_async_commit();
+    if (n_tiles > 0) load_v(ring_slot(1), kv_row(0, 0));
+    flex::cp_async_commit();
+  } else {
+#pragma unroll
+    for (int t = 0; t < kLookahead; ++t) {
+      if (t < n_tiles) load_kv(0, t);
+      flex::cp_async_commit();
+    }
   }
 
   // Hoisted variant state, while the copies fly.
@@ -245,8 +312,8 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
   // iterations to land instead of stalling the softmax of a short wgmma iteration (one tile ahead: SAM D64 1.51 ms,
   // D128 1.74; two: 1.48, 1.68).
   typename Variant::Tile tile_next[kRowsPerThread], tile_next2[kRowsPerThread];
-  if (n_tiles > 0) K::hoist_tile(vp, row_st, tile_next, b, h, hkv, m0, kv_tile(0, 0) * kBlockN, warp, lane, seqlen_q, seqlen_kv);
-  if (n_tiles > 1) K::hoist_tile(vp, row_st, tile_next2, b, h, hkv, m0, kv_tile(0, 1) * kBlockN, warp, lane, seqlen_q, seqlen_kv);
+  if (n_tiles > 0) K::hoist_tile(vp, row_st, tile_next, b, h, hkv, m0, kv_row(0, 0), warp, lane, seqlen_q, seqlen_kv);
+  if (n_tiles > 1) K::hoist_tile(vp, row_st, tile_next2, b, h, hkv, m0, kv_row(0, 1), warp, lane, seqlen_q, seqlen_kv);
 
   if constexpr (kColGemm) {
     // C has landed with Q (the oldest copy group); each thread rewrites the chunks it copied, -inf made finite
@@ -263,25 +330,45 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
   // ============================================ Mainloop ============================================
   // A stage is refilled at the barrier two iterations after its tile was consumed: every thread passing the
   // barrier of iteration it has finished iteration it - 1, whose wgmma_wait<0> retired the P V of tile it - 2.
+  // kTileRing: two barriers per iteration. At the first, every warp has retired the P V of tile it - 1, so K of
+  // tile it + 1 takes the slot of V of tile it - 1; at the second, every warp has retired S of tile it, so V of
+  // tile it + 1 takes the slot of K of tile it. Each copy gets one iteration to land, and the S GEMM waits for
+  // the previous P V within the CTA (the other CTAs on the SM keep the tensor cores busy meanwhile).
   for (int it = 0; it < n_tiles; ++it) {
-    const int k0 = kv_tile(it, 0) * kBlockN;
+    const int k0 = kv_row(it, 0);
     const int idx_after = kIndexRing ? tile_of(it + 3) : 0;  // idx[2] of the next iteration
     typename Variant::Tile tile_st[kRowsPerThread];
 #pragma unroll
     for (int r = 0; r < kRowsPerThread; ++r) tile_st[r] = tile_next[r], tile_next[r] = tile_next2[r];
     if constexpr (kClampedHoist)
-      K::hoist_tile_clamped(vp, row_st, tile_next2, b, h, hkv, m0, (kIndexRing ? idx[2] : tile_of(it + 2)) * kBlockN, warp, lane, seqlen_q);
+      K::hoist_tile_clamped(vp, row_st, tile_next2, b, h, hkv, m0, (kIndexRing ? idx[2] : tile_of(it + 2)) * kBlockN + kv_shift, warp, lane, seqlen_q);
     else if (it + 2 < n_tiles)
-      K::hoist_tile(vp, row_st, tile_next2, b, h, hkv, m0, kv_tile(it, 2) * kBlockN, warp, lane, seqlen_q, seqlen_kv);
+      K::hoist_tile(vp, row_st, tile_next2, b, h, hkv, m0, kv_row(it, 2), warp, lane, seqlen_q, seqlen_kv);
 
-    flex::cp_async_wait<kLookahead - 1>();  // tile it has landed (tile it + 1 may still fly)
-    flex::fence_proxy_async();              // cp.async wrote through the generic proxy; wgmma reads through the async one
-    __syncthreads();
-    if (it + kLookahead < n_tiles) load_kv(it, kLookahead);
-    flex::cp_async_commit();
+    if constexpr (kTma) {
+      flex::wgmma_wait<0>();  // P V of tile it - 1
+      flex::fence_operands(o_flat);
+      ring_wait(ring_k);  // K of tile it has landed
+      __syncthreads();
+      if (tid == 0 && it + 1 < n_tiles) tma_kv(&tma->k, ring_k == 0 ? 2 : ring_k - 1, kv_row(it, 1));
+    } else if constexpr (kTileRing) {
+      flex::wgmma_wait<0>();  // P V of tile it - 1
+      flex::fence_operands(o_flat);
+      flex::cp_async_wait<1>();  // K of tile it has landed (V of tile it may still fly)
+      flex::fence_proxy_async();
+      __syncthreads();
+      if (it + 1 < n_tiles) load_k(ring_slot(ring_k == 0 ? 2 : ring_k - 1), kv_row(it, 1));
+      flex::cp_async_commit();
+    } else {
+      flex::cp_async_wait<kLookahead - 1>();  // tile it has landed (tile it + 1 may still fly)
+      flex::fence_proxy_async();              // cp.async wrote through the generic proxy; wgmma reads through the async one
+      __syncthreads();
+      if (it + kLookahead < n_tiles) load_kv(it, kLookahead);
+      flex::cp_async_commit();
+    }
 
-    const unsigned sk = k_stage(it);
-    const unsigned sv = sk + KVTile::kBytes;
+    const unsigned sk = kTileRing ? ring_slot(ring_k) : k_stage(it);
+    const unsigned sv = kTileRing ? ring_slot(ring_k == 2 ? 0 : ring_k + 1) : sk + KVTile::kBytes;
 
     // S = Q @ K^T   (per warpgroup: [64 x kBlockN], fp32)
     float acc_s[1][kNTiles][4];
@@ -307,6 +394,19 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
     flex::wgmma_wait<0>();  // S of this tile and P V of the previous one
     flex::fence_operands(s_flat);
     flex::fence_operands(o_flat);
+    if constexpr (kTma) {
+      ring_wait(ring_k == 2 ? 0 : ring_k + 1);  // V of tile it has landed
+      __syncthreads();
+      if (tid == 0 && it + 1 < n_tiles) tma_kv(&tma->v, ring_k, kv_row(it, 1));
+      ring_k = ring_k == 0 ? 2 : ring_k - 1;
+    } else if constexpr (kTileRing) {
+      flex::cp_async_wait<1>();  // V of tile it has landed (K of tile it + 1 may still fly)
+      flex::fence_proxy_async();
+      __syncthreads();
+      if (it + 1 < n_tiles) load_v(ring_slot(ring_k), kv_row(it, 1));
+      flex::cp_async_commit();
+      ring_k = ring_k == 0 ? 2 : ring_k - 1;
+    }
 
     // S = mask(score_mod(scale * S)); -inf outside [0, Sq) x [0, Skv)
     K::mods(acc_s, it < n_masked, q_tail || k0 + kBlockN > seqlen_kv, vp, row_st, col_st, tile_st, b, h, hkv, m0, warp, lane, k0,

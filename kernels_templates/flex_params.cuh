@@ -8,11 +8,13 @@
 // sorts each (b, h) row's query tiles by their count of listed KV tiles, heaviest first (ties: the later tile
 // first), so a CTA finds its tile, counts and first KV tile in one 16-byte load instead of ranking the row
 // itself and then reading the lists before its first copy.
+// A ranked mask may shift a query tile's KV tiles (FlexBlockMaskBuildParams::shift_kv_tiles): listed tile t then
+// covers KV rows [t kv_tile + s, (t + 1) kv_tile + s) with s = first_kv_row % kv_tile, the same s for all its tiles.
 struct FlexQTileWork {
-  int m_block;    // the query tile
-  int n_partial;  // its count of partial KV tiles (as kv_num_partial)
-  int n_full;     // its count of full KV tiles (as kv_num_full)
-  int first_kv;   // the first KV tile it visits (the first partial one, else the first full one); -1: none
+  int m_block;       // the query tile
+  int n_partial;     // its count of partial KV tiles (as kv_num_partial)
+  int n_full;        // its count of full KV tiles (as kv_num_full)
+  int first_kv_row;  // the first KV row it visits (the start of its first partial tile, else first full one); -1: none
 };
 
 // Block sparsity of one launch, built for tiles of q_tile x kv_tile. For each (b, h, query tile) it lists
@@ -72,4 +74,17 @@ struct FlexForwardParams {
   // The block mask must be empty (every tile below the sequence's KV length runs as partial).
   const int* cu_seqlens_q;
   const int* cu_seqlens_kv;
+};
+
+// A TMA tensor map (CUtensorMap: 128 opaque bytes; CUDA 13 aligns it to 128 bytes), encoded by the host with
+// cuTensorMapEncodeTiled.
+struct alignas(128) FlexTensorMap {
+  unsigned long long opaque[16];
+};
+
+// The tensor maps of a forward launch whose kernel loads tiles with TMA (the 64-row Hopper loop,
+// FlexForwardTraitsSm90::kTma): q, k and v as rank-4 tensors {D, S, heads, B} (innermost first, the launch's
+// strides), boxes of one swizzle region [64 rows][kSwizzle bytes]. Passed as a __grid_constant__ kernel parameter.
+struct FlexForwardTmaMaps {
+  FlexTensorMap q, k, v;
 };

@@ -75,7 +75,8 @@ namespace flexjit::runtime {
   X(cuEventElapsedTime_v2, "cuEventElapsedTime", 12080)                       \
   X(cuEventDestroy_v2, "cuEventDestroy", 4000)                                \
   X(cuPointerGetAttribute, "cuPointerGetAttribute", 4000)                     \
-  X(cuPointerGetAttributes, "cuPointerGetAttributes", 7000)
+  X(cuPointerGetAttributes, "cuPointerGetAttributes", 7000)                   \
+  X(cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled", 12000)
 
 // Entry points flexjit can do without: their members stay nullptr when the driver lacks them.
 #define FLEXJIT_CUDA_DRIVER_OPTIONAL(X)                                       \

@@ -133,8 +133,8 @@ BoundValues bind_launch(const dsl::CheckedSpec& cs, const LaunchShape& s, const 
   return bind_typed(cs, in, /*require_all=*/true);
 }
 
-std::string VariantChoice::key() const { return fmt::format("i{}_c{:x}{}", int32 ? 32 : 64, checked_loads,
-                                                     col_gemm_parts ? fmt::format("_cg{}", col_gemm_parts) : ""); }
+std::string VariantChoice::key() const { return fmt::format("i{}_c{:x}{}{}", int32 ? 32 : 64, checked_loads,
+                                                     col_gemm_parts ? fmt::format("_cg{}", col_gemm_parts) : "", tma ? "" : "_notma"); }
 
 VariantChoice choose_variant(const RangeInfo& ranges, const dsl::CheckedSpec& cs, const BoundValues& values) {
   VariantChoice c;

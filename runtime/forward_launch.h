@@ -39,6 +39,9 @@ struct VariantChoice {
   // The Hopper forward's column GEMM parts (ForwardKernelOptions::col_gemm_parts): asked for when the spec has a
   // term for it, from the launch's scale (KernelImpl::forward_choice); 0: none.
   int col_gemm_parts = 0;
+  // The 64-row Hopper forward may load with TMA (ForwardKernelOptions::tma): false when tensor maps cannot
+  // describe the launch's q, k and v (runtime/tensor_maps.h).
+  bool tma = true;
   std::string key() const;
 };
 VariantChoice choose_variant(const RangeInfo& ranges, const dsl::CheckedSpec& cs, const BoundValues& values);

@@ -27,6 +27,7 @@
 #include "runtime/kernel_compiler.h"
 #include "runtime/kernel_impl.h"
 #include "runtime/log.h"
+#include "runtime/tensor_maps.h"
 
 namespace flexjit {
 
@@ -166,8 +167,10 @@ void KernelImpl::forward(const AttentionArgs& a) {
     }
     set_mask(p.block_mask, *mask);
   }
+  FlexForwardTmaMaps maps;
+  if (cfg.tma) maps = runtime::encode_forward_tensor_maps(d, a, cfg);
   timer.lap(3);
-  void* args[] = {&p, vparams.data()};
+  void* args[] = {&p, vparams.data(), &maps};
   unsigned grid_x = static_cast<unsigned>((shape.seqlen_q + cfg.block_m - 1) / cfg.block_m);
   check_cu(d.cuLaunchKernel(var.forward_fn.at(device), grid_x, static_cast<unsigned>(shape.heads), static_cast<unsigned>(shape.batch),
                             static_cast<unsigned>(cfg.threads()), 1, 1, static_cast<unsigned>(cfg.shared_bytes()), a.stream, args, nullptr),
@@ -294,6 +297,8 @@ KernelImpl::VariantState& KernelImpl::variant_for_launch(const runtime::LaunchSh
     key.push_back(static_cast<int64_t>(t.shape.size()));
     key.insert(key.end(), t.shape.begin(), t.shape.end());
   }
+  const bool tma = runtime::tensor_maps_describe(a);  // the strides decide whether the TMA kernel may run
+  key.push_back(tma);
   if (col_gemm_term_) {  // the scale decides whether the column GEMM may run
     uint32_t bits = 0;
     std::memcpy(&bits, &a.scale, sizeof bits);
@@ -314,7 +319,7 @@ KernelImpl::VariantState& KernelImpl::variant_for_launch(const runtime::LaunchSh
     }
   }
   values = runtime::bind_launch(ir_.checked, shape, buffers, a);
-  VariantState& var = variant(forward_choice(values, a.scale), device);
+  VariantState& var = variant(forward_choice(values, a.scale, tma), device);
   std::lock_guard<std::mutex> lock(mutex_);
   memo_.key = key;
   memo_.values = values;
@@ -358,8 +363,9 @@ KernelImpl::VariantState& KernelImpl::variant(const runtime::VariantChoice& choi
   return v;
 }
 
-runtime::VariantChoice KernelImpl::forward_choice(const BoundValues& values, float scale) const {
+runtime::VariantChoice KernelImpl::forward_choice(const BoundValues& values, float scale, bool tma) const {
   runtime::VariantChoice c = runtime::choose_variant(ranges_, ir_.checked, values);
+  c.tma = tma;
   c.col_gemm_parts = col_gemm_term_ ? col_gemm_parts_for_scale(scale > 0 ? scale : default_softmax_scale(spec().head_dim)) : 0;
   return c;
 }
@@ -373,6 +379,7 @@ ForwardKernelOptions KernelImpl::forward_options(const runtime::VariantChoice& c
   fo.variant.checked_loads = choice.checked_loads;
   fo.variant.error_flags = options_.checked;
   fo.col_gemm_parts = choice.col_gemm_parts;
+  fo.tma = choice.tma;
   return fo;
 }
 
@@ -535,19 +542,25 @@ void KernelImpl::build_mask_into(BlockMask& m, VariantState& var, std::vector<ui
   bp.seqlen_q = static_cast<int>(s.seqlen_q);
   bp.seqlen_kv = static_cast<int>(s.seqlen_kv);
   bp.query_offset = 0;
+  // Data-dependent masks: rank each row's query tiles by work for the kernel's schedule (flex_rank_q_tiles). A row
+  // of more query tiles than the default shared memory holds (Sq above 0.75 M) stays unranked: the kernel then
+  // takes the reversed tile order. Ranked masks of the 64-row Hopper loop also start each query tile's KV tiles at
+  // its first kept column (FlexBlockMaskBuildParams::shift_kv_tiles; the builder leaves the shifts in q_order).
+  auto rank = var.rank_fn.find(device);
+  const bool shift = cfg.hopper && cfg.block_m == 64;
+  // Rounded up to 4 counts: the ranking loop's reads are vectorised and may cover up to three past the last.
+  const size_t rank_smem = static_cast<size_t>((m.num_q_tiles_ + 3) / 4 * 4) * 4 * (shift ? 2 : 1);
+  const bool ranked = rank_tiles && rank != var.rank_fn.end() && rank_smem <= 48 * 1024;
+  if (ranked) {
+    bp.q_order = reinterpret_cast<FlexQTileWork*>(m.memory_ + block_mask_order_offset(m.bm_, m.hm_, m.num_q_tiles_, m.max_kv_tiles_));
+    bp.shift_kv_tiles = shift ? 1 : 0;
+  }
   void* args[] = {&bp, vparams.data()};
   check_cu(drv().cuLaunchKernel(var.mask_fn.at(device), static_cast<unsigned>(m.num_q_tiles_), static_cast<unsigned>(m.hm_),
                                 static_cast<unsigned>(m.bm_), 128, 1, 1, static_cast<unsigned>(m.max_kv_tiles_), stream, args, nullptr),
            "launching the block-mask builder");
-  // Data-dependent masks: rank each row's query tiles by work for the kernel's schedule (flex_rank_q_tiles). A row
-  // of more query tiles than the default shared memory holds (Sq above 1.5 M) stays unranked: the kernel then
-  // takes the reversed tile order.
   m.ranked_ = false;
-  auto rank = var.rank_fn.find(device);
-  // Rounded up to 4 counts: the ranking loop's reads are vectorised and may cover up to three past the last.
-  const size_t rank_smem = static_cast<size_t>((m.num_q_tiles_ + 3) / 4 * 4) * 4;
-  if (rank_tiles && rank != var.rank_fn.end() && rank_smem <= 48 * 1024) {
-    bp.q_order = reinterpret_cast<FlexQTileWork*>(m.memory_ + block_mask_order_offset(m.bm_, m.hm_, m.num_q_tiles_, m.max_kv_tiles_));
+  if (ranked) {
     void* rargs[] = {&bp};
     check_cu(drv().cuLaunchKernel(rank->second, static_cast<unsigned>(m.hm_), static_cast<unsigned>(m.bm_), 1, 128, 1, 1,
                                   static_cast<unsigned>(rank_smem), stream, rargs, nullptr),

@@ -119,7 +119,8 @@ class KernelImpl : public Kernel {
 
   VariantState& variant(const runtime::VariantChoice& choice, int device);
   // The forward's variant choice for a launch's values and softmax scale (0: 1 / sqrt(D)).
-  runtime::VariantChoice forward_choice(const BoundValues& values, float scale) const;
+  // tma: whether tensor maps can describe the launch's q, k and v (runtime::tensor_maps_describe).
+  runtime::VariantChoice forward_choice(const BoundValues& values, float scale, bool tma = true) const;
 
   // The launch's bound values and variant. Binding and the range obligations cost a few
   // microseconds per launch, so the last launch's results are reused when its sizes,

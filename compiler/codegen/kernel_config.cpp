@@ -13,22 +13,22 @@
 namespace flexjit {
 
 std::string ForwardConfig::str() const {
-  return fmt::format("d{}_m{}_n{}_w{}{}{}", head_dim, block_m, block_n, warps, hopper ? "_sm90" : "",
-                     col_gemm_parts ? fmt::format("_cg{}", col_gemm_parts) : "");
+  return fmt::format("d{}_m{}_n{}_w{}{}{}{}", head_dim, block_m, block_n, warps, hopper ? "_sm90" : "",
+                     col_gemm_parts ? fmt::format("_cg{}", col_gemm_parts) : "", tma ? "_tma" : "");
 }
 
 int ForwardConfig::shared_bytes() const {
   const int padded = (head_dim + 8) * 2;  // bytes of a padded row (mma.sync tiles and the O staging tile)
   if (!hopper) return (block_m + 4 * block_n) * padded;  // Q tile + two stages of K and V
   // FlexForwardTraitsSm90: a Q region (the swizzled Q tile, 1 KB aligned; at 128 rows also the padded O staging
-  // tile), K/V stages of dense swizzled tiles (three at 64 rows and head dims above 64, else four), and 1 KB to
-  // align the base. With the column GEMM, the [block_m][64] bf16 column block and one 1 KB diagonal per part
+  // tile), dense swizzled K/V tiles (a ring of three single tiles at 64 rows and head dims above 64, else four
+  // {K, V} stages), with TMA loads their three mbarriers (64 bytes), and 1 KB to align the base. With the column GEMM, the [block_m][64] bf16 column block and one 1 KB diagonal per part
   // follow the Q region.
   const int q_tile = block_m * head_dim * 2;
   const int q_region = ((block_m == 64 ? q_tile : std::max(q_tile, block_m * padded)) + 1023) / 1024 * 1024;
   const int col_gemm_bytes = col_gemm_parts ? block_m * 64 * 2 + col_gemm_parts * 1024 : 0;
-  const int stages = block_m == 64 && head_dim > 64 ? 3 : 4;
-  return q_region + col_gemm_bytes + stages * 2 * block_n * head_dim * 2 + 1024;
+  const int kv_tiles = block_m == 64 && head_dim > 64 ? 3 : 4 * 2;
+  return q_region + col_gemm_bytes + kv_tiles * block_n * head_dim * 2 + (tma ? 64 : 0) + 1024;
 }
 
 bool is_hopper_arch(const std::string& arch) { return arch == "sm_90a"; }
@@ -50,7 +50,7 @@ ForwardConfig forward_config(int head_dim, const std::string& arch, bool data_de
     c.hopper = true;
     if (data_dependent_mask) {
       // One warpgroup per 64-row CTA: a document mask gives each query tile a few KV tiles only, so a CTA's
-      // prologue and epilogue weigh; two CTAs per SM overlap them, and 64-row tiles visit less masked area.
+      // prologue and epilogue weigh; two to four CTAs per SM overlap them, and 64-row tiles visit less masked area.
       c.block_m = 64;
       c.warps = 4;
     }

@@ -21,6 +21,9 @@ struct ForwardConfig {
   // column GEMM; compiler/codegen/staged_terms.h, find_forward_col_gemm) in this many bf16 parts of 1 / scale
   // (1 or 3; 0: no column GEMM).
   int col_gemm_parts = 0;
+  // Hopper, 64-row CTAs with the K/V tile ring (head dims above 64): Q, K and V are loaded by TMA from tensor maps
+  // the launch passes as a third kernel parameter (FlexForwardTmaMaps); false: cp.async by every thread.
+  bool tma = false;
   std::string str() const;
   // Dynamic shared memory of the forward kernel (the generated source static_asserts that it equals the
   // template's Traits::kSmemBytes).

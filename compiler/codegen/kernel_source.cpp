@@ -27,19 +27,21 @@ namespace {
 std::string forward_entry(const ForwardConfig& c, const char* element, const char* entry, const std::string& template_args) {
   std::string traits, body;
   if (c.hopper) {
-    traits = fmt::format("using FlexTraits = FlexForwardTraitsSm90</*kHeadDim=*/{}, {}{}{}>;\n"
+    traits = fmt::format("using FlexTraits = FlexForwardTraitsSm90</*kHeadDim=*/{}, {}{}{}{}>;\n"
                          "static_assert(FlexTraits::kSmemBytes == {}, \"host and template disagree on the forward's shared memory\");\n",
                          c.head_dim, element, c.col_gemm_parts || c.block_m != 128 ? fmt::format(", /*kColGemmParts=*/{}", c.col_gemm_parts) : "",
-                         c.block_m != 128 ? fmt::format(", /*kBlockM=*/{}", c.block_m) : "", c.shared_bytes());
-    body = fmt::format("  flex_forward_sm90<FlexTraits, FlexVariant{}>(p, vp);\n", template_args);
+                         c.block_m != 128 ? fmt::format(", /*kBlockM=*/{}", c.block_m) : "", c.tma ? ", /*kTma=*/true" : "", c.shared_bytes());
+    body = fmt::format("  flex_forward_sm90<FlexTraits, FlexVariant{}>(p, vp{});\n", template_args, c.tma ? ", &tma" : "");
   } else {
     traits = fmt::format("using FlexTraits = FlexForwardTraits</*kHeadDim=*/{}, /*kBlockM=*/{}, /*kBlockN=*/{}, /*kNWarps=*/{}, {}>;\n",
                          c.head_dim, c.block_m, c.block_n, c.warps, element);
     body = fmt::format("  flex_forward<FlexTraits, FlexVariant{}>(p, vp);\n", template_args);
   }
+  // The tensor maps must stay in parameter space (the TMA unit reads them there): hence __grid_constant__.
   return fmt::format("{}\nextern \"C\" __global__ void __launch_bounds__(FlexTraits::kNThreads, {})\n"
-                     "{}(const FlexForwardParams p, const FlexVariant::Params vp) {{\n{}}}\n",
-                     traits, c.hopper ? "FlexTraits::kMinBlocksPerSM" : "1", entry, body);
+                     "{}(const FlexForwardParams p, const FlexVariant::Params vp{}) {{\n{}}}\n",
+                     traits, c.hopper ? "FlexTraits::kMinBlocksPerSM" : "1", entry,
+                     c.tma ? ", const __grid_constant__ FlexForwardTmaMaps tma" : "", body);
 }
 
 // A forward module: the variant, the kernel entry and, for the dense kernel of a masked spec, the block-mask
@@ -47,6 +49,7 @@ std::string forward_entry(const ForwardConfig& c, const char* element, const cha
 KernelSource forward_module(const SpecIR& ir, const RangeInfo& ranges, const ForwardKernelOptions& options, bool varlen) {
   KernelSource ks;
   ks.config = forward_config(options.head_dim, options.arch, !varlen && mask_is_data_dependent(ir));
+  ks.config.tma = options.tma && ks.config.hopper && ks.config.block_m == 64 && ks.config.head_dim > 64;
   VariantOptions vo = options.variant;
   vo.tile_size = ks.config.block_n;
   // The column GEMM (Hopper loop, dense kernel): the term leaves score_mod and the S GEMM adds it. Only up to head

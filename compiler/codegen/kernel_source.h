@@ -37,6 +37,9 @@ struct ForwardKernelOptions {
   // Ask for the Hopper loop's column GEMM in this many parts (ForwardConfig::col_gemm_parts, from
   // col_gemm_parts_for_scale of the launch's scale) where the spec has a term for it; 0: never.
   int col_gemm_parts = 0;
+  // Let the 64-row Hopper loop load tiles with TMA (ForwardConfig::tma) where it has the K/V tile ring; a launch
+  // whose strides no tensor map can describe (negative, or zero over a dimension longer than 1) asks for false.
+  bool tma = true;
 };
 
 // The forward kernel for a spec: FlexForwardTraits<config> with the spec's variant.

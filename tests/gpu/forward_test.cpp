@@ -21,9 +21,21 @@ CaseResult run_case(const dsl::Spec& spec_in, const CaseOptions& c, std::map<std
   std::vector<float> q = random_rounded(size_t(c.B * c.H * c.Sq * D), c.dtype, rng, qb);
   std::vector<float> k = random_rounded(size_t(c.B * c.Hkv * c.Skv * D), c.dtype, rng, kb);
   std::vector<float> v = random_rounded(size_t(c.B * c.Hkv * c.Skv * Dv), c.dtype, rng, vb);
+  if (c.kv_batch_broadcast) {  // every batch a copy of batch 0, as the reference reads it
+    REQUIRE(!c.bshd);
+    const size_t kn = size_t(c.Hkv * c.Skv * D), vn = size_t(c.Hkv * c.Skv * Dv);
+    for (int64_t b = 1; b < c.B; ++b) {
+      std::copy(k.begin(), k.begin() + kn, k.begin() + b * kn), std::copy(kb.begin(), kb.begin() + kn, kb.begin() + b * kn);
+      std::copy(v.begin(), v.begin() + vn, v.begin() + b * vn), std::copy(vb.begin(), vb.begin() + vn, vb.begin() + b * vn);
+    }
+  }
   DeviceTensor4 dq = upload4(dev, qb, c.dtype, c.B, c.H, c.Sq, D, c.bshd);
   DeviceTensor4 dk = upload4(dev, kb, c.dtype, c.B, c.Hkv, c.Skv, D, c.bshd);
   DeviceTensor4 dv = upload4(dev, vb, c.dtype, c.B, c.Hkv, c.Skv, Dv, c.bshd);
+  if (c.kv_batch_broadcast) {
+    dk.tensor.strides = {0, c.Skv * D, D, 1};
+    dv.tensor.strides = {0, c.Skv * Dv, Dv, 1};
+  }
   std::vector<uint16_t> zeros(size_t(c.B * c.H * c.Sq * Dv), 0);
   DeviceTensor4 dout = upload4(dev, zeros, c.dtype, c.B, c.H, c.Sq, Dv, c.bshd);
   dout.mem.fill_bytes(0xff);  // NaN poison: every element must be written
@@ -226,6 +238,22 @@ TEST_CASE("[B, S, H, D] strides work without a copy", "[gpu]") {
   expect_close(run_case(load_spec(gallery_dir() / "sam_relpos.json"), c));
   c.Skv = c.Sq;
   expect_close(run_case(load_spec(gallery_dir() / "document.json"), c));
+}
+
+TEST_CASE("k and v broadcast over the batch (stride 0) under a document mask", "[gpu]") {
+  // On sm_90a a data-dependent mask at head dims 96 and 128 runs the 64-row loop, which loads through TMA tensor
+  // maps; a zero stride over a longer dimension has no tensor map, so these launches take its cp.async kernel.
+  FLEXJIT_REQUIRE_GPU();
+  for (int d : {96, 128}) {
+    INFO("head dim " << d);
+    CaseOptions c;
+    c.B = 3;
+    c.Sq = c.Skv = 700;
+    c.kv_batch_broadcast = true;
+    dsl::Spec spec = load_spec(gallery_dir() / "document.json");
+    spec.head_dim = d;
+    expect_close(run_case(spec, c));
+  }
 }
 
 TEST_CASE("SAM's rel_w added by the S GEMM: scales, -inf entries, strided rows, head dims", "[gpu]") {

@@ -386,10 +386,14 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
               reinterpret_cast<float(&)[8]>(s_flat[8 * jj]), flex::desc_k_major<ColTile>(s_col, wg_row0, 16 * jj),
               flex::desc_k_major<DiagTile>(s_diag + t * Traits::kDiagStride, 0, 0), t > 0 ? 1 : 0);
     }
+    // Descriptors of the k-steps from one per operand (desc_advance): rebuilding each cost about 14 instructions
+    // per wgmma.
+    const unsigned long long desc_q = flex::desc_k_major<QTile>(s_q, wg_row0, 0), desc_k = flex::desc_k_major<KVTile>(sk, 0, 0);
 #pragma unroll
     for (int kk = 0; kk < kD16; ++kk)
       flex::Wgmma<kBlockN>::template ss<Element, /*kTransA=*/0, /*kTransB=*/0>(
-          s_flat, flex::desc_k_major<QTile>(s_q, wg_row0, kk * 16), flex::desc_k_major<KVTile>(sk, 0, kk * 16), (kColGemm || kk > 0) ? 1 : 0);
+          s_flat, flex::desc_advance(desc_q, flex::k_major_offset<QTile>(kk * 16)),
+          flex::desc_advance(desc_k, flex::k_major_offset<KVTile>(kk * 16)), (kColGemm || kk > 0) ? 1 : 0);
     flex::wgmma_commit();
     flex::wgmma_wait<0>();  // S of this tile and P V of the previous one
     flex::fence_operands(s_flat);
@@ -425,11 +429,15 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
     // O += P @ V: P packed into the A fragments of 4 k-steps of 16 KV rows; left running on the tensor cores.
     unsigned pa[kBlockN / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) K::template exp_pack<kHeadDim == 128>(acc_s, 0, kk, mult, max_scaled, row_sum, pa[kk]);
+    // One exponential in four on the FMA pipe (exp_pack's kFmaShare) relieves MUFU in the 128-row loop at D128; the
+    // 64-row loop is bound by instruction issue instead, where the polynomial's extra instructions cost 2% (documents).
+    for (int kk = 0; kk < kBlockN / 16; ++kk) K::template exp_pack<kHeadDim == 128 && kBlockM == 128>(acc_s, 0, kk, mult, max_scaled, row_sum, pa[kk]);
     flex::wgmma_fence();
+    const unsigned long long desc_v = flex::desc_mn_major<KVTile>(sv, 0, 0);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk)
-      flex::Wgmma<kHeadDim>::template rs<Element, /*kTransB=*/1>(o_flat, pa[kk], flex::desc_mn_major<KVTile>(sv, kk * 16, 0), 1);
+      flex::Wgmma<kHeadDim>::template rs<Element, /*kTransB=*/1>(o_flat, pa[kk],
+                                                                  flex::desc_advance(desc_v, flex::mn_major_offset<KVTile>(kk * 16, 0)), 1);
     flex::wgmma_commit();
     if constexpr (kIndexRing) idx[0] = idx[1], idx[1] = idx[2], idx[2] = idx_after;
   }

@@ -118,18 +118,30 @@ __device__ __forceinline__ unsigned long long make_desc(unsigned start, unsigned
 // K-major operand: 64 (A) or N (B) rows starting at `row0`, the 16 K columns starting at `k0` (multiple of 16).
 // Along a swizzled row the start simply moves by 32 bytes per k-step; the 8-row groups are one atom apart.
 template <class Tile>
+__device__ __forceinline__ unsigned k_major_offset(int k0) {
+  return Tile::region_offset(k0 / Tile::kRegionCols) + (k0 % Tile::kRegionCols) * 2;
+}
+template <class Tile>
 __device__ __forceinline__ unsigned long long desc_k_major(unsigned tile_base, int row0, int k0) {
-  const unsigned start = tile_base + Tile::region_offset(k0 / Tile::kRegionCols) + row0 * Tile::kSwizzleBytes +
-                         (k0 % Tile::kRegionCols) * 2;
-  return make_desc(start, 16, Tile::kAtomBytes, Tile::kMode);
+  return make_desc(tile_base + row0 * Tile::kSwizzleBytes + k_major_offset<Tile>(k0), 16, Tile::kAtomBytes, Tile::kMode);
 }
 
 // MN-major operand: the 16 K rows starting at `k0` (multiple of 16), M/N columns from `col0` (a region boundary).
 // Consecutive regions (kSwizzleBytes / 2 columns each) are the leading-dimension step, 8-row groups the stride.
 template <class Tile>
+__device__ __forceinline__ unsigned mn_major_offset(int k0, int col0) {
+  return Tile::region_offset(col0 / Tile::kRegionCols) + k0 * Tile::kSwizzleBytes;
+}
+template <class Tile>
 __device__ __forceinline__ unsigned long long desc_mn_major(unsigned tile_base, int k0, int col0) {
-  const unsigned start = tile_base + Tile::region_offset(col0 / Tile::kRegionCols) + k0 * Tile::kSwizzleBytes;
-  return make_desc(start, Tile::kRegionBytes, Tile::kAtomBytes, Tile::kMode);
+  return make_desc(tile_base + mn_major_offset<Tile>(k0, col0), Tile::kRegionBytes, Tile::kAtomBytes, Tile::kMode);
+}
+
+// A descriptor whose start lies `bytes` (a multiple of 16) further on: one add to the low word, where the start
+// field (address >> 4) sits, instead of rebuilding the descriptor. Exact while the start stays below 2^18, which
+// every shared-memory address of an sm_90 CTA (at most 227 KB) does.
+__device__ __forceinline__ unsigned long long desc_advance(unsigned long long desc, unsigned bytes) {
+  return (desc & 0xFFFFFFFF00000000ull) | (unsigned)((unsigned)desc + (bytes >> 4));
 }
 
 // Orders this warpgroup's earlier register writes (accumulators, A fragments) before the next wgmma.

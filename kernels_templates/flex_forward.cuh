@@ -443,9 +443,8 @@ __device__ __forceinline__ void item_lists(const FlexForwardParams& p, ForwardTi
 // Only data-dependent masks take it (the generator decides): the ranking compiled into the kernels of full
 // attention and softcap cost them 7% (register allocation), and causal-like masks get the heavy-first order from
 // the reversed tile index anyway.
-// ranked_cta: the CTA's (b, h) into w and its rank among the gridDim.x CTAs of its mask row. ranked_item: the work
-// of the query tile of rank `rank` of the row (nq query tiles) into w.
-__device__ __forceinline__ int ranked_cta(const FlexForwardParams& p, ForwardTiles& w) {
+template <int kBlockM, int kBlockN, bool kHasMaskMod>
+__device__ __forceinline__ void ranked_work(const FlexForwardParams& p, ForwardTiles& w) {
   constexpr int kHeadGroup = 8;
   const int nq = gridDim.x;
   const int group_ctas = nq * kHeadGroup;
@@ -453,13 +452,9 @@ __device__ __forceinline__ int ranked_cta(const FlexForwardParams& p, ForwardTil
   const int group = lin / group_ctas;
   const int group_heads = min(kHeadGroup, p.heads - group * kHeadGroup);
   const int i = lin - group * group_ctas;
+  const int rank = i / group_heads;
   w.b = blockIdx.z;
   w.h = group * kHeadGroup + i % group_heads;
-  return i / group_heads;
-}
-
-template <int kBlockM, int kBlockN, bool kHasMaskMod>
-__device__ __forceinline__ void ranked_item(const FlexForwardParams& p, ForwardTiles& w, int rank, int nq) {
   const FlexBlockMask& bm = p.block_mask;
   if (bm.q_order != nullptr) {
     const long long row = w.b * bm.stride_b + w.h * bm.stride_h;
@@ -474,16 +469,9 @@ __device__ __forceinline__ void ranked_item(const FlexForwardParams& p, ForwardT
     item_geometry<kBlockM, false>(p, w);
   } else {
     w.m_block = nq - 1 - rank;
-    w.first_kv = -1;
-    w.kv_shift = 0;
     item_geometry<kBlockM, false>(p, w);
     item_lists<kBlockN, kHasMaskMod>(p, w);
   }
-}
-
-template <int kBlockM, int kBlockN, bool kHasMaskMod>
-__device__ __forceinline__ void ranked_work(const FlexForwardParams& p, ForwardTiles& w) {
-  ranked_item<kBlockM, kBlockN, kHasMaskMod>(p, w, ranked_cta(p, w), gridDim.x);
 }
 
 // Fills the CTA's work (grid (nq, H, B)). Returns false when a ragged batch's CTA lies past its

@@ -181,31 +181,9 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
   const int warp = tid / 32;
   const int lane = tid % 32;
   flex::ForwardTiles w;
-  // Traits::kTma: a CTA takes the query tiles of ranks r and nq - 1 - r of its mask row (one when they coincide; the
-  // grid has ceil(nq / 2) CTAs per row), a heavy one and a light one. The second's Q and first K/V tile are loaded
-  // during the first's last iteration, so only the first pays the wait for a CTA's first copies.
-  constexpr bool kPairs = Traits::kTma;
-  static_assert(!kPairs || kRankTiles, "flex_forward_sm90: paired query tiles come from the ranked order");
-  const int nq_row = (p.seqlen_q + kBlockM - 1) / kBlockM;
-  int n_items = 1, pair_rank = 0;
-  if constexpr (kPairs) {
-    pair_rank = flex::ranked_cta(p, w);
-    n_items = nq_row - 1 - pair_rank != pair_rank ? 2 : 1;
-    flex::ranked_item<kBlockM, kBlockN, Variant::kHasMaskMod>(p, w, pair_rank, nq_row);
-  } else if (!flex::forward_tiles<kBlockM, kBlockN, Variant::kHasMaskMod, kVarlen, kRankTiles>(p, w)) {
-    return;
-  }
-  const int b = w.b, h = w.h, hkv = w.hkv;
-  int m0 = w.m0;
+  if (!flex::forward_tiles<kBlockM, kBlockN, Variant::kHasMaskMod, kVarlen, kRankTiles>(p, w)) return;
+  const int b = w.b, h = w.h, hkv = w.hkv, m0 = w.m0;
   const int seqlen_q = w.seqlen_q, seqlen_kv = w.seqlen_kv;
-  // The second item's first Q row and first KV row (-1: nothing to load ahead), for the first item's last iteration.
-  int next_m0 = 0, next_row = -1;
-  if (kPairs && n_items == 2 && p.block_mask.q_order != nullptr) {
-    const FlexBlockMask& bm = p.block_mask;
-    const int4 e = __ldg(reinterpret_cast<const int4*>(bm.q_order + b * bm.stride_b + h * bm.stride_h + (nq_row - 1 - pair_rank)));
-    next_m0 = e.x * kBlockM;
-    next_row = e.w;
-  }
 
   const Element* g_q = static_cast<const Element*>(p.q) + b * p.q_stride_b + h * p.q_stride_h + w.q_row0 * p.q_stride_s;
   const Element* g_k = static_cast<const Element*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h + w.kv_row0 * p.k_stride_s;
@@ -237,8 +215,8 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
     flex::tma_load_tile<KVTile>(ring_slot(slot), map, ring_bar(slot), row0, hkv, b);
   };
 
-  int n_masked = w.n_partial;
-  int n_tiles = w.count();
+  const int n_masked = w.n_partial;
+  const int n_tiles = w.count();
   // Data-dependent masks (kRankTiles): the KV tile indices come from the lists one iteration before they are
   // needed, so no copy and no hoist waits on a global load (the first from the ranked order itself). idx[u] is
   // the tile of iteration it + u, clamped to the last one. Other kernels read w.at() where they use it.
@@ -247,9 +225,10 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
   constexpr bool kIndexRing = kRankTiles && kHeadDim >= 64 && kHeadDim != 96;
   auto tile_of = [&](int t) { return w.at(min(t, n_tiles - 1)); };
   int idx[3] = {0, 0, 0};
+  if (kIndexRing && n_tiles > 0) idx[0] = w.first(), idx[1] = tile_of(1), idx[2] = tile_of(2);
   auto kv_tile = [&](int it, int u) { return kIndexRing ? idx[u] : w.at(it + u); };
   // A ranked mask's tiles may start off the multiples of kBlockN (ForwardTiles::kv_shift).
-  int kv_shift = kRankTiles ? w.kv_shift : 0;
+  const int kv_shift = kRankTiles ? w.kv_shift : 0;
   auto kv_row = [&](int it, int u) { return kv_tile(it, u) * kBlockN + kv_shift; };
   auto load_k = [&](unsigned dst, int row0) {
     flex::load_swizzled_rows<KVTile, kBlockN, kNThreads>(dst, g_k, p.k_stride_s, row0, seqlen_kv, tid);
@@ -263,6 +242,9 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
     load_v(k_stage(it + u) + KVTile::kBytes, row0);
   };
 
+  // Copy groups: {Q, KV 0}, then one group per K/V tile, kLookahead tiles ahead (empty groups keep the count).
+  // kTileRing: {Q, K 0}, {V 0}, then one group per K tile and one per V tile. kTma: thread 0 issues the same
+  // tiles to the TMA unit (none when the query tile visits no KV tile: nothing may land after the CTA exits).
   if constexpr (kTma) {
     if (tid == 0) {
 #pragma unroll
@@ -270,31 +252,11 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
       flex::fence_mbarrier_init();
     }
     __syncthreads();
-  }
-  bool prefetched = false;  // this item's Q and first K/V tile were issued by the previous item's last iteration
-
-  for (int item = 0; item < n_items; ++item) {
-  if (item > 0) {
-    flex::ranked_item<kBlockM, kBlockN, Variant::kHasMaskMod>(p, w, nq_row - 1 - pair_rank, nq_row);
-    m0 = w.m0;
-    n_masked = w.n_partial;
-    n_tiles = w.count();
-    kv_shift = kRankTiles ? w.kv_shift : 0;
-  }
-  const bool prefetch_next = kPairs && item + 1 < n_items && next_row >= 0;
-  if (kIndexRing && n_tiles > 0) idx[0] = w.first(), idx[1] = tile_of(1), idx[2] = tile_of(2);
-
-  // Copy groups: {Q, KV 0}, then one group per K/V tile, kLookahead tiles ahead (empty groups keep the count).
-  // kTileRing: {Q, K 0}, {V 0}, then one group per K tile and one per V tile. kTma: thread 0 issues the same
-  // tiles to the TMA unit (none when the query tile visits no KV tile: nothing may land after the CTA exits), K
-  // and V into the ring's next two slots, Q on K's mbarrier.
-  if constexpr (kTma) {
-    if (tid == 0 && n_tiles > 0 && !prefetched) {
-      const int sk0 = ring_k, sv0 = ring_k == 2 ? 0 : ring_k + 1;
-      flex::mbarrier_arrive_expect_tx(ring_bar(sk0), QTile::kBytes + KVTile::kBytes);
-      flex::tma_load_tile<QTile>(s_q, &tma->q, ring_bar(sk0), m0, h, b);
-      flex::tma_load_tile<KVTile>(ring_slot(sk0), &tma->k, ring_bar(sk0), kv_row(0, 0), hkv, b);
-      tma_kv(&tma->v, sv0, kv_row(0, 0));
+    if (tid == 0 && n_tiles > 0) {
+      flex::mbarrier_arrive_expect_tx(ring_bar(0), QTile::kBytes + KVTile::kBytes);
+      flex::tma_load_tile<QTile>(s_q, &tma->q, ring_bar(0), m0, h, b);
+      flex::tma_load_tile<KVTile>(ring_slot(0), &tma->k, ring_bar(0), kv_row(0, 0), hkv, b);
+      tma_kv(&tma->v, 1, kv_row(0, 0));
     }
   } else {
     flex::load_swizzled_rows<QTile, kBlockM, kNThreads>(s_q, g_q, p.q_stride_s, m0, seqlen_q, tid);
@@ -388,16 +350,7 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
       flex::fence_operands(o_flat);
       ring_wait(ring_k);  // K of tile it has landed
       __syncthreads();
-      if (tid == 0) {
-        const int slot = ring_k == 0 ? 2 : ring_k - 1;
-        flex::bulk_wait_read();  // the previous item's O store may still read this slot
-        if (it + 1 < n_tiles) {
-          tma_kv(&tma->k, slot, kv_row(it, 1));
-        } else if (prefetch_next) {  // the next item's first K, and its Q (issued at the second barrier) on K's mbarrier
-          flex::mbarrier_arrive_expect_tx(ring_bar(slot), QTile::kBytes + KVTile::kBytes);
-          flex::tma_load_tile<KVTile>(ring_slot(slot), &tma->k, ring_bar(slot), next_row, hkv, b);
-        }
-      }
+      if (tid == 0 && it + 1 < n_tiles) tma_kv(&tma->k, ring_k == 0 ? 2 : ring_k - 1, kv_row(it, 1));
     } else if constexpr (kTileRing) {
       flex::wgmma_wait<0>();  // P V of tile it - 1
       flex::fence_operands(o_flat);
@@ -448,14 +401,7 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
     if constexpr (kTma) {
       ring_wait(ring_k == 2 ? 0 : ring_k + 1);  // V of tile it has landed
       __syncthreads();
-      if (tid == 0) {
-        if (it + 1 < n_tiles) {
-          tma_kv(&tma->v, ring_k, kv_row(it, 1));
-        } else if (prefetch_next) {  // every warp's last S has retired: Q may be overwritten
-          flex::tma_load_tile<QTile>(s_q, &tma->q, ring_bar(ring_k == 0 ? 2 : ring_k - 1), next_m0, h, b);
-          tma_kv(&tma->v, ring_k, next_row);
-        }
-      }
+      if (tid == 0 && it + 1 < n_tiles) tma_kv(&tma->v, ring_k, kv_row(it, 1));
       ring_k = ring_k == 0 ? 2 : ring_k - 1;
     } else if constexpr (kTileRing) {
       flex::cp_async_wait<1>();  // V of tile it has landed (K of tile it + 1 may still fly)
@@ -482,9 +428,9 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
 
     // O += P @ V: P packed into the A fragments of 4 k-steps of 16 KV rows; left running on the tensor cores.
     unsigned pa[kBlockN / 16][4];
+#pragma unroll
     // One exponential in four on the FMA pipe (exp_pack's kFmaShare) relieves MUFU in the 128-row loop at D128; the
     // 64-row loop is bound by instruction issue instead, where the polynomial's extra instructions cost 2% (documents).
-#pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) K::template exp_pack<kHeadDim == 128 && kBlockM == 128>(acc_s, 0, kk, mult, max_scaled, row_sum, pa[kk]);
     flex::wgmma_fence();
     const unsigned long long desc_v = flex::desc_mn_major<KVTile>(sv, 0, 0);
@@ -501,44 +447,9 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
   // ============================================ Epilogue ============================================
   float lse[kRowsPerThread];
   K::normalize(acc_o, row_max, row_sum, K::score_unit(p.scale), lse);
-  if constexpr (kTma) {
-    // O as a swizzled tile in the slot of the last V (the ring's other two hold the next item's first K and V),
-    // stored by the TMA unit (rows past Sq are clipped); the previous item's store must have read the slot first.
-    if (tid == 0) flex::bulk_wait_read();
-    __syncthreads();  // every warp's last P V has retired
-    const unsigned s_o = ring_slot(ring_k == 0 ? 2 : ring_k - 1);
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = K::row_in_tile(warp, lane, half);
-#pragma unroll
-      for (int dt = 0; dt < kDTiles; ++dt) {
-        const int col = dt * 8 + 2 * (lane % 4);
-        *reinterpret_cast<unsigned*>(smem + (s_o - s_q) + QTile::chunk_offset(row, col / 8) + (col % 8) * 2) =
-            K::Mma::pack(acc_o[0][dt][2 * half], acc_o[0][dt][2 * half + 1]);
-      }
-    }
-    flex::fence_proxy_async();
-    __syncthreads();
-    if (tid == 0) {
-      flex::tma_store_tile<QTile>(&tma->o, s_o, m0, h, b);
-      flex::bulk_commit();
-    }
-    if (p.lse != nullptr && lane % 4 == 0) {
-      float* g_lse = p.lse + b * p.lse_stride_b + h * p.lse_stride_h;
-#pragma unroll
-      for (int r = 0; r < kRowsPerThread; ++r) {
-        const int q = m0 + K::row_in_tile(warp, lane, r);
-        if (q < seqlen_q) g_lse[q] = lse[r];
-      }
-    }
-    prefetched = prefetch_next;
-  } else {
-    // O is staged (in the Q region at 128 rows, over the K/V stages at 64) once every copy has landed and every
-    // warpgroup's last wgmma has read its operands.
-    flex::cp_async_wait<0>();
-    __syncthreads();
-    K::store_o_lse(p, smem + Traits::kOStageOffset, acc_o, lse, b, h, m0, seqlen_q, kVarlen ? p.cu_seqlens_q[b] : 0, tid, warp, lane);
-  }
-  }  // item
-  if (kTma && tid == 0) flex::bulk_wait_read();  // shared memory must outlive the last O store's reads
+  // O is staged (in the Q region at 128 rows, over the K/V stages at 64) once every copy has landed and every
+  // warpgroup's last wgmma has read its operands.
+  flex::cp_async_wait<0>();
+  __syncthreads();
+  K::store_o_lse(p, smem + Traits::kOStageOffset, acc_o, lse, b, h, m0, seqlen_q, kVarlen ? p.cu_seqlens_q[b] : 0, tid, warp, lane);
 }

@@ -82,9 +82,9 @@ struct alignas(128) FlexTensorMap {
   unsigned long long opaque[16];
 };
 
-// The tensor maps of a forward launch whose kernel moves tiles with TMA (the 64-row Hopper loop,
-// FlexForwardTraitsSm90::kTma): q, k, v and o as rank-4 tensors {D, S, heads, B} (innermost first, the launch's
+// The tensor maps of a forward launch whose kernel loads tiles with TMA (the 64-row Hopper loop,
+// FlexForwardTraitsSm90::kTma): q, k and v as rank-4 tensors {D, S, heads, B} (innermost first, the launch's
 // strides), boxes of one swizzle region [64 rows][kSwizzle bytes]. Passed as a __grid_constant__ kernel parameter.
 struct FlexForwardTmaMaps {
-  FlexTensorMap q, k, v, o;
+  FlexTensorMap q, k, v;
 };

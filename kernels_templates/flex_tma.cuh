@@ -40,20 +40,6 @@ __device__ __forceinline__ void tma_load_4d(unsigned dst, const FlexTensorMap* m
       : "memory");
 }
 
-// A SwizzledTile at src into box (c0, c1, c2, c3) onwards, as tma_load_tile's inverse: one box per swizzle region;
-// rows past the tensor's dims are not written. The tile's writes must precede this (fence_proxy_async in each
-// writing thread, then a barrier); the issuing thread waits with bulk_wait_read before the tile may change or the
-// CTA exit.
-template <class Tile>
-__device__ __forceinline__ void tma_store_tile(const FlexTensorMap* map, unsigned src, int row0, int head, int batch) {
-#pragma unroll
-  for (int r = 0; r < Tile::kRegions; ++r)
-    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
-                     reinterpret_cast<unsigned long long>(map)),
-                 "r"(r * Tile::kRegionCols), "r"(row0), "r"(head), "r"(batch), "r"(src + Tile::region_offset(r))
-                 : "memory");
-}
-
 // Rows [row0, row0 + kRows) of head `head`, batch `batch` of a [B, heads, S, D] tensor into a SwizzledTile: one box
 // of [kRows][Tile::kRegionCols] per swizzle region (the map's box; its swizzle mode is the tile's). Rows at or past
 // S are zero-filled. The caller has announced Tile::kBytes on `bar`.

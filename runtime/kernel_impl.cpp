@@ -172,7 +172,6 @@ void KernelImpl::forward(const AttentionArgs& a) {
   timer.lap(3);
   void* args[] = {&p, vparams.data(), &maps};
   unsigned grid_x = static_cast<unsigned>((shape.seqlen_q + cfg.block_m - 1) / cfg.block_m);
-  if (cfg.tma) grid_x = (grid_x + 1) / 2;  // a TMA kernel's CTA takes two query tiles of its mask row (flex_forward_sm90.cuh)
   check_cu(d.cuLaunchKernel(var.forward_fn.at(device), grid_x, static_cast<unsigned>(shape.heads), static_cast<unsigned>(shape.batch),
                             static_cast<unsigned>(cfg.threads()), 1, 1, static_cast<unsigned>(cfg.shared_bytes()), a.stream, args, nullptr),
            "launching the forward kernel");

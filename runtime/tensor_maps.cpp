@@ -41,7 +41,7 @@ void encode(const CudaDriver& d, CUtensorMap* map, const Tensor& t, int region_c
 
 }  // namespace
 
-bool tensor_maps_describe(const AttentionArgs& a) { return describable(a.q) && describable(a.k) && describable(a.v) && describable(a.o); }
+bool tensor_maps_describe(const AttentionArgs& a) { return describable(a.q) && describable(a.k) && describable(a.v); }
 
 FlexForwardTmaMaps encode_forward_tensor_maps(const CudaDriver& d, const AttentionArgs& a, const ForwardConfig& cfg) {
   static_assert(sizeof(FlexTensorMap) == sizeof(CUtensorMap) && alignof(FlexTensorMap) == alignof(CUtensorMap),
@@ -55,7 +55,6 @@ FlexForwardTmaMaps encode_forward_tensor_maps(const CudaDriver& d, const Attenti
   encode(d, reinterpret_cast<CUtensorMap*>(&maps.q), a.q, swizzle_bytes / 2, swizzle, "q");
   encode(d, reinterpret_cast<CUtensorMap*>(&maps.k), a.k, swizzle_bytes / 2, swizzle, "k");
   encode(d, reinterpret_cast<CUtensorMap*>(&maps.v), a.v, swizzle_bytes / 2, swizzle, "v");
-  encode(d, reinterpret_cast<CUtensorMap*>(&maps.o), a.o, swizzle_bytes / 2, swizzle, "o");
   return maps;
 }
 

@@ -1,4 +1,4 @@
-// TMA tensor maps of a forward launch (kernels_templates/flex_tma.cuh reads them): q, k, v and o described as
+// TMA tensor maps of a forward launch (kernels_templates/flex_tma.cuh reads them): q, k and v described as
 // rank-4 tensors {D, S, heads, B} with the launch's strides, encoded by the driver (cuTensorMapEncodeTiled).
 #pragma once
 #include "compiler/codegen/kernel_config.h"
@@ -8,7 +8,7 @@
 
 namespace flexjit::runtime {
 
-// Whether tensor maps can describe q, k, v and o: every stride over batch, heads and positions positive (or zero
+// Whether tensor maps can describe q, k and v: every stride over batch, heads and positions positive (or zero
 // over a dimension of size 1) and below 2^40 bytes. Alignment and multiples of 16 bytes are checked by
 // validate_operands already. A launch where this is false takes the cp.async kernel.
 bool tensor_maps_describe(const AttentionArgs& a);

@@ -267,13 +267,12 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
     flex::build_scale_diagonal<DiagTile, Traits::kColGemmParts, Traits::kDiagStride>(
         smem + Traits::kQRegionBytes + ColTile::kBytes, p.scale, tid);
   }
-  if constexpr (kTma) {
-  } else if constexpr (kTileRing) {
+  if constexpr (kTileRing && !kTma) {
     if (n_tiles > 0) load_k(ring_slot(0), kv_row(0, 0));
     flex::cp_async_commit();
     if (n_tiles > 0) load_v(ring_slot(1), kv_row(0, 0));
     flex::cp_async_commit();
-  } else {
+  } else if constexpr (!kTileRing) {
 #pragma unroll
     for (int t = 0; t < kLookahead; ++t) {
       if (t < n_tiles) load_kv(0, t);
@@ -428,9 +427,9 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
 
     // O += P @ V: P packed into the A fragments of 4 k-steps of 16 KV rows; left running on the tensor cores.
     unsigned pa[kBlockN / 16][4];
-#pragma unroll
     // One exponential in four on the FMA pipe (exp_pack's kFmaShare) relieves MUFU in the 128-row loop at D128; the
     // 64-row loop is bound by instruction issue instead, where the polynomial's extra instructions cost 2% (documents).
+#pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) K::template exp_pack<kHeadDim == 128 && kBlockM == 128>(acc_s, 0, kk, mult, max_scaled, row_sum, pa[kk]);
     flex::wgmma_fence();
     const unsigned long long desc_v = flex::desc_mn_major<KVTile>(sv, 0, 0);

@@ -119,6 +119,7 @@ KernelImpl::KernelImpl(SpecIR ir, RuntimeOptions options) : ir_(std::move(ir)), 
   ranges_ = analyze_ranges(roots, ir_.checked, VarDomains::forward(ir_.checked));
   canonical_ = canonical_ir_text(ir_);
   col_gemm_term_ = find_forward_col_gemm(ir_, ranges_, VariantOptions{}).term.has_value();
+  tma_candidate_ = ir_.mask_mod && mask_is_data_dependent(ir_) && spec().head_dim > 64;
   if (ir_.mask_mod) {
     DependenceInfo deps({ir_.mask_mod});
     const Dependence& d = deps.of(ir_.mask_mod);
@@ -297,7 +298,7 @@ KernelImpl::VariantState& KernelImpl::variant_for_launch(const runtime::LaunchSh
     key.push_back(static_cast<int64_t>(t.shape.size()));
     key.insert(key.end(), t.shape.begin(), t.shape.end());
   }
-  const bool tma = runtime::tensor_maps_describe(a);  // the strides decide whether the TMA kernel may run
+  const bool tma = !tma_candidate_ || runtime::tensor_maps_describe(a);  // the strides decide whether the TMA kernel may run
   key.push_back(tma);
   if (col_gemm_term_) {  // the scale decides whether the column GEMM may run
     uint32_t bits = 0;
@@ -543,7 +544,7 @@ void KernelImpl::build_mask_into(BlockMask& m, VariantState& var, std::vector<ui
   bp.seqlen_kv = static_cast<int>(s.seqlen_kv);
   bp.query_offset = 0;
   // Data-dependent masks: rank each row's query tiles by work for the kernel's schedule (flex_rank_q_tiles). A row
-  // of more query tiles than the default shared memory holds (Sq above 0.75 M) stays unranked: the kernel then
+  // of more query tiles than 48 KB of shared memory holds (12288, or 6144 with shifts) stays unranked: the kernel then
   // takes the reversed tile order. Ranked masks of the 64-row Hopper loop also start each query tile's KV tiles at
   // its first kept column (FlexBlockMaskBuildParams::shift_kv_tiles; the builder leaves the shifts in q_order).
   auto rank = var.rank_fn.find(device);

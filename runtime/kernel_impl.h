@@ -179,6 +179,9 @@ class KernelImpl : public Kernel {
   bool mask_uses_b_ = false, mask_uses_h_ = false;
   // The spec has a score_mod term the Hopper forward can add by its column GEMM (find_forward_col_gemm).
   bool col_gemm_term_ = false;
+  // The spec's Hopper forward can be the TMA kernel (a data-dependent mask, head dim above 64: ForwardConfig::tma),
+  // so a launch's strides decide between it and the cp.async kernel.
+  bool tma_candidate_ = false;
   std::mutex mutex_;
   std::map<std::string, std::unique_ptr<VariantState>> variants_;
   std::map<int, std::unique_ptr<Workspace>> workspaces_;

@@ -22,8 +22,8 @@ int ForwardConfig::shared_bytes() const {
   if (!hopper) return (block_m + 4 * block_n) * padded;  // Q tile + two stages of K and V
   // FlexForwardTraitsSm90: a Q region (the swizzled Q tile, 1 KB aligned; at 128 rows also the padded O staging
   // tile), dense swizzled K/V tiles (a ring of three single tiles at 64 rows and head dims above 64, else four
-  // {K, V} stages), with TMA loads their three mbarriers (64 bytes), and 1 KB to align the base. With the column GEMM, the [block_m][64] bf16 column block and one 1 KB diagonal per part
-  // follow the Q region.
+  // {K, V} stages), with TMA loads their three mbarriers (64 bytes), and 1 KB to align the base. With the column
+  // GEMM, the [block_m][64] bf16 column block and one 1 KB diagonal per part follow the Q region.
   const int q_tile = block_m * head_dim * 2;
   const int q_region = ((block_m == 64 ? q_tile : std::max(q_tile, block_m * padded)) + 1023) / 1024 * 1024;
   const int col_gemm_bytes = col_gemm_parts ? block_m * 64 * 2 + col_gemm_parts * 1024 : 0;

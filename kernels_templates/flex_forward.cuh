@@ -26,6 +26,11 @@
 //   tile(vp, Row, Tile&, b, h, hkv, q, k0)            once per valid row per visited KV tile with k0 < Skv
 //   score_mod(vp, Row, Col, Tile, b, h, hkv, q, k0, j, score) -> float   score = scale * q.k, kv = k0 + j
 //   mask_mod (vp, Row, Col, Tile, b, h, hkv, q, k0, j) -> bool           true = attend; partial tiles only
+// Optionally (kStagedKvCols, only in variants generated for the 64-row Hopper loop): mask_mod's work that depends on
+// the KV column alone (a buffer read at kv, such as a document mask's doc[kv]), computed once per column of a
+// partial tile into shared memory instead of once per element, and mask_mod reading it:
+//   KvCol (at most 8 bytes); kv_col(vp, KvCol&, b, h, hkv, k0, j)         once per column j with k0 + j < Skv
+//   mask_mod_staged(vp, Row, Col, Tile, KvCol, b, h, hkv, q, k0, j) -> bool  the same value as mask_mod
 // The variant is only ever called with q < Sq and k0 + j < Skv; other elements are masked here.
 //
 // What the host must guarantee (the kernel does not check):
@@ -52,6 +57,19 @@ struct ScoreScales<Variant, decltype(void(Variant::kScoreOutScale))> {
   static constexpr float kIn = Variant::kScoreInScale, kOut = Variant::kScoreOutScale;
 };
 
+// Whether a variant's mask_mod can read per-column values staged in shared memory (see the contract above).
+struct NoKvCol {};
+template <class Variant, class = void>
+struct StagedKvCols {
+  static constexpr bool value = false;
+  using KvCol = NoKvCol;
+};
+template <class Variant>
+struct StagedKvCols<Variant, decltype(void(Variant::kStagedKvCols))> {
+  static constexpr bool value = Variant::kStagedKvCols;
+  using KvCol = typename Variant::KvCol;
+};
+
 // Per-thread helpers of one (Traits, Variant) instantiation.
 template <class Traits, class Variant>
 struct ForwardKernel {
@@ -60,6 +78,7 @@ struct ForwardKernel {
   using Row = typename Variant::Row;
   using Col = typename Variant::Col;
   using Tile = typename Variant::Tile;
+  using KvCol = typename StagedKvCols<Variant>::KvCol;
   using Mma = Mma16816<Element>;
 
   static constexpr int kHeadDim = Traits::kHeadDim;
@@ -130,7 +149,7 @@ struct ForwardKernel {
                                                     const Col (&col)[kRowsPerThread][kColsPerThread],
                                                     const Tile (&tile)[kRowsPerThread], int b, int h, int hkv,
                                                     int m0, int warp, int lane, int k0, int seqlen_q,
-                                                    int seqlen_kv, float scale) {
+                                                    int seqlen_kv, float scale, const KvCol* kv_cols = nullptr) {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -154,7 +173,11 @@ struct ForwardKernel {
             }
             if constexpr (kPartial) {
               // FUSION POINT: mask_mod
-              if (!Variant::mask_mod(vp, row[r], col[r][c], tile[r], b, h, hkv, q, k0, j)) x = neg_inf();
+              if constexpr (StagedKvCols<Variant>::value) {
+                if (!Variant::mask_mod_staged(vp, row[r], col[r][c], tile[r], kv_cols[j], b, h, hkv, q, k0, j)) x = neg_inf();
+              } else {
+                if (!Variant::mask_mod(vp, row[r], col[r][c], tile[r], b, h, hkv, q, k0, j)) x = neg_inf();
+              }
             }
           } else {
             x = neg_inf();
@@ -347,24 +370,24 @@ struct ForwardKernel {
   static __device__ __forceinline__ void mods(float (&s)[kMTiles][kNTiles][4], bool masked_tile, bool check_bounds, const VParams& vp,
                                               const Row (&row)[kRowsPerThread], const Col (&col)[kRowsPerThread][kColsPerThread],
                                               const Tile (&tile)[kRowsPerThread], int b, int h, int hkv, int m0, int warp, int lane,
-                                              int k0, int seqlen_q, int seqlen_kv, float scale) {
+                                              int k0, int seqlen_q, int seqlen_kv, float scale, const KvCol* kv_cols = nullptr) {
     if constexpr (Variant::kHasMaskMod) {
       if (masked_tile) {
         if (check_bounds)
           apply_mods</*kPartial=*/true, /*kCheckBounds=*/true>(s, vp, row, col, tile, b, h, hkv, m0, warp, lane, k0, seqlen_q, seqlen_kv,
-                                                               scale);
+                                                               scale, kv_cols);
         else
           apply_mods</*kPartial=*/true, /*kCheckBounds=*/false>(s, vp, row, col, tile, b, h, hkv, m0, warp, lane, k0, seqlen_q, seqlen_kv,
-                                                                scale);
+                                                                scale, kv_cols);
         return;
       }
     }
     if (check_bounds)
       apply_mods</*kPartial=*/false, /*kCheckBounds=*/true>(s, vp, row, col, tile, b, h, hkv, m0, warp, lane, k0, seqlen_q, seqlen_kv,
-                                                            scale);
+                                                            scale, kv_cols);
     else if (Variant::kHasScoreMod)
       apply_mods</*kPartial=*/false, /*kCheckBounds=*/false>(s, vp, row, col, tile, b, h, hkv, m0, warp, lane, k0, seqlen_q, seqlen_kv,
-                                                             scale);
+                                                             scale, kv_cols);
   }
 };
 

@@ -50,7 +50,7 @@ struct FlexSm90Swizzle {
 // chain cost more than the adds (compiler/codegen/kernel_source.cpp has the figures).
 // -inf in C (a masked element) would give 0 * -inf = NaN in every other column of its row, so the kernel
 // replaces it by the lowest finite bf16, whose product with c0 >= 2 (scale <= 0.5, the host's rule) is -inf.
-template <int kHeadDim_, class Element_, int kColGemmParts_ = 0, int kBlockM_ = 128, bool kTma_ = false>
+template <int kHeadDim_, class Element_, int kColGemmParts_ = 0, int kBlockM_ = 128, bool kTma_ = false, bool kStagedKvCols_ = false>
 struct FlexForwardTraitsSm90 : FlexForwardTraits<kHeadDim_, kBlockM_, 64, kBlockM_ / 16, Element_> {
   using Base = FlexForwardTraits<kHeadDim_, kBlockM_, 64, kBlockM_ / 16, Element_>;
   static constexpr int kSwizzle = FlexSm90Swizzle<kHeadDim_>::value;
@@ -85,11 +85,16 @@ struct FlexForwardTraitsSm90 : FlexForwardTraits<kHeadDim_, kBlockM_, 64, kBlock
   // mbarrier per ring slot, after the K/V tiles. The launch passes the tensor maps (FlexForwardTmaMaps).
   static constexpr bool kTma = kTma_;
   static constexpr int kBarrierBytes = kTma ? 64 : 0;
-  static constexpr int kSmemBytes = kQRegionBytes + kColBytes + kKVBytes + kBarrierBytes + 1024;
+  // kStagedKvCols (64 rows): the variant's per-column mask values (Variant::KvCol, at most 8 bytes) of two partial
+  // tiles, the current one and the next, after the barriers.
+  static constexpr bool kStagedKvCols = kStagedKvCols_;
+  static constexpr int kKvColBytes = kStagedKvCols ? 2 * 64 * 8 : 0;
+  static constexpr int kSmemBytes = kQRegionBytes + kColBytes + kKVBytes + kBarrierBytes + kKvColBytes + 1024;
 
   static_assert(kBlockM_ == 128 || kBlockM_ == 64, "FlexForwardTraitsSm90: one or two warpgroups of 64 query rows");
   static_assert(kBlockM_ == 128 || !kColGemm, "FlexForwardTraitsSm90: the column GEMM's block C has 128 rows");
   static_assert(!kTma || kTileRing, "FlexForwardTraitsSm90: TMA loads serve the ring of one-warpgroup CTAs");
+  static_assert(!kStagedKvCols || kBlockM_ == 64, "FlexForwardTraitsSm90: staged mask columns serve the one-warpgroup loop");
   static_assert(kHeadDim_ <= 128, "FlexForwardTraitsSm90: head dims above 128 use the mma.sync loop (registers)");
   static_assert(kTileRing || kKVStages == kLookahead + 2,
                 "FlexForwardTraitsSm90: a stage is refilled two tiles after its last reader's wait (see the mainloop)");
@@ -110,6 +115,14 @@ struct HasColGemm {
 template <class Variant>
 struct HasColGemm<Variant, decltype(void(Variant::kColGemm))> {
   static constexpr bool value = Variant::kColGemm;
+};
+
+// The kinds of KV tile the mainloop has a copy of its softmax and P V for (flex_forward_sm90, finish_tile); kTileAny:
+// one copy for every tile.
+constexpr int kTileInterior = 0, kTileMasked = 1, kTileBounds = 2, kTileAny = 3;
+template <int kKind>
+struct TileKind {
+  static constexpr int value = kKind;
 };
 
 // bf16 -inf (0xff80) in either half of a pair becomes the lowest finite bf16 (0xff7f).
@@ -280,6 +293,26 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
     }
   }
 
+  // Staged mask columns (a variant with kStagedKvCols): the KvCol values of partial tile t sit in slot t % 2, one per
+  // column, written by threads 0 .. 63 (thread j: column j). Tile 0's here, tile it + 1's during iteration it (loaded
+  // at its top, stored after its S wait, so the load's latency hides under the S GEMM); each iteration's first
+  // barrier publishes them and retires the readers of the slot. H100, documents D128: the per-element doc[kv]
+  // loads took 16 global loads and their 64-bit addresses per thread and partial tile.
+  constexpr bool kStageCols = flex::StagedKvCols<Variant>::value;
+  static_assert(kStageCols == Traits::kStagedKvCols, "flex_forward_sm90: the traits' staged-column region must match the variant");
+  using KvCol = typename K::KvCol;
+  static_assert(!kStageCols || sizeof(KvCol) <= 8, "flex_forward_sm90: a KvCol slot holds 8 bytes");
+  KvCol* const kv_cols =
+      reinterpret_cast<KvCol*>(smem + Traits::kQRegionBytes + Traits::kColBytes + Traits::kKVBytes + Traits::kBarrierBytes);
+  auto col_staged = [&](int t, int col_k0) { return kStageCols && tid < kBlockN && t < n_masked && col_k0 + tid < seqlen_kv; };
+  if constexpr (kStageCols) {
+    if (n_tiles > 0 && col_staged(0, kv_row(0, 0))) {
+      KvCol c;
+      Variant::kv_col(vp, c, b, h, hkv, kv_row(0, 0), tid);
+      kv_cols[tid] = c;
+    }
+  }
+
   // Hoisted variant state, while the copies fly.
   typename Variant::Row row_st[kRowsPerThread];
   typename Variant::Col col_st[kRowsPerThread][kColsPerThread];
@@ -336,6 +369,13 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
   for (int it = 0; it < n_tiles; ++it) {
     const int k0 = kv_row(it, 0);
     const int idx_after = kIndexRing ? tile_of(it + 3) : 0;  // idx[2] of the next iteration
+    KvCol col_next;
+    bool stage_next = false;
+    if constexpr (kStageCols) {
+      const int next_k0 = kv_row(it, 1);
+      stage_next = col_staged(it + 1, next_k0);
+      if (stage_next) Variant::kv_col(vp, col_next, b, h, hkv, next_k0, tid);
+    }
     typename Variant::Tile tile_st[kRowsPerThread];
 #pragma unroll
     for (int r = 0; r < kRowsPerThread; ++r) tile_st[r] = tile_next[r], tile_next[r] = tile_next2[r];
@@ -397,6 +437,9 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
     flex::wgmma_wait<0>();  // S of this tile and P V of the previous one
     flex::fence_operands(s_flat);
     flex::fence_operands(o_flat);
+    if constexpr (kStageCols) {
+      if (stage_next) kv_cols[((it + 1) & 1) * kBlockN + tid] = col_next;
+    }
     if constexpr (kTma) {
       ring_wait(ring_k == 2 ? 0 : ring_k + 1);  // V of tile it has landed
       __syncthreads();
@@ -411,33 +454,55 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
       ring_k = ring_k == 0 ? 2 : ring_k - 1;
     }
 
-    // S = mask(score_mod(scale * S)); -inf outside [0, Sq) x [0, Skv)
-    K::mods(acc_s, it < n_masked, q_tail || k0 + kBlockN > seqlen_kv, vp, row_st, col_st, tile_st, b, h, hkv, m0, warp, lane, k0,
-            seqlen_q, seqlen_kv, p.scale);
+    // The rest of the iteration. In the ring loop (64 rows, head dims 96 and 128) one copy per kind of tile
+    // (kTileInterior: no mask_mod, kTileMasked: mask_mod, kTileBounds: the tile crosses Sq or Skv): with one copy
+    // ptxas kept S and P V's A fragments in the same registers and, to merge with the masked path's results, moved
+    // all 32 S values of a thread on every tile the mask left alone (H100 SASS, documents D128). Elsewhere one copy
+    // (kTileAny): the copies made the 128-row loop and the 64-row loop at head dims 32 and 64 no faster.
+    auto finish_tile = [&](auto kind) {
+      constexpr int kKind = decltype(kind)::value;
+      // S = mask(score_mod(scale * S)); -inf outside [0, Sq) x [0, Skv)
+      if constexpr (kKind == flex::kTileAny)
+        K::mods(acc_s, it < n_masked, q_tail || k0 + kBlockN > seqlen_kv, vp, row_st, col_st, tile_st, b, h, hkv, m0, warp, lane, k0,
+                seqlen_q, seqlen_kv, p.scale, kv_cols + (it & 1) * kBlockN);
+      else if constexpr (kKind == flex::kTileBounds)
+        K::mods(acc_s, it < n_masked, true, vp, row_st, col_st, tile_st, b, h, hkv, m0, warp, lane, k0, seqlen_q, seqlen_kv, p.scale,
+                kv_cols + (it & 1) * kBlockN);
+      else if constexpr (kKind == flex::kTileMasked)
+        K::template apply_mods</*kPartial=*/true, /*kCheckBounds=*/false>(acc_s, vp, row_st, col_st, tile_st, b, h, hkv, m0, warp, lane, k0,
+                                                                        seqlen_q, seqlen_kv, p.scale, kv_cols + (it & 1) * kBlockN);
+      else if constexpr (Variant::kHasScoreMod)
+        K::template apply_mods</*kPartial=*/false, /*kCheckBounds=*/false>(acc_s, vp, row_st, col_st, tile_st, b, h, hkv, m0, warp, lane, k0,
+                                                                         seqlen_q, seqlen_kv, p.scale);
 
-    float alpha[kRowsPerThread];
-    float max_scaled[kRowsPerThread];
-    const bool rescale = K::softmax_rescale(acc_s, row_max, row_sum, mult, max_scaled, alpha);
-    if (__any_sync(0xffffffffu, rescale)) {
+      float alpha[kRowsPerThread];
+      float max_scaled[kRowsPerThread];
+      const bool rescale = K::softmax_rescale(acc_s, row_max, row_sum, mult, max_scaled, alpha);
+      if (__any_sync(0xffffffffu, rescale)) {
 #pragma unroll
-      for (int dt = 0; dt < kDTiles; ++dt)
+        for (int dt = 0; dt < kDTiles; ++dt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc_o[0][dt][e] *= alpha[e / 2];
-    }
+          for (int e = 0; e < 4; ++e) acc_o[0][dt][e] *= alpha[e / 2];
+      }
 
-    // O += P @ V: P packed into the A fragments of 4 k-steps of 16 KV rows; left running on the tensor cores.
-    unsigned pa[kBlockN / 16][4];
-    // One exponential in four on the FMA pipe (exp_pack's kFmaShare) relieves MUFU in the 128-row loop at D128; the
-    // 64-row loop is bound by instruction issue instead, where the polynomial's extra instructions cost 2% (documents).
+      // O += P @ V: P packed into the A fragments of 4 k-steps of 16 KV rows; left running on the tensor cores.
+      unsigned pa[kBlockN / 16][4];
+      // One exponential in four on the FMA pipe (exp_pack's kFmaShare) relieves MUFU in the 128-row loop at D128; the
+      // 64-row loop is bound by instruction issue instead, where the polynomial's extra instructions cost 2% (documents).
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) K::template exp_pack<kHeadDim == 128 && kBlockM == 128>(acc_s, 0, kk, mult, max_scaled, row_sum, pa[kk]);
-    flex::wgmma_fence();
-    const unsigned long long desc_v = flex::desc_mn_major<KVTile>(sv, 0, 0);
+      for (int kk = 0; kk < kBlockN / 16; ++kk) K::template exp_pack<kHeadDim == 128 && kBlockM == 128>(acc_s, 0, kk, mult, max_scaled, row_sum, pa[kk]);
+      flex::wgmma_fence();
+      const unsigned long long desc_v = flex::desc_mn_major<KVTile>(sv, 0, 0);
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk)
-      flex::Wgmma<kHeadDim>::template rs<Element, /*kTransB=*/1>(o_flat, pa[kk],
-                                                                  flex::desc_advance(desc_v, flex::mn_major_offset<KVTile>(kk * 16, 0)), 1);
-    flex::wgmma_commit();
+      for (int kk = 0; kk < kBlockN / 16; ++kk)
+        flex::Wgmma<kHeadDim>::template rs<Element, /*kTransB=*/1>(o_flat, pa[kk],
+                                                                    flex::desc_advance(desc_v, flex::mn_major_offset<KVTile>(kk * 16, 0)), 1);
+      flex::wgmma_commit();
+    };
+    if constexpr (!kTileRing) finish_tile(flex::TileKind<flex::kTileAny>{});
+    else if (q_tail || k0 + kBlockN > seqlen_kv) finish_tile(flex::TileKind<flex::kTileBounds>{});
+    else if (Variant::kHasMaskMod && it < n_masked) finish_tile(flex::TileKind<flex::kTileMasked>{});
+    else finish_tile(flex::TileKind<flex::kTileInterior>{});
     if constexpr (kIndexRing) idx[0] = idx[1], idx[1] = idx[2], idx[2] = idx_after;
   }
   flex::wgmma_wait<0>();

@@ -4,7 +4,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "compiler/codegen/score_scales.h"
 #include "compiler/ir/ir_mutator.h"
@@ -39,6 +41,9 @@ class CudaEmitter {
     for (const HoistedValue& v : staged_.values)
       if (static_cast<int>(v.stage) < static_cast<int>(stage)) names_[v.expr.get()] = fmt::format("{}.v{}", state_name(v.stage), index_of(v));
   }
+
+  // Makes `name` the value of e in the current body (a staged value the function receives).
+  void bind(const Expr& e, std::string name) { names_[e.get()] = std::move(name); }
 
   // Emits the statements computing e (if not yet in scope) and returns the name holding it.
   std::string emit(const Expr& e) {
@@ -446,6 +451,41 @@ bool may_flag(const SpecIR&, const RangeInfo& ranges, const VariantOptions& opt,
   return true;
 }
 
+// mask_mod's subexpressions worth staging per KV column (VariantOptions::stage_kv_cols): the largest ones that use
+// the column (both k0 and j after the tile rewrite) but neither the query row nor the score, hold a load, fit 32 bits
+// and can raise no error flag (a staged value is computed for every column of a partial tile, which mask_mod's
+// && / || / selects might not have read). At most kMaxKvColValues, the 8 bytes per column the kernels reserve.
+constexpr int kMaxKvColValues = 2;
+
+std::vector<Expr> kv_col_values(const StagedMods& staged, CudaEmitter& em, const std::function<bool(const Expr&)>& wide) {
+  std::vector<Expr> out;
+  if (!staged.mask_mod) return out;
+  std::unordered_map<const Node*, uint32_t> vars;
+  std::unordered_map<const Node*, bool> loads;
+  for_each_node(staged.mask_mod, [&](const Expr& e) {
+    uint32_t v = 0;
+    bool l = e.as<Load>() != nullptr;
+    if (const Var* var = e.as<Var>()) v = 1u << static_cast<int>(var->var);
+    for (const Expr& k : children(e)) v |= vars[k.get()], l = l || loads[k.get()];
+    vars[e.get()] = v;
+    loads[e.get()] = l;
+  });
+  const uint32_t column = (1u << static_cast<int>(VarId::TileStart)) | (1u << static_cast<int>(VarId::TileCol));
+  const uint32_t per_row = (1u << static_cast<int>(VarId::Q)) | (1u << static_cast<int>(VarId::Score)) | (1u << static_cast<int>(VarId::KV));
+  std::unordered_set<const Node*> seen;
+  std::function<void(const Expr&)> visit = [&](const Expr& e) {
+    if (out.size() >= kMaxKvColValues || !seen.insert(e.get()).second) return;
+    const uint32_t v = vars[e.get()];
+    if ((v & column) == column && !(v & per_row) && loads[e.get()] && !wide(e) && !em.flags_errors(e)) {
+      out.push_back(e);
+      return;
+    }
+    for (const Expr& k : children(e)) visit(k);
+  };
+  visit(staged.mask_mod);
+  return out;
+}
+
 }  // namespace
 
 GeneratedVariant generate_cuda_variant(const SpecIR& ir, const RangeInfo& ranges, const VariantOptions& options,
@@ -516,6 +556,27 @@ GeneratedVariant generate_cuda_variant(const SpecIR& ir, const RangeInfo& ranges
   em.begin(Stage::Element);
   em.line(fmt::format("return {};", staged.mask_mod ? em.emit(staged.mask_mod) : "true"));
   code += fmt::format("{} bool mask_mod({}) {{\n{}  }}\n", attrs, element_args, em.body(4));
+  if (options.stage_kv_cols) {
+    em.begin(Stage::Element);
+    const std::vector<Expr> cols = kv_col_values(staged, em, [&](const Expr& e) { return em.c_type(e) == "long long"; });
+    if (!cols.empty()) {
+      std::string fields;
+      for (size_t i = 0; i < cols.size(); ++i) fields += fmt::format(" {} c{};", em.c_type(cols[i]), i);
+      code += "  // mask_mod's values per KV column kv = k0 + j, the same for every query row: the 64-row Hopper loop computes\n"
+              "  // them once per column of a partial tile (kv_col) into shared memory and calls mask_mod_staged.\n";
+      code += fmt::format("  static constexpr bool kStagedKvCols = true;\n  struct KvCol {{{} }};\n", fields);
+      em.begin(Stage::Row);  // no hoisted state in scope: kv_col sees neither a row nor a column of the tile
+      for (size_t i = 0; i < cols.size(); ++i) em.line(fmt::format("kc.c{} = {};", i, em.emit(cols[i])));
+      code += fmt::format("{} void kv_col(const Params& p, KvCol& kc, int b, int h, int hkv, int k0, int j) {{\n{}  }}\n", attrs, em.body(4));
+      em.begin(Stage::Element);
+      for (size_t i = 0; i < cols.size(); ++i) em.bind(cols[i], fmt::format("kc.c{}", i));
+      em.line(fmt::format("return {};", em.emit(staged.mask_mod)));
+      code += fmt::format("{} bool mask_mod_staged(const Params& p, const Row& row, const Col& col, const Tile& tile, const KvCol& kc, int b, "
+                          "int h, int hkv, int q, int k0, int j) {{\n{}  }}\n",
+                          attrs, em.body(4));
+      out.kv_col_values = static_cast<int>(cols.size());
+    }
+  }
   code += "};\n";
   out.code = code;
   out.loads = em.sites;

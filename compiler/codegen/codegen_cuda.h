@@ -20,6 +20,9 @@ struct VariantOptions {
   bool error_flags = true;      // checked mode: clamped loads and zero divisors set bits in the error word
   bool hoist = true;            // hoist row / column / tile invariant values
   bool fast_tanh = true;        // tanh.approx.f32 instead of tanhf
+  // Also emit KvCol / kv_col / mask_mod_staged (kernels_templates/flex_forward.cuh): mask_mod's loads at the KV
+  // column alone, computed once per column of a partial tile by the kernels that stage them (the 64-row Hopper loop).
+  bool stage_kv_cols = false;
 };
 
 // What the launcher needs to turn an error bit into a message.
@@ -39,6 +42,7 @@ struct GeneratedVariant {
   ParamsLayout layout;
   std::vector<LoadSite> loads;  // one per RangeInfo::loads entry
   int row_values = 0, col_values = 0, tile_values = 0;
+  int kv_col_values = 0;  // fields of KvCol (VariantOptions::stage_kv_cols); 0: no staged forms emitted
 };
 
 // `ranges` must come from analyze_ranges over the same (optimized) score_mod and mask_mod.

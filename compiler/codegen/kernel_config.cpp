@@ -13,8 +13,8 @@
 namespace flexjit {
 
 std::string ForwardConfig::str() const {
-  return fmt::format("d{}_m{}_n{}_w{}{}{}{}", head_dim, block_m, block_n, warps, hopper ? "_sm90" : "",
-                     col_gemm_parts ? fmt::format("_cg{}", col_gemm_parts) : "", tma ? "_tma" : "");
+  return fmt::format("d{}_m{}_n{}_w{}{}{}{}{}", head_dim, block_m, block_n, warps, hopper ? "_sm90" : "",
+                     col_gemm_parts ? fmt::format("_cg{}", col_gemm_parts) : "", tma ? "_tma" : "", staged_kv_cols ? "_kvcols" : "");
 }
 
 int ForwardConfig::shared_bytes() const {
@@ -23,12 +23,13 @@ int ForwardConfig::shared_bytes() const {
   // FlexForwardTraitsSm90: a Q region (the swizzled Q tile, 1 KB aligned; at 128 rows also the padded O staging
   // tile), dense swizzled K/V tiles (a ring of three single tiles at 64 rows and head dims above 64, else four
   // {K, V} stages), with TMA loads their three mbarriers (64 bytes), and 1 KB to align the base. With the column
-  // GEMM, the [block_m][64] bf16 column block and one 1 KB diagonal per part follow the Q region.
+  // GEMM, the [block_m][64] bf16 column block and one 1 KB diagonal per part follow the Q region. Staged mask
+  // columns: two slots of 64 x 8 bytes at the end.
   const int q_tile = block_m * head_dim * 2;
   const int q_region = ((block_m == 64 ? q_tile : std::max(q_tile, block_m * padded)) + 1023) / 1024 * 1024;
   const int col_gemm_bytes = col_gemm_parts ? block_m * 64 * 2 + col_gemm_parts * 1024 : 0;
   const int kv_tiles = block_m == 64 && head_dim > 64 ? 3 : 4 * 2;
-  return q_region + col_gemm_bytes + kv_tiles * block_n * head_dim * 2 + (tma ? 64 : 0) + 1024;
+  return q_region + col_gemm_bytes + kv_tiles * block_n * head_dim * 2 + (tma ? 64 : 0) + (staged_kv_cols ? 2 * 64 * 8 : 0) + 1024;
 }
 
 bool is_hopper_arch(const std::string& arch) { return arch == "sm_90a"; }

@@ -24,6 +24,9 @@ struct ForwardConfig {
   // Hopper, 64-row CTAs with the K/V tile ring (head dims above 64): Q, K and V are loaded by TMA from tensor maps
   // the launch passes as a third kernel parameter (FlexForwardTmaMaps); false: cp.async by every thread.
   bool tma = false;
+  // Hopper, 64-row CTAs: the variant's per-column mask values (FlexVariant::KvCol) are staged in shared memory once
+  // per partial tile (two 512-byte slots after the K/V tiles).
+  bool staged_kv_cols = false;
   std::string str() const;
   // Dynamic shared memory of the forward kernel (the generated source static_asserts that it equals the
   // template's Traits::kSmemBytes).

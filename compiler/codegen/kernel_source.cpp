@@ -27,10 +27,12 @@ namespace {
 std::string forward_entry(const ForwardConfig& c, const char* element, const char* entry, const std::string& template_args) {
   std::string traits, body;
   if (c.hopper) {
-    traits = fmt::format("using FlexTraits = FlexForwardTraitsSm90</*kHeadDim=*/{}, {}{}{}{}>;\n"
+    traits = fmt::format("using FlexTraits = FlexForwardTraitsSm90</*kHeadDim=*/{}, {}{}{}{}{}>;\n"
                          "static_assert(FlexTraits::kSmemBytes == {}, \"host and template disagree on the forward's shared memory\");\n",
                          c.head_dim, element, c.col_gemm_parts || c.block_m != 128 ? fmt::format(", /*kColGemmParts=*/{}", c.col_gemm_parts) : "",
-                         c.block_m != 128 ? fmt::format(", /*kBlockM=*/{}", c.block_m) : "", c.tma ? ", /*kTma=*/true" : "", c.shared_bytes());
+                         c.block_m != 128 ? fmt::format(", /*kBlockM=*/{}", c.block_m) : "",
+                         c.tma || c.staged_kv_cols ? fmt::format(", /*kTma=*/{}", c.tma) : "",
+                         c.staged_kv_cols ? ", /*kStagedKvCols=*/true" : "", c.shared_bytes());
     body = fmt::format("  flex_forward_sm90<FlexTraits, FlexVariant{}>(p, vp{});\n", template_args, c.tma ? ", &tma" : "");
   } else {
     traits = fmt::format("using FlexTraits = FlexForwardTraits</*kHeadDim=*/{}, /*kBlockM=*/{}, /*kBlockN=*/{}, /*kNWarps=*/{}, {}>;\n",
@@ -52,6 +54,9 @@ KernelSource forward_module(const SpecIR& ir, const RangeInfo& ranges, const For
   ks.config.tma = options.tma && ks.config.hopper && ks.config.block_m == 64 && ks.config.head_dim > 64;
   VariantOptions vo = options.variant;
   vo.tile_size = ks.config.block_n;
+  // Staged mask columns in the 64-row Hopper loop at head dims 96 and 128 (its K/V ring): documents D128 0.173 ->
+  // 0.170 ms on the H100; at 32 and 64 no gain (D32 2-5% slower).
+  vo.stage_kv_cols = ks.config.hopper && ks.config.block_m == 64 && ks.config.head_dim > 64;
   // The column GEMM (Hopper loop, dense kernel): the term leaves score_mod and the S GEMM adds it. Only up to head
   // dim 64, where the registers it frees give two CTAs per SM: at one CTA per SM its wgmmas lengthen each tile's
   // S chain more than the adds they replace (H100, SAM forward: D64 2.02 -> 1.62 ms, D32 1.75 -> 1.62, but D96
@@ -74,6 +79,7 @@ KernelSource forward_module(const SpecIR& ir, const RangeInfo& ranges, const For
   } else {
     ks.variant = generate_cuda_variant(ir, ranges, vo, "FlexVariant");
   }
+  ks.config.staged_kv_cols = ks.variant.kv_col_values > 0;
   const char* element = cuda_element_type(options.dtype);
   ks.name = fmt::format("{}_fwd{}_{}_{}", ir.spec().name, varlen ? "_varlen" : "", dsl::dtype_name(options.dtype), ks.config.str());
   ks.entries = {varlen ? kForwardVarlenEntry : kForwardEntry};

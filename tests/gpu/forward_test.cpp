@@ -407,6 +407,28 @@ TEST_CASE("a data-dependent mask's ranked order: items of 0, 1 and 2 tiles", "[g
   }
 }
 
+TEST_CASE("a mask's per-column values staged in shared memory: an int and a bool per column", "[gpu]") {
+  FLEXJIT_REQUIRE_GPU();
+  // At head dims 96 and 128 the 64-row Hopper loop stages dk[b, kv] and w[kv] > 0.5 once per column of a partial
+  // tile (KvCol of 8 bytes) and calls mask_mod_staged; 32 and 64 read them per element. Skv is no tile multiple,
+  // and about half the columns of every document are dropped by w.
+  for (int d : {32, 64, 96, 128}) {
+    INFO("head dim " << d);
+    CaseOptions c;
+    c.B = 2;
+    c.H = 4;
+    c.Hkv = 2;
+    c.Sq = 1300;
+    c.Skv = 1100;
+    c.edit_buffer = [&](const std::string& name, NpyArray& h) {
+      if (name != "w") plant_documents(name, h, name == "dq" ? c.Sq : c.Skv, 11);
+    };
+    expect_close(run_case(inline_spec("docs_staged", std::nullopt, "dq[b, q] == dk[b, kv] && w[kv] > 0.5", d,
+                                      {"dq: i32[B, Sq]", "dk: i32[B, Skv]", "w: f32[Skv]"}),
+                          c));
+  }
+}
+
 TEST_CASE("a document mask indexed past its buffer is reported, not read out of bounds", "[gpu]") {
   FLEXJIT_REQUIRE_GPU();
   CaseOptions c;

@@ -8,9 +8,10 @@
 using namespace flexjit;
 
 namespace {
-std::string source_for(const std::string& score, const std::string& mask, std::vector<std::string> buffers, bool int32 = true) {
+std::string source_for(const std::string& score, const std::string& mask, std::vector<std::string> buffers, bool int32 = true,
+                       int head_dim = 64, const std::string& arch = "", uint64_t checked_loads = 0) {
   dsl::Spec spec;
-  spec.head_dim = 64;
+  spec.head_dim = head_dim;
   if (!score.empty()) spec.score_mod = score;
   if (!mask.empty()) spec.mask_mod = mask;
   dsl::Diagnostics d;
@@ -18,8 +19,10 @@ std::string source_for(const std::string& score, const std::string& mask, std::v
   REQUIRE(!d.has_errors());
   SpecIR ir = build_spec_ir(spec);
   ForwardKernelOptions fo;
-  fo.head_dim = 64;
+  fo.head_dim = head_dim;
+  fo.arch = arch;
   fo.variant.int32 = int32;
+  fo.variant.checked_loads = checked_loads;
   return forward_kernel_source(ir, analyze_ir_ranges(ir), fo).source;
 }
 }  // namespace
@@ -70,4 +73,36 @@ TEST_CASE("score_mods not of the form out * core(in * score) are not split", "[c
     INFO(score);
     CHECK(source_for(score, "", {"bias: f32[H]"}).find("score_mod_core") == std::string::npos);
   }
+}
+
+TEST_CASE("mask_mod's per-column loads are staged for the 64-row Hopper loop at head dims 96 and 128", "[codegen]") {
+  const std::vector<std::string> doc = {"doc: i32[Sq]"};
+  std::string d128 = source_for("", "doc[q] == doc[kv]", doc, true, 128, "sm_90a");
+  INFO(d128);
+  CHECK(d128.find("struct KvCol { int c0; };") != std::string::npos);
+  CHECK(d128.find("/*kStagedKvCols=*/true") != std::string::npos);
+  // The staged form compares the row's value with the staged one and loads nothing itself.
+  const size_t staged = d128.find("bool mask_mod_staged(");
+  REQUIRE(staged != std::string::npos);
+  const std::string body = d128.substr(staged, d128.find("  }\n", staged) - staged);
+  CHECK(body.find("load_i32") == std::string::npos);
+  CHECK(body.find("kc.c0") != std::string::npos);
+  // Other loops read per element.
+  CHECK(source_for("", "doc[q] == doc[kv]", doc, true, 64, "sm_90a").find("KvCol") == std::string::npos);
+  CHECK(source_for("", "doc[q] == doc[kv]", doc, true, 128, "sm_80").find("KvCol") == std::string::npos);
+  // A load the launch needs checked (its error bit) stays per element: a staged value is computed for every column.
+  CHECK(source_for("", "doc[q] == doc[kv]", doc, true, 128, "sm_90a", ~0ull).find("KvCol") == std::string::npos);
+}
+
+TEST_CASE("staged column values: several types, at most two per column", "[codegen]") {
+  std::string two = source_for("", "doc[q] == dk[b, kv] && w[kv] > 0.5", {"doc: i32[Sq]", "dk: i32[B, Skv]", "w: f32[Skv]"}, true, 96, "sm_90a");
+  INFO(two);
+  CHECK(two.find("struct KvCol { int c0; bool c1; };") != std::string::npos);
+  std::string three = source_for("", "a[kv] == doc[q] && b2[kv] == doc[q] && c[kv] == doc[q]",
+                                 {"doc: i32[Sq]", "a: i32[Skv]", "b2: i32[Skv]", "c: i32[Skv]"}, true, 128, "sm_90a");
+  INFO(three);
+  CHECK(three.find("struct KvCol { int c0; int c1; };") != std::string::npos);
+  const size_t staged = three.find("bool mask_mod_staged(");
+  REQUIRE(staged != std::string::npos);
+  CHECK(three.substr(staged, three.find("  }\n", staged) - staged).find("load_i32") != std::string::npos);  // the third, per element
 }

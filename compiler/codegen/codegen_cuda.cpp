@@ -142,12 +142,6 @@ class CudaEmitter {
 
   std::vector<LoadSite> sites;
 
- private:
-  Expr origin(const Expr& e) const {
-    auto it = staged_.origin.find(e.get());
-    return it == staged_.origin.end() ? e : it->second;
-  }
-
   // 64-bit when the int32 variant is off or the node's range is unbounded.
   bool wide(const Expr& e) const {
     if (e.type() != Type::Int) return false;
@@ -157,6 +151,12 @@ class CudaEmitter {
     if (ranges_.unbounded_ints.count(o.get()) || ranges_.wide_ints.count(o.get())) return true;
     if (!ranges_.ranges.count(o.get())) return !e.as<IntImm>();
     return false;
+  }
+
+ private:
+  Expr origin(const Expr& e) const {
+    auto it = staged_.origin.find(e.get());
+    return it == staged_.origin.end() ? e : it->second;
   }
 
   bool nonnegative(const Expr& e) const {
@@ -457,7 +457,7 @@ bool may_flag(const SpecIR&, const RangeInfo& ranges, const VariantOptions& opt,
 // && / || / selects might not have read). At most kMaxKvColValues, the 8 bytes per column the kernels reserve.
 constexpr int kMaxKvColValues = 2;
 
-std::vector<Expr> kv_col_values(const StagedMods& staged, CudaEmitter& em, const std::function<bool(const Expr&)>& wide) {
+std::vector<Expr> kv_col_values(const StagedMods& staged, CudaEmitter& em) {
   std::vector<Expr> out;
   if (!staged.mask_mod) return out;
   std::unordered_map<const Node*, uint32_t> vars;
@@ -476,7 +476,7 @@ std::vector<Expr> kv_col_values(const StagedMods& staged, CudaEmitter& em, const
   std::function<void(const Expr&)> visit = [&](const Expr& e) {
     if (out.size() >= kMaxKvColValues || !seen.insert(e.get()).second) return;
     const uint32_t v = vars[e.get()];
-    if ((v & column) == column && !(v & per_row) && loads[e.get()] && !wide(e) && !em.flags_errors(e)) {
+    if ((v & column) == column && !(v & per_row) && loads[e.get()] && !em.wide(e) && !em.flags_errors(e)) {
       out.push_back(e);
       return;
     }
@@ -558,7 +558,7 @@ GeneratedVariant generate_cuda_variant(const SpecIR& ir, const RangeInfo& ranges
   code += fmt::format("{} bool mask_mod({}) {{\n{}  }}\n", attrs, element_args, em.body(4));
   if (options.stage_kv_cols) {
     em.begin(Stage::Element);
-    const std::vector<Expr> cols = kv_col_values(staged, em, [&](const Expr& e) { return em.c_type(e) == "long long"; });
+    const std::vector<Expr> cols = kv_col_values(staged, em);
     if (!cols.empty()) {
       std::string fields;
       for (size_t i = 0; i < cols.size(); ++i) fields += fmt::format(" {} c{};", em.c_type(cols[i]), i);

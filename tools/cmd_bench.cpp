@@ -1,5 +1,5 @@
 // `flexjit bench SPEC --shape B,H,Hkv,Sq,Skv,D`: times the forward kernel on random inputs
-// with CUDA events (median), and reports TFLOP/s over the unmasked pairs, the host-side
+// with CUDA events (median; tools/launch_timer.h says how), and reports TFLOP/s over the unmasked pairs, the host-side
 // launch overhead and the compile / cache latencies.
 #include <fmt/format.h>
 
@@ -16,6 +16,7 @@
 #include "runtime/device.h"
 #include "runtime/flexjit.hpp"
 #include "tools/commands.h"
+#include "tools/launch_timer.h"
 #include "tools/spec_options.h"
 #include "tools/tensor_io.h"
 
@@ -38,6 +39,14 @@ struct BenchOptions {
   bool no_flush = false;    // keep L2 warm between timed launches (default: flush 256 MB first, like triton's do_bench)
 };
 
+LaunchTiming timing_of(const BenchOptions& o) {
+  LaunchTiming t;
+  t.warmup = o.warmup;
+  t.iters = o.iters;
+  t.flush_l2 = !o.no_flush;
+  return t;
+}
+
 // The fraction of (q, kv) pairs the mask keeps, from a strided sample evaluated with the
 // interpreter (exact for masks that are periodic in the stride; close otherwise).
 double mask_density(const SpecIR& ir, const BoundValues& values, const std::vector<NpyArray>& buffers, int64_t sq, int64_t skv) {
@@ -59,7 +68,7 @@ double mask_density(const SpecIR& ir, const BoundValues& values, const std::vect
 }
 
 // Decode timing: one plan, random q and KV cache (paged through a shuffled page table when --page-size > 0),
-// every sequence at length Skv. Each timed launch follows a 256 MB memset that evicts L2, as in triton's do_bench.
+// every sequence at length Skv.
 int run_bench_decode(const BenchOptions& o, dsl::Spec spec, const std::vector<int64_t>& s) {
   const int64_t B = s[0], H = s[1], Hkv = s[2], Sq = s[3], Skv = s[4], D = s[5];
   Device device = parse_device(o.device);
@@ -140,39 +149,11 @@ int run_bench_decode(const BenchOptions& o, dsl::Spec spec, const std::vector<in
   runtime::check_cu(drv->cuCtxSynchronize(), "synchronise");
   double first_call_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   kernel->check_errors(device.index, nullptr);
-  const size_t flush_bytes = size_t(256) << 20;
-  CUdeviceptr flush = 0;
-  runtime::check_cu(drv->cuMemAlloc_v2(&flush, flush_bytes), "allocating the L2 flush buffer");
-  for (int i = 0; i < o.warmup; ++i) kernel->decode(*plan, args);
-  CUevent start, stop;
-  runtime::check_cu(drv->cuEventCreate(&start, 0), "cuEventCreate");
-  runtime::check_cu(drv->cuEventCreate(&stop, 0), "cuEventCreate");
-  std::vector<double> ms;
-  for (int i = 0; i < o.iters; ++i) {
-    if (!o.no_flush) runtime::check_cu(drv->cuMemsetD8Async(flush, 0, flush_bytes, nullptr), "flushing L2");
-    runtime::check_cu(drv->cuEventRecord(start, nullptr), "cuEventRecord");
-    kernel->decode(*plan, args);
-    runtime::check_cu(drv->cuEventRecord(stop, nullptr), "cuEventRecord");
-    runtime::check_cu(drv->cuEventSynchronize(stop), "cuEventSynchronize");
-    float t = 0;
-    runtime::check_cu(drv->cuEventElapsedTime_v2(&t, start, stop), "cuEventElapsedTime");
-    ms.push_back(t);
-  }
-  drv->cuEventDestroy_v2(start);
-  drv->cuEventDestroy_v2(stop);
-  double host = 1e30;
-  for (int round = 0; round < 5; ++round) {
-    runtime::check_cu(drv->cuCtxSynchronize(), "synchronise");
-    const int n = 20;
-    auto h0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < n; ++i) kernel->decode(*plan, args);
-    host = std::min(host, std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count() / n);
-  }
+  std::vector<double> ms = time_launches(timing_of(o), [&] { kernel->decode(*plan, args); });
+  const double host = host_launch_us([&] { kernel->decode(*plan, args); });
   runtime::check_cu(drv->cuCtxSynchronize(), "synchronise");
-  drv->cuMemFree_v2(flush);
   kernel->check_errors(device.index, nullptr);
-  std::sort(ms.begin(), ms.end());
-  const double med = ms[ms.size() / 2];
+  const double med = median_ms(ms);
   const double gbs = 4.0 * B * Hkv * Skv * D / (med * 1e-3) / 1e9;  // K and V once, bf16/fp16
   const runtime::DeviceInfo& info = runtime::device_info(device.index);
   if (o.json) {
@@ -277,36 +258,11 @@ int run_bench(const BenchOptions& o) {
     args.block_mask = mask.get();
   }
 
-  for (int i = 0; i < o.warmup; ++i) kernel->forward(args);
-  CUevent start, stop;
-  runtime::check_cu(drv->cuEventCreate(&start, 0), "cuEventCreate");
-  runtime::check_cu(drv->cuEventCreate(&stop, 0), "cuEventCreate");
-  std::vector<double> ms;
-  for (int i = 0; i < o.iters; ++i) {
-    runtime::check_cu(drv->cuEventRecord(start, nullptr), "cuEventRecord");
-    kernel->forward(args);
-    runtime::check_cu(drv->cuEventRecord(stop, nullptr), "cuEventRecord");
-    runtime::check_cu(drv->cuEventSynchronize(stop), "cuEventSynchronize");
-    float t = 0;
-    runtime::check_cu(drv->cuEventElapsedTime_v2(&t, start, stop), "cuEventElapsedTime");
-    ms.push_back(t);
-  }
-  drv->cuEventDestroy_v2(start);
-  drv->cuEventDestroy_v2(stop);
-  // Host-side launch overhead: back-to-back launches (the GPU queue absorbs them), wall time
-  // per call; the best of five rounds, since the host may be interrupted.
-  double host = 1e30;
-  for (int round = 0; round < 5; ++round) {
-    runtime::check_cu(drv->cuCtxSynchronize(), "synchronise");
-    const int n = 20;
-    auto h0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < n; ++i) kernel->forward(args);
-    host = std::min(host, std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count() / n);
-  }
+  std::vector<double> ms = time_launches(timing_of(o), [&] { kernel->forward(args); });
+  const double host = host_launch_us([&] { kernel->forward(args); });
   runtime::check_cu(drv->cuCtxSynchronize(), "synchronise");
   kernel->check_errors(device.index, nullptr);
-  std::sort(ms.begin(), ms.end());
-  double med = ms[ms.size() / 2];
+  const double med = median_ms(ms);
   double flops = 4.0 * B * H * Sq * Skv * D * density;
   double tflops = flops / (med * 1e-3) / 1e12;
   const runtime::DeviceInfo& info = runtime::device_info(device.index);
@@ -339,7 +295,7 @@ void add_bench_command(CLI::App& app, Action& action) {
   cmd->add_flag("--decode", o->decode, "Time Kernel::decode: Sq = query rows per sequence (1..16), Skv = every sequence's KV length");
   cmd->add_option("--page-size", o->page_size, "--decode: paged KV cache with this page size (0: contiguous)")->capture_default_str();
   cmd->add_option("--splits", o->splits, "--decode: KV splits (0: the plan's heuristic)")->capture_default_str();
-  cmd->add_flag("--no-flush", o->no_flush, "--decode: do not evict L2 before each timed launch");
+  cmd->add_flag("--no-flush", o->no_flush, "Do not evict L2 before each timed launch");
   cmd->callback([o, &action] { action = [o] { return run_bench(*o); }; });
 }
 

@@ -1,5 +1,5 @@
 // `flexjit bench-backward SPEC --shape B,H,Hkv,Sq,Skv,D [--dq atomic|qmajor]`: times the forward, the backward
-// and both together on random inputs with CUDA events (medians); buffers marked `grad` get gradients.
+// and both together on random inputs with CUDA events (medians; tools/launch_timer.h); buffers marked `grad` get gradients.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include "runtime/device.h"
 #include "runtime/flexjit.hpp"
 #include "tools/commands.h"
+#include "tools/launch_timer.h"
 #include "tools/spec_options.h"
 #include "tools/tensor_io.h"
 
@@ -27,6 +28,7 @@ struct BenchBackwardOptions {
   bool deterministic = false;
   std::string dq = "auto";  // the dQ strategy (BackwardArgs::dq_mode)
   bool json = false;
+  bool no_flush = false;  // keep L2 warm between timed runs (default: flush it first, like triton's do_bench)
 };
 
 int run_bench_backward(const BenchBackwardOptions& o) {
@@ -98,32 +100,17 @@ int run_bench_backward(const BenchBackwardOptions& o) {
   runtime::check_cu(drv->cuCtxSynchronize(), "synchronise");
   kernel->check_errors(device.index, nullptr);
 
-  CUevent start, stop;
-  runtime::check_cu(drv->cuEventCreate(&start, 0), "cuEventCreate");
-  runtime::check_cu(drv->cuEventCreate(&stop, 0), "cuEventCreate");
-  auto time = [&](const std::function<void()>& fn) {
-    for (int i = 0; i < o.warmup; ++i) fn();
-    std::vector<double> ms;
-    for (int i = 0; i < o.iters; ++i) {
-      runtime::check_cu(drv->cuEventRecord(start, nullptr), "cuEventRecord");
-      fn();
-      runtime::check_cu(drv->cuEventRecord(stop, nullptr), "cuEventRecord");
-      runtime::check_cu(drv->cuEventSynchronize(stop), "cuEventSynchronize");
-      float t = 0;
-      runtime::check_cu(drv->cuEventElapsedTime_v2(&t, start, stop), "cuEventElapsedTime");
-      ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
-    return ms[ms.size() / 2];
-  };
+  LaunchTiming timing;
+  timing.warmup = o.warmup;
+  timing.iters = o.iters;
+  timing.flush_l2 = !o.no_flush;
+  auto time = [&](const std::function<void()>& fn) { return median_ms(time_launches(timing, fn)); };
   double fwd = time([&] { kernel->forward(fa); });
   double bwd = time([&] { kernel->backward(ba); });
   double both = time([&] {
     kernel->forward(fa);
     kernel->backward(ba);
   });
-  drv->cuEventDestroy_v2(start);
-  drv->cuEventDestroy_v2(stop);
   kernel->check_errors(device.index, nullptr);
   const runtime::DeviceInfo& info = runtime::device_info(device.index);
   if (o.json) {
@@ -152,6 +139,7 @@ void add_bench_backward_command(CLI::App& app, Action& action) {
       ->check(CLI::IsMember({"auto", "atomic", "qmajor"}))
       ->capture_default_str();
   cmd->add_flag("--json", o->json, "One JSON object per run");
+  cmd->add_flag("--no-flush", o->no_flush, "Do not evict L2 before each timed run");
   cmd->callback([o, &action] { action = [o] { return run_bench_backward(*o); }; });
 }
 

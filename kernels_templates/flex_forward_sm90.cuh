@@ -538,5 +538,7 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
   // warpgroup's last wgmma has read its operands.
   flex::cp_async_wait<0>();
   __syncthreads();
-  K::store_o_lse(p, smem + Traits::kOStageOffset, acc_o, lse, b, h, m0, seqlen_q, kVarlen ? p.cu_seqlens_q[b] : 0, tid, warp, lane);
+  // The 64-row loop's CTAs are short, so its epilogue counts: fixed store offsets (store_o_lse says why only here).
+  K::template store_o_lse</*kFixedOffsets=*/kBlockM == 64>(p, smem + Traits::kOStageOffset, acc_o, lse, b, h, m0, seqlen_q,
+                                                            kVarlen ? p.cu_seqlens_q[b] : 0, tid, warp, lane);
 }

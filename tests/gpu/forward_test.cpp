@@ -396,6 +396,9 @@ TEST_CASE("a data-dependent mask's ranked order: items of 0, 1 and 2 tiles", "[g
   SECTION("head dims 32, 64, 96 and 128, GQA 2:1") {
     for (int d : {32, 64, 96, 128}) expect_documents(d, 2, 6, 3, 4100, 1900, 3);
   }
+  SECTION("twelve heads: a full group of eight interleaved heads and a partial one of four, GQA 3:1") {
+    expect_documents(128, 2, 12, 4, 1000, 1100, 5);
+  }
   SECTION("a launch smaller than one wave: four query tiles") {
     expect_documents(64, 1, 1, 1, 200, 300, 4);
   }

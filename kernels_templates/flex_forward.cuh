@@ -57,6 +57,28 @@ struct ScoreScales<Variant, decltype(void(Variant::kScoreOutScale))> {
   static constexpr float kIn = Variant::kScoreInScale, kOut = Variant::kScoreOutScale;
 };
 
+// The range a generated variant declares for its score_mod_core (compiler/codegen/score_scales.h): softcap's tanh
+// lies in [-1, 1]. Variants without one keep kBounded = false.
+template <class Variant, class = void>
+struct ScoreCoreBounds {
+  static constexpr bool kBounded = false;
+  static constexpr float kMin = 0.f, kMax = 0.f;
+};
+template <class Variant>
+struct ScoreCoreBounds<Variant, decltype(void(Variant::kScoreCoreMax))> {
+  static constexpr bool kBounded = true;
+  static constexpr float kMin = Variant::kScoreCoreMin, kMax = Variant::kScoreCoreMax;
+};
+// Element types whose exponent range is fp32's (bf16): a P far below 1 stays a normal number after packing.
+template <class Element>
+struct HasFp32ExponentRange {
+  static constexpr bool value = false;
+};
+template <>
+struct HasFp32ExponentRange<__nv_bfloat16> {
+  static constexpr bool value = true;
+};
+
 // Whether a variant's mask_mod can read per-column values staged in shared memory (see the contract above).
 struct NoKvCol {};
 template <class Variant, class = void>
@@ -107,6 +129,18 @@ struct ForwardKernel {
   }
   // What one unit of an S element is in natural-log score units, for the LSE.
   static __device__ __forceinline__ float score_unit(float scale) { return Variant::kHasScoreMod ? Scales::kOut : scale; }
+
+  // kFixedMax: the core of a split score_mod is bounded (ScoreCoreBounds), so the softmax subtracts the bound
+  // kMax instead of each row's running maximum: no max reduction, no shuffles, no rescale of the sums and of O,
+  // and each exp2 waits on its own S element only. exp2((x - kMax) * mult) is at least 2^-kFixedMaxRangeLog2,
+  // a normal number in fp32 and, with P packed as bf16, in P V's operands too (fp16 P would flush it to 0, so
+  // fp16 keeps the running maximum). The range is a compile-time constant: mult is log2(e) * kScoreOutScale.
+  using CoreBounds = ScoreCoreBounds<Variant>;
+  static constexpr float kFixedMaxRangeLog2 = 100.f;
+  static constexpr bool kFixedMax = Scales::kSplit && CoreBounds::kBounded && HasFp32ExponentRange<Element>::value &&
+                                    (CoreBounds::kMax - CoreBounds::kMin) * 1.4426950408889634f * Scales::kOut <= kFixedMaxRangeLog2;
+  // The row maximum a row starts from: the fixed bound, or -inf (no element yet).
+  static __device__ __forceinline__ float initial_row_max() { return kFixedMax ? CoreBounds::kMax : neg_inf(); }
 
   // Tile row of the thread's accumulator row r (0 <= r < kRowsPerThread): m-tile r/2, half r%2.
   static __device__ __forceinline__ int row_in_tile(int warp, int lane, int r) {
@@ -200,6 +234,14 @@ struct ForwardKernel {
   static __device__ __forceinline__ bool softmax_rescale(const float (&s)[kMTiles][kNTiles][4], float (&row_max)[kRowsPerThread],
                                                          float (&row_sum)[kRowsPerThread], float mult,
                                                          float (&max_scaled)[kRowsPerThread], float (&alpha)[kRowsPerThread]) {
+    if constexpr (kFixedMax) {
+#pragma unroll
+      for (int r = 0; r < kRowsPerThread; ++r) {
+        max_scaled[r] = CoreBounds::kMax * mult;
+        alpha[r] = 1.f;
+      }
+      return false;
+    }
     constexpr float kRescaleLog2 = 8.f;
     bool rescale = false;
 #pragma unroll
@@ -286,7 +328,7 @@ struct ForwardKernel {
   // offsets. The per-element form computes (row * stride + col) / 2 on signed ints, three integer instructions per
   // 4-byte store, and 16 per global store; the fixed offsets took 2.6% off the document mask's 64-row loop,
   // whose CTAs are short. The 128-row loop keeps the per-element form: with the fixed offsets ptxas scheduled its
-  // main loop differently and causal ran 1.2% slower (measured in two runs).
+  // main loop differently and causal ran 1.3-1.5% slower (two interleaved runs).
   template <bool kFixedOffsets = false>
   static __device__ __forceinline__ void store_o_lse(const FlexForwardParams& p, unsigned char* stage,
                                                      const float (&acc_o)[kMTiles][kDTiles][4], const float (&lse)[kRowsPerThread],
@@ -643,7 +685,7 @@ __device__ __forceinline__ void flex_forward(const FlexForwardParams& p, const t
   float row_sum[kRowsPerThread];
 #pragma unroll
   for (int r = 0; r < kRowsPerThread; ++r) {
-    row_max[r] = K::neg_inf();
+    row_max[r] = K::initial_row_max();
     row_sum[r] = 0.f;
   }
   // exp(score - max) = exp2((x - max) * mult): without score_mod x = q.k and score = scale * x, so the scale

@@ -331,7 +331,7 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
   float row_sum[kRowsPerThread];
 #pragma unroll
   for (int r = 0; r < kRowsPerThread; ++r) {
-    row_max[r] = K::neg_inf();
+    row_max[r] = K::initial_row_max();
     row_sum[r] = 0.f;
   }
   const float mult = K::exp2_mult(p.scale);

@@ -551,6 +551,12 @@ GeneratedVariant generate_cuda_variant(const SpecIR& ir, const RangeInfo& ranges
       code += fmt::format("  static constexpr float kScoreInScale = {};\n  static constexpr float kScoreOutScale = {};\n", cuda_float(scales.in),
                           cuda_float(scales.out));
       code += fmt::format("{} float score_mod_core({}, float score) {{\n{}  }}\n", attrs, element_args, em.body(4));
+      if (scales.core_bounded) {
+        code += "  // Every value of score_mod_core lies in [kScoreCoreMin, kScoreCoreMax]: the forward kernels may subtract the\n"
+                "  // fixed maximum in the softmax instead of each row's (flex::ForwardKernel::kFixedMax).\n";
+        code += fmt::format("  static constexpr float kScoreCoreMin = {};\n  static constexpr float kScoreCoreMax = {};\n",
+                            cuda_float(static_cast<float>(scales.core_lo)), cuda_float(static_cast<float>(scales.core_hi)));
+      }
     }
   }
   em.begin(Stage::Element);

@@ -1,5 +1,6 @@
 #include "compiler/codegen/score_scales.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "compiler/ir/ir_mutator.h"
@@ -60,6 +61,52 @@ bool uses_score(const Expr& e) {
   return found;
 }
 
+struct Bounds {
+  bool known = false;
+  double lo = 0, hi = 0;
+};
+
+Bounds bounds(double lo, double hi) {
+  if (!std::isfinite(lo) || !std::isfinite(hi)) return {};
+  return {true, lo, hi};
+}
+
+// Bounds of a float expression for every value of its variables: tanh and sigmoid bound whatever they take, and
+// constants, negation, +, -, *, min, max and select carry bounds through. Anything else is unbounded.
+Bounds float_bounds(const Expr& e) {
+  if (const FloatImm* c = e.as<FloatImm>()) return bounds(c->value, c->value);
+  if (const Unary* u = e.as<Unary>()) {
+    if (u->type != Type::Float) return {};
+    if (u->op == UnaryOp::Tanh) return bounds(-1, 1);
+    if (u->op == UnaryOp::Sigmoid) return bounds(0, 1);
+    const Bounds a = float_bounds(u->a);
+    if (u->op == UnaryOp::Neg && a.known) return bounds(-a.hi, -a.lo);
+    return {};
+  }
+  if (const Binary* b = e.as<Binary>()) {
+    if (b->type != Type::Float) return {};
+    const Bounds x = float_bounds(b->a), y = float_bounds(b->b);
+    if (!x.known || !y.known) return {};
+    switch (b->op) {
+      case BinaryOp::Add: return bounds(x.lo + y.lo, x.hi + y.hi);
+      case BinaryOp::Sub: return bounds(x.lo - y.hi, x.hi - y.lo);
+      case BinaryOp::Mul: {
+        const double p[4] = {x.lo * y.lo, x.lo * y.hi, x.hi * y.lo, x.hi * y.hi};
+        return bounds(*std::min_element(p, p + 4), *std::max_element(p, p + 4));
+      }
+      case BinaryOp::Min: return bounds(std::min(x.lo, y.lo), std::min(x.hi, y.hi));
+      case BinaryOp::Max: return bounds(std::max(x.lo, y.lo), std::max(x.hi, y.hi));
+      default: return {};
+    }
+  }
+  if (const Select* s = e.as<Select>()) {
+    const Bounds x = float_bounds(s->t), y = float_bounds(s->f);
+    if (!x.known || !y.known) return {};
+    return bounds(std::min(x.lo, y.lo), std::max(x.hi, y.hi));
+  }
+  return {};
+}
+
 }  // namespace
 
 ScoreScales split_score_scales(const Expr& score_mod) {
@@ -89,6 +136,10 @@ ScoreScales split_score_scales(const Expr& score_mod) {
   s.in = in;
   s.out = c->value;
   s.split = true;
+  const Bounds cb = float_bounds(s.core);
+  s.core_bounded = cb.known;
+  s.core_lo = cb.lo;
+  s.core_hi = cb.hi;
   return s;
 }
 

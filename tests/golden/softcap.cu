@@ -42,6 +42,10 @@ struct FlexVariant {
     const float t3 = fj::tanh_fast(score);
     return t3;
   }
+  // Every value of score_mod_core lies in [kScoreCoreMin, kScoreCoreMax]: the forward kernels may subtract the
+  // fixed maximum in the softmax instead of each row's (flex::ForwardKernel::kFixedMax).
+  static constexpr float kScoreCoreMin = -1.0f;
+  static constexpr float kScoreCoreMax = 1.0f;
   __device__ static __forceinline__ bool mask_mod(const Params& p, const Row& row, const Col& col, const Tile& tile, int b, int h, int hkv, int q, int k0, int j) {
     return true;
   }

@@ -191,6 +191,26 @@ TEST_CASE("every head dim, natively", "[gpu]") {
   }
 }
 
+TEST_CASE("a bounded score_mod's fixed softmax maximum: rows far below the bound, fully masked rows, bf16 and fp16", "[gpu]") {
+  FLEXJIT_REQUIRE_GPU();
+  // tanh(score - 3) puts every score near -30 while the kernels subtract the bound +30 (bf16): P near 2^-86 must
+  // still give O and the LSE. fp16 keeps the running maximum. Rows q < 40 are fully masked.
+  for (int d : {64, 128, 256}) {
+    for (dsl::DType dtype : {dsl::DType::BF16, dsl::DType::F16}) {
+      INFO("head dim " << d << (dtype == dsl::DType::BF16 ? " bf16" : " fp16"));
+      CaseOptions c;
+      c.B = 1;
+      c.H = 2;
+      c.Hkv = 1;
+      c.Sq = 190;
+      c.Skv = 230;
+      c.dtype = dtype;
+      expect_close(run_case(inline_spec("softcap_low", std::string("30 * tanh(score / 30 - 3)"), std::string("kv <= q - 40"), d), c));
+      expect_close(run_case(inline_spec("softcap_plain", std::string("30 * tanh(score / 30)"), std::nullopt, d), c));
+    }
+  }
+}
+
 TEST_CASE("lengths 1, 17, 1000 and 4097 with Sq != Skv", "[gpu]") {
   FLEXJIT_REQUIRE_GPU();
   for (auto [sq, skv] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {1, 17}, {17, 1}, {17, 1000}, {1000, 17}, {1000, 4097}, {4097, 1000}}) {

@@ -65,6 +65,24 @@ TEST_CASE("a score_mod of the form out * core(in * score) exposes its constants 
   CHECK(source_for("tanh(0.5 * score) * 4", "", {}).find("kScoreInScale = 0.5f;") != std::string::npos);
 }
 
+TEST_CASE("a split score_mod whose core is bounded declares the bounds (the kernels' fixed softmax maximum)", "[codegen]") {
+  const std::string softcap = source_for("30 * tanh(score / 30)", "", {});
+  CHECK(softcap.find("kScoreCoreMin = -1.0f;") != std::string::npos);
+  CHECK(softcap.find("kScoreCoreMax = 1.0f;") != std::string::npos);
+  // Bounds carry through constants, +, * and select; sigmoid is bounded like tanh.
+  const std::string shifted = source_for("2 * (tanh(score * 0.5) * 0.5 + 1)", "", {});
+  CHECK(shifted.find("kScoreCoreMin = 0.5f;") != std::string::npos);
+  CHECK(shifted.find("kScoreCoreMax = 1.5f;") != std::string::npos);
+  CHECK(source_for("4 * sigmoid(score * 0.25)", "", {}).find("kScoreCoreMax = 1.0f;") != std::string::npos);
+  // Split but unbounded: exp grows without limit, and a buffer value has no known range.
+  for (const char* score : {"2 * exp(score * 0.5)", "3 * (tanh(score / 3) + bias[h])"}) {
+    INFO(score);
+    const std::string src = source_for(score, "", {"bias: f32[H]"});
+    CHECK(src.find("score_mod_core") != std::string::npos);
+    CHECK(src.find("kScoreCoreMax") == std::string::npos);
+  }
+}
+
 TEST_CASE("score_mods not of the form out * core(in * score) are not split", "[codegen]") {
   for (const char* score : {"score + 30 * tanh(score / 30)",       // a bare score beside the scaled one
                             "-30 * tanh(score / 30)",               // a negative factor would turn the row maximum into a minimum

@@ -279,6 +279,9 @@ struct ForwardKernel {
   // kFmaShare: one exponential in four (second n8 tile of the even k-steps) on the FMA pipe (flex::ex2_fma)
   // instead of the MUFU unit. The Hopper loop at D = 128 uses it (H100: full attention 446 -> 465 TFLOP/s,
   // softcap 357 -> 369, causal and documents unchanged); at D = 64 it made full attention 6% slower.
+  // With kFixedMax one in two (the second n8 tile of every k-step): softcap's tanh is a second MUFU op per
+  // element, and once no row maximum holds the exponentials back MUFU is what they wait on (softcap D128
+  // 1.387 -> 1.330 ms, 24 interleaved rounds). Before the fixed maximum, one in two was slower than one in four.
   template <bool kFmaShare = false>
   static __device__ __forceinline__ void exp_pack(const float (&s)[kMTiles][kNTiles][4], int mt, int kk, float mult,
                                                   const float (&max_scaled)[kRowsPerThread], float (&row_sum)[kRowsPerThread],
@@ -289,7 +292,7 @@ struct ForwardKernel {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float x = fmaf(s[mt][2 * kk + i][e], mult, -max_scaled[mt * 2 + e / 2]);
-        pr[i][e] = kFmaShare && i == 1 && kk % 2 == 0 ? flex::ex2_fma(x) : flex::ex2(x);
+        pr[i][e] = kFmaShare && i == 1 && (kFixedMax || kk % 2 == 0) ? flex::ex2_fma(x) : flex::ex2(x);
       }
     row_sum[mt * 2] += (pr[0][0] + pr[0][1]) + (pr[1][0] + pr[1][1]);
     row_sum[mt * 2 + 1] += (pr[0][2] + pr[0][3]) + (pr[1][2] + pr[1][3]);

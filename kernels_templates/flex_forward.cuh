@@ -493,6 +493,9 @@ struct ForwardTiles {
 };
 
 // The sequence geometry of w's (b, h, query tile); false when a ragged batch's tile lies past its sequence's end.
+// kMhaShortcut (ranked_work): skip the two runtime divisions of the KV head when there is no GQA. The ranked
+// 64-row CTAs are short, so their prologue counts; the other loops keep the divisions, so their kernels stay the
+// PTX that was measured (ptxas rescheduled the 128-row loop after small prologue and epilogue changes before).
 template <int kBlockM, bool kVarlen, bool kMhaShortcut = false>
 __device__ __forceinline__ bool item_geometry(const FlexForwardParams& p, ForwardTiles& w) {
   w.hkv = kMhaShortcut && p.heads == p.kv_heads ? w.h : w.h / (p.heads / p.kv_heads);

@@ -39,14 +39,6 @@ struct BenchOptions {
   bool no_flush = false;    // keep L2 warm between timed launches (default: flush 256 MB first, like triton's do_bench)
 };
 
-LaunchTiming timing_of(const BenchOptions& o) {
-  LaunchTiming t;
-  t.warmup = o.warmup;
-  t.iters = o.iters;
-  t.flush_l2 = !o.no_flush;
-  return t;
-}
-
 // The fraction of (q, kv) pairs the mask keeps, from a strided sample evaluated with the
 // interpreter (exact for masks that are periodic in the stride; close otherwise).
 double mask_density(const SpecIR& ir, const BoundValues& values, const std::vector<NpyArray>& buffers, int64_t sq, int64_t skv) {
@@ -149,7 +141,7 @@ int run_bench_decode(const BenchOptions& o, dsl::Spec spec, const std::vector<in
   runtime::check_cu(drv->cuCtxSynchronize(), "synchronise");
   double first_call_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   kernel->check_errors(device.index, nullptr);
-  std::vector<double> ms = time_launches(timing_of(o), [&] { kernel->decode(*plan, args); });
+  std::vector<double> ms = time_launches({o.warmup, o.iters, !o.no_flush}, [&] { kernel->decode(*plan, args); });
   const double host = host_launch_us([&] { kernel->decode(*plan, args); });
   runtime::check_cu(drv->cuCtxSynchronize(), "synchronise");
   kernel->check_errors(device.index, nullptr);
@@ -258,7 +250,7 @@ int run_bench(const BenchOptions& o) {
     args.block_mask = mask.get();
   }
 
-  std::vector<double> ms = time_launches(timing_of(o), [&] { kernel->forward(args); });
+  std::vector<double> ms = time_launches({o.warmup, o.iters, !o.no_flush}, [&] { kernel->forward(args); });
   const double host = host_launch_us([&] { kernel->forward(args); });
   runtime::check_cu(drv->cuCtxSynchronize(), "synchronise");
   kernel->check_errors(device.index, nullptr);

@@ -100,10 +100,7 @@ int run_bench_backward(const BenchBackwardOptions& o) {
   runtime::check_cu(drv->cuCtxSynchronize(), "synchronise");
   kernel->check_errors(device.index, nullptr);
 
-  LaunchTiming timing;
-  timing.warmup = o.warmup;
-  timing.iters = o.iters;
-  timing.flush_l2 = !o.no_flush;
+  const LaunchTiming timing{o.warmup, o.iters, !o.no_flush};
   auto time = [&](const std::function<void()>& fn) { return median_ms(time_launches(timing, fn)); };
   double fwd = time([&] { kernel->forward(fa); });
   double bwd = time([&] { kernel->backward(ba); });

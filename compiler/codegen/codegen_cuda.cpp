@@ -11,6 +11,7 @@
 #include "compiler/codegen/score_scales.h"
 #include "compiler/ir/ir_mutator.h"
 #include "compiler/ir/ir_printer.h"
+#include "compiler/passes/dependence.h"
 
 namespace flexjit {
 
@@ -460,23 +461,14 @@ constexpr int kMaxKvColValues = 2;
 std::vector<Expr> kv_col_values(const StagedMods& staged, CudaEmitter& em) {
   std::vector<Expr> out;
   if (!staged.mask_mod) return out;
-  std::unordered_map<const Node*, uint32_t> vars;
-  std::unordered_map<const Node*, bool> loads;
-  for_each_node(staged.mask_mod, [&](const Expr& e) {
-    uint32_t v = 0;
-    bool l = e.as<Load>() != nullptr;
-    if (const Var* var = e.as<Var>()) v = 1u << static_cast<int>(var->var);
-    for (const Expr& k : children(e)) v |= vars[k.get()], l = l || loads[k.get()];
-    vars[e.get()] = v;
-    loads[e.get()] = l;
-  });
-  const uint32_t column = (1u << static_cast<int>(VarId::TileStart)) | (1u << static_cast<int>(VarId::TileCol));
-  const uint32_t per_row = (1u << static_cast<int>(VarId::Q)) | (1u << static_cast<int>(VarId::Score)) | (1u << static_cast<int>(VarId::KV));
+  const DependenceInfo deps({staged.mask_mod});
   std::unordered_set<const Node*> seen;
   std::function<void(const Expr&)> visit = [&](const Expr& e) {
     if (out.size() >= kMaxKvColValues || !seen.insert(e.get()).second) return;
-    const uint32_t v = vars[e.get()];
-    if ((v & column) == column && !(v & per_row) && loads[e.get()] && !em.wide(e) && !em.flags_errors(e)) {
+    const Dependence& d = deps.of(e);
+    const bool column_only = d.uses(VarId::TileStart) && d.uses(VarId::TileCol) && !d.uses(VarId::Q) && !d.uses(VarId::Score) &&
+                             !d.uses(VarId::KV);
+    if (column_only && d.has_load && !em.wide(e) && !em.flags_errors(e)) {
       out.push_back(e);
       return;
     }

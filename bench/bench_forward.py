@@ -1,12 +1,16 @@
-"""Forward benchmarks, side by side on one GPU in one run: flexjit (`flexjit bench`) against
-PyTorch FlexAttention (torch.compile) and SDPA (flash, cuDNN) on the cases of
-../shared/ANCHORS.md. FLOPs = 4 * B * H * Sq * Skv * D * density (unmasked pairs only).
-Writes bench.json and a markdown table (results_table.md) to --out; the table is appended
-to bench/RESULTS.md by whoever runs it (the GPU machine's files do not persist)."""
+"""Forward benchmarks, side by side on one GPU in one run: flexjit (`flexjit bench`) against PyTorch FlexAttention
+(torch.compile) with its FLASH backend (FlashAttention-4 kernels, kernel_options={"BACKEND": "FLASH"}) and its Triton
+backend, FlashAttention-4 itself (no mods), cuDNN SDPA and SDPA flash, on the cases of issue 31 and ANCHORS.md.
+FLOPs = 4 * B * H * Sq * Skv * D * density (unmasked pairs only). Every baseline that cannot run a case (FA4 and SDPA
+have no mods; a backend may reject a captured buffer) gets a dash and the reason in bench.json.
+
+FlashAttention-4 and the FLASH backend need the flash-attn-4 package (../shared/tools/fa4/prepare.sh brings it to the
+GPU machine; its site directory is passed with --site). Writes bench.json and results_table.md to --out."""
 import argparse
 import datetime
 import json
 import os
+import site
 import subprocess
 import tempfile
 
@@ -23,6 +27,7 @@ torch._dynamo.config.recompile_limit = 64
 torch._dynamo.config.cache_size_limit = 64
 flex = torch.compile(flex_attention, dynamic=False)
 dev, dt = "cuda", torch.bfloat16
+BASELINES = ("flex_flash", "flex_triton", "fa4", "sdpa_cudnn", "sdpa_flash")
 
 
 def bench(fn, rep=100):
@@ -56,12 +61,61 @@ def to_npy(t, path):
         np.save(path, t.cpu().numpy())
 
 
+def fa4_function():
+    try:
+        from flash_attn.cute import flash_attn_func  # noqa: PLC0415
+        return flash_attn_func
+    except Exception as e:  # noqa: BLE001
+        return str(e)[:200]
+
+
+def time_baselines(row, q, k, v, sm, mask_mod, causal_only, fa4):
+    """Times every baseline that can run the case; records the error of those that cannot."""
+    s = q.shape[2]
+    bm = None
+    if mask_mod is not None:
+        bm = create_block_mask(mask_mod, None, None, s, s, device=dev)
+    for key, opts in (("flex_flash", {"BACKEND": "FLASH"}), ("flex_triton", None)):
+        try:
+            f = lambda: flex(q, k, v, score_mod=sm, block_mask=bm, kernel_options=opts)
+            f()
+            row[key + "_ms"] = bench(f)
+        except Exception as e:  # noqa: BLE001
+            row[key + "_error"] = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+    if sm is not None or (mask_mod is not None and not causal_only):
+        return
+    causal = mask_mod is not None
+    if callable(fa4):
+        try:
+            qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))  # FA4 takes [B, S, H, D]
+            g = lambda: fa4(qt, kt, vt, causal=causal)
+            g()
+            row["fa4_ms"] = bench(g)
+        except Exception as e:  # noqa: BLE001
+            row["fa4_error"] = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+    else:
+        row["fa4_error"] = fa4
+    for backend, key in ((SDPBackend.CUDNN_ATTENTION, "sdpa_cudnn"), (SDPBackend.FLASH_ATTENTION, "sdpa_flash")):
+        try:
+            with sdpa_kernel([backend]):
+                g = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                g()
+                row[key + "_ms"] = bench(g)
+        except Exception as e:  # noqa: BLE001
+            row[key + "_error"] = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--flexjit", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--site", default="/tmp/site", help="site directory of flash-attn-4 (prepare.sh)")
+    ap.add_argument("--flexjit-only", action="store_true", help="time flexjit alone (no baselines)")
     args = ap.parse_args()
+    if os.path.isdir(args.site):
+        site.addsitedir(args.site)
+    fa4 = fa4_function()
     os.makedirs(args.out, exist_ok=True)
     tmp = tempfile.mkdtemp()
     torch.manual_seed(0)
@@ -79,22 +133,27 @@ def main():
     def alibi(s, b, h, q, kv): return s + slopes[h] * (kv - q)
     def softcap(s, b, h, q, kv): return 30.0 * torch.tanh(s / 30.0)
 
+    softcap_flags = ["--score", "cap * tanh(score / cap)"]
     # name, B, H, S, D, torch score_mod, torch mask_mod, flexjit spec flags, loads, sets
     cases = [
         ("full", B, H, S, D, None, None, ["--name", "full"], {}, []),
         ("causal", B, H, S, D, None, causal, ["--mask", "q >= kv", "--name", "causal"], {}, []),
-        ("sliding_window_1024", B, H, S, D, None, sliding, ["--mask", "q >= kv && q - kv <= 1024", "--name", "sliding"], {}, []),
-        ("document_12", B, H, S, D, None, document, ["--mask", "doc[q] == doc[kv]", "--buffer", "doc: i32[Sq]", "--name", "document"],
-         {"doc": f"{tmp}/doc.npy"}, []),
-        ("prefix_lm_1024", B, H, S, D, None, prefix_lm, ["--mask", "kv <= 1024 || q >= kv", "--name", "prefix_lm"], {}, []),
         ("alibi_causal", B, H, S, D, alibi, causal, ["--score", "score + slope[h] * (kv - q)", "--mask", "q >= kv", "--buffer",
                                                       "slope: f32[H]", "--name", "alibi_causal"], {"slope": f"{tmp}/slope.npy"}, []),
-        ("softcap30", B, H, S, D, softcap, None, ["--score", "cap * tanh(score / cap)", "--const", "cap: float = 30", "--name", "softcap"], {}, []),
+        ("softcap30", B, H, S, D, softcap, None, [*softcap_flags, "--const", "cap: float = 30", "--name", "softcap"], {}, []),
+        ("softcap_runtime_cap", B, H, S, D, softcap, None, [*softcap_flags, "--param", "cap: float", "--name", "softcap_rt"], {},
+         ["cap=30"]),
+        ("document_12", B, H, S, D, None, document, ["--mask", "doc[q] == doc[kv]", "--buffer", "doc: i32[Sq]", "--name", "document"],
+         {"doc": f"{tmp}/doc.npy"}, []),
+        ("sliding_window_1024", B, H, S, D, None, sliding, ["--mask", "q >= kv && q - kv <= 1024", "--name", "sliding"], {}, []),
+        ("prefix_lm_1024", B, H, S, D, None, prefix_lm, ["--mask", "kv <= 1024 || q >= kv", "--name", "prefix_lm"], {}, []),
     ]
     for (Bs, Hs, Ds) in [(8, 12, 64), (8, 16, 80)]:
         cases.append((f"sam_relpos_D{Ds}", Bs, Hs, S, Ds, "sam", None,
                       ["--score", "score + rel_h[b, h, q, kv // 64] + rel_w[b, h, q, kv % 64]", "--buffer", "rel_h: bf16[B, H, Sq, 64]",
                        "--buffer", "rel_w: bf16[B, H, Sq, 64]", "--name", f"sam_d{Ds}"], {}, []))
+    for (Bs, Hs, Ds) in [(8, 12, 64), (4, 16, 80), (4, 16, 96), (4, 16, 192), (4, 16, 256)]:
+        cases.append((f"full_D{Ds}", Bs, Hs, S, Ds, None, None, ["--name", f"full_d{Ds}"], {}, []))
     rows = []
     for (name, b, h, s, d, score_mod, mask_mod, flags, loads, sets) in cases:
         if args.only and name not in args.only:
@@ -107,59 +166,39 @@ def main():
             rel_h = torch.randn(b, h, s, 64, device=dev, dtype=dt)
             rel_w = torch.randn(b, h, s, 64, device=dev, dtype=dt)
             def sm(sc, bb, hh, qq, kk): return sc + rel_h[bb, hh, qq, kk // 64] + rel_w[bb, hh, qq, kk % 64]
-            bias_fn = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=(rel_h[:, :, :, :, None] + rel_w[:, :, :, None, :]).reshape(b, h, s, s))
-            try:
-                row["sdpa_bias_ms"] = bench(bias_fn, rep=50)
-            except Exception as e:  # noqa: BLE001
-                row["sdpa_bias_error"] = str(e)[:120]
         density = density_of(mask_mod, s, s)
         row["density"] = density
         flops = 4 * b * h * s * s * d * density
-        try:
-            bm = create_block_mask(mask_mod, None, None, s, s, device=dev) if mask_mod else None
-            f = lambda: flex(q, k, v, score_mod=sm, block_mask=bm)
-            f()
-            row["flex_ms"] = bench(f)
-        except Exception as e:  # noqa: BLE001
-            row["flex_error"] = str(e)[:200]
-        if name in ("full", "causal"):
-            for backend, key in ((SDPBackend.FLASH_ATTENTION, "sdpa_flash_ms"), (SDPBackend.CUDNN_ATTENTION, "sdpa_cudnn_ms")):
-                try:
-                    with sdpa_kernel([backend]):
-                        g = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=(name == "causal"))
-                        g()
-                        row[key] = bench(g)
-                except Exception as e:  # noqa: BLE001
-                    row[key.replace("_ms", "_error")] = str(e)[:120]
+        if not args.flexjit_only:
+            time_baselines(row, q, k, v, sm, mask_mod, mask_mod is causal, fa4)
         del q, k, v
         torch.cuda.empty_cache()
         ours = run_flexjit(args.flexjit, flags, [b, h, h, s, s, d], loads, sets)
         row["flexjit"] = ours
         if "ms" in ours:
             row["flexjit_ms"] = ours["ms"]
-            row["flexjit_tflops"] = flops / ours["ms"] / 1e9
-        for key in ("flex_ms", "sdpa_flash_ms", "sdpa_cudnn_ms", "sdpa_bias_ms"):
-            if key in row:
-                row[key.replace("_ms", "_tflops")] = flops / row[key] / 1e9
+        for key in ("flexjit",) + BASELINES:
+            if key + "_ms" in row:
+                row[key + "_tflops"] = flops / row[key + "_ms"] / 1e9
         print(json.dumps(row), flush=True)
         rows.append(row)
     json.dump(rows, open(f"{args.out}/bench.json", "w"), indent=1)
     gpu = torch.cuda.get_device_name()
     commit = os.environ.get("FLEXJIT_COMMIT", "unknown")
     lines = [f"\n### Forward, {datetime.date.today()}, {gpu}, commit {commit}, torch {torch.__version__}\n",
-             "| case | density | flexjit ms · TFLOP/s | FlexAttention ms · TFLOP/s | flexjit / Flex speed | SDPA flash | SDPA cuDNN | notes |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "ms · TFLOP/s; ratio = the FLASH backend's time over flexjit's (above 1: flexjit is faster).\n",
+             "| case | density | flexjit | Flex FLASH | ratio | Flex Triton | FlashAttention-4 | cuDNN SDPA | SDPA flash | host launch |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+
     def cell(r, key):
         return f"{r[key + '_ms']:.3f} · {r[key + '_tflops']:.0f}" if key + "_ms" in r else "–"
     for r in rows:
-        ratio = f"{r['flex_ms'] / r['flexjit_ms']:.2f}×" if "flex_ms" in r and "flexjit_ms" in r else "–"
-        note = r["flexjit"].get("error", "")[:80] if "error" in r.get("flexjit", {}) else ""
-        if "sdpa_bias_ms" in r:
-            note += f"SDPA + materialised bias {r['sdpa_bias_ms']:.2f} ms"
-        if "flexjit" in r and "launch_us" in r["flexjit"]:
-            note += f" host launch {r['flexjit']['launch_us']:.1f} µs"
-        lines.append(f"| {r['case']} | {r['density']:.3f} | {cell(r, 'flexjit')} | {cell(r, 'flex')} | {ratio} | {cell(r, 'sdpa_flash')} | "
-                     f"{cell(r, 'sdpa_cudnn')} | {note.strip()} |")
+        ratio = f"{r['flex_flash_ms'] / r['flexjit_ms']:.2f}×" if "flex_flash_ms" in r and "flexjit_ms" in r else "–"
+        launch = f"{r['flexjit']['launch_us']:.1f} µs" if "launch_us" in r.get("flexjit", {}) else "–"
+        if "error" in r.get("flexjit", {}):
+            launch = "flexjit error: " + r["flexjit"]["error"][:80]
+        lines.append(f"| {r['case']} (B{r['B']} H{r['H']} D{r['D']}) | {r['density']:.3f} | {cell(r, 'flexjit')} | {cell(r, 'flex_flash')} | "
+                     f"{ratio} | {cell(r, 'flex_triton')} | {cell(r, 'fa4')} | {cell(r, 'sdpa_cudnn')} | {cell(r, 'sdpa_flash')} | {launch} |")
     table = "\n".join(lines) + "\n"
     open(f"{args.out}/results_table.md", "w").write(table)
     print(table)

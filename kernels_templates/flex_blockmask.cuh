@@ -59,46 +59,26 @@ __device__ void flex_build_block_mask_interval(const FlexBlockMaskBuildParams& p
 
 namespace flex_blockmask {
 
-// mask_mod of element (q0 + r, k0 + j) of a tile, with the state the kernel would hoist for it.
+// mask_mod of element (q0 + r, k0 + j) of a tile, with the state the kernel would hoist for it. A variant whose hooks
+// need aligned tiles (kTileAligned) sees the element in its kTileCols-column part of the tile, as the kernels call it.
 template <class Variant>
 __device__ __forceinline__ bool keeps(const FlexBlockMaskBuildParams& p, const typename Variant::Params& vp, int b, int h, int hkv, int q0,
                                       int k0, int r, int j) {
   const int q = q0 + r + p.query_offset;
+  const int part = Variant::kTileAligned ? j / Variant::kTileCols * Variant::kTileCols : 0;
+  const int kp = k0 + part, jp = j - part;
   typename Variant::Row row;
   typename Variant::Col col;
   typename Variant::Tile tile;
   Variant::row(vp, row, b, h, hkv, q);
-  Variant::col(vp, row, col, b, h, hkv, q, j);
-  Variant::tile(vp, row, tile, b, h, hkv, q, k0);
-  return Variant::mask_mod(vp, row, col, tile, b, h, hkv, q, k0, j);
-}
-
-// The first KV column any of the query tile's rows keeps, mod kv_tile (0 when none): tiles from there cover a
-// document mask's rows with fewer partial tiles than tiles at multiples of kv_tile (12 documents in 4096 rows, 64 x 64
-// tiles: 440 tiles per (b, h) instead of 460, 28% of them partial instead of 48%).
-template <class Variant>
-__device__ int first_kept_shift(const FlexBlockMaskBuildParams& p, const typename Variant::Params& vp, int b, int h, int hkv, int q0,
-                                int rows, int num_kv_tiles) {
-  __shared__ int first;
-  if (threadIdx.x == 0) first = p.seqlen_kv;
-  __syncthreads();
-  for (int t = 0; t < num_kv_tiles; ++t) {
-    const int k0 = t * p.kv_tile;
-    const int cols = min(p.seqlen_kv - k0, p.kv_tile);
-    int mine = p.seqlen_kv;
-    for (int e = threadIdx.x; e < rows * cols; e += blockDim.x)
-      if (keeps<Variant>(p, vp, b, h, hkv, q0, k0, e / cols, e % cols)) mine = min(mine, k0 + e % cols);
-    if (mine < p.seqlen_kv) atomicMin(&first, mine);
-    if (__syncthreads_or(mine < p.seqlen_kv)) break;
-  }
-  __syncthreads();
-  return first < p.seqlen_kv ? first % p.kv_tile : 0;
+  Variant::col(vp, row, col, b, h, hkv, q, jp);
+  Variant::tile(vp, row, tile, b, h, hkv, q, kp);
+  return Variant::mask_mod(vp, row, col, tile, b, h, hkv, q, kp, jp);
 }
 
 }  // namespace flex_blockmask
 
-// Dense path: every element of every tile is evaluated with the variant's mask_mod. With p.shift_kv_tiles (and a
-// variant without Col or Tile state) the tiles start at the query tile's first kept column mod kv_tile.
+// Dense path: every element of every tile is evaluated with the variant's mask_mod.
 template <class Variant>
 __device__ void flex_build_block_mask_dense(const FlexBlockMaskBuildParams& p, const typename Variant::Params& vp) {
   extern __shared__ unsigned char cls[];
@@ -107,11 +87,8 @@ __device__ void flex_build_block_mask_dense(const FlexBlockMaskBuildParams& p, c
   const int hkv = h / (p.heads / p.kv_heads);
   const int q0 = qt * p.q_tile;
   const int rows = min(p.seqlen_q - q0, p.q_tile);
-  constexpr bool kShiftable = __is_empty(typename Variant::Col) && __is_empty(typename Variant::Tile);
-  const int shift = kShiftable && p.shift_kv_tiles ? flex_blockmask::first_kept_shift<Variant>(p, vp, b, h, hkv, q0, rows, num_kv_tiles) : 0;
-  const int num_tiles = (p.seqlen_kv - shift + p.kv_tile - 1) / p.kv_tile;
-  for (int t = 0; t < num_tiles; ++t) {
-    const int k0 = t * p.kv_tile + shift;
+  for (int t = 0; t < num_kv_tiles; ++t) {
+    const int k0 = t * p.kv_tile;
     const int cols = min(p.seqlen_kv - k0, p.kv_tile);
     bool any_true = false, any_false = false;
     for (int e = threadIdx.x; e < rows * cols; e += blockDim.x) {
@@ -124,24 +101,20 @@ __device__ void flex_build_block_mask_dense(const FlexBlockMaskBuildParams& p, c
     if (threadIdx.x == 0) cls[t] = !any_true ? flex_blockmask::kEmpty : (!any_false ? flex_blockmask::kFull : flex_blockmask::kPartial);
   }
   __syncthreads();
-  flex_blockmask::compact(p, cls, num_tiles, b, h, qt);
-  if (p.shift_kv_tiles && threadIdx.x == 0) p.q_order[(long long)b * p.stride_b + (long long)h * p.stride_h + qt].first_kv_row = shift;
+  flex_blockmask::compact(p, cls, num_kv_tiles, b, h, qt);
 }
 
 // Ranks the query tiles of one (b, h) mask row by their count of listed KV tiles, heaviest first, ties the later
 // tile first (FlexQTileWork); run after the dense builder. grid (Hm, Bm), kThreads threads, dynamic shared memory
-// num_q_tiles ints rounded up to a multiple of 4 (the compiler vectorises the reads of the inner loop), twice that
-// with p.shift_kv_tiles (the builder's shifts, read before any entry of q_order is overwritten). Each
+// num_q_tiles ints rounded up to a multiple of 4 (the compiler vectorises the reads of the inner loop). Each
 // thread counts, for its tiles, the tiles ahead of them: O(nq^2 / kThreads) compares, once per build (nq = 64 at
 // 8192 rows).
 __device__ void flex_rank_q_tiles(const FlexBlockMaskBuildParams& p) {
   extern __shared__ int work[];
   const int nq = p.num_q_tiles;
-  int* shift = work + (nq + 3) / 4 * 4;
   const long long row = (long long)blockIdx.y * p.stride_b + (long long)blockIdx.x * p.stride_h;
   for (int t = threadIdx.x; t < nq; t += blockDim.x) {
     work[t] = p.kv_num_partial[row + t] + p.kv_num_full[row + t];
-    if (p.shift_kv_tiles) shift[t] = p.q_order[row + t].first_kv_row;
   }
   __syncthreads();
   for (int t = threadIdx.x; t < nq; t += blockDim.x) {
@@ -155,10 +128,6 @@ __device__ void flex_rank_q_tiles(const FlexBlockMaskBuildParams& p) {
     item.m_block = t;
     item.n_partial = p.kv_num_partial[row + t];
     item.n_full = p.kv_num_full[row + t];
-    const int first = item.n_partial > 0 ? p.kv_partial_idx[(row + t) * p.max_kv_tiles]
-                      : item.n_full > 0  ? p.kv_full_idx[(row + t) * p.max_kv_tiles]
-                                         : -1;
-    item.first_kv_row = first < 0 ? -1 : first * p.kv_tile + (p.shift_kv_tiles ? shift[t] : 0);
     p.q_order[row + rank] = item;
   }
 }

@@ -15,10 +15,5 @@ struct FlexBlockMaskBuildParams {
   int num_q_tiles, max_kv_tiles, q_tile, kv_tile;
   int batch, heads, kv_heads, seqlen_q, seqlen_kv;
   int query_offset;        // absolute position of query row 0 (decode: Skv - Sq; prefill: 0)
-  // 1 (ranked builds for the 64-row Hopper loop only): the dense builder starts each query tile's KV tiles at its
-  // first kept column, shifting them by that column mod kv_tile, for variants without Col or Tile state (whose
-  // values assume tiles at multiples of kv_tile); it leaves the shift in q_order[tile].first_kv_row for
-  // flex_rank_q_tiles. 0: tiles at multiples of kv_tile.
-  int shift_kv_tiles;
 };
 

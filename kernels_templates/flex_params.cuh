@@ -6,15 +6,12 @@
 
 // One query tile's work in a ranked block mask (FlexBlockMask::q_order). The builder of a data-dependent mask
 // sorts each (b, h) row's query tiles by their count of listed KV tiles, heaviest first (ties: the later tile
-// first), so a CTA finds its tile, counts and first KV tile in one 16-byte load instead of ranking the row
-// itself and then reading the lists before its first copy.
-// A ranked mask may shift a query tile's KV tiles (FlexBlockMaskBuildParams::shift_kv_tiles): listed tile t then
-// covers KV rows [t kv_tile + s, (t + 1) kv_tile + s) with s = first_kv_row % kv_tile, the same s for all its tiles.
+// first), so the scheduler finds a work index's tile and counts in one 16-byte load.
 struct FlexQTileWork {
-  int m_block;       // the query tile
-  int n_partial;     // its count of partial KV tiles (as kv_num_partial)
-  int n_full;        // its count of full KV tiles (as kv_num_full)
-  int first_kv_row;  // the first KV row it visits (the start of its first partial tile, else first full one); -1: none
+  int m_block;    // the query tile
+  int n_partial;  // its count of partial KV tiles (as kv_num_partial)
+  int n_full;     // its count of full KV tiles (as kv_num_full)
+  int reserved;   // keeps the entry one 16-byte load
 };
 
 // Block sparsity of one launch, built for tiles of q_tile x kv_tile. For each (b, h, query tile) it lists
@@ -74,6 +71,9 @@ struct FlexForwardParams {
   // The block mask must be empty (every tile below the sequence's KV length runs as partial).
   const int* cu_seqlens_q;
   const int* cu_seqlens_kv;
+  // The warp-specialised kernel's work counter (flex::TileScheduler): [0] the next work index past the first wave,
+  // [1] the CTAs done. Zero before a launch; the launch's last CTA zeroes them again (so graph replays need no reset).
+  int* tile_counter;
 };
 
 // A TMA tensor map (CUtensorMap: 128 opaque bytes; CUDA 13 aligns it to 128 bytes), encoded by the host with
@@ -82,9 +82,9 @@ struct alignas(128) FlexTensorMap {
   unsigned long long opaque[16];
 };
 
-// The tensor maps of a forward launch whose kernel loads tiles with TMA (the 64-row Hopper loop,
-// FlexForwardTraitsSm90::kTma): q, k and v as rank-4 tensors {D, S, heads, B} (innermost first, the launch's
-// strides), boxes of one swizzle region [64 rows][kSwizzle bytes]. Passed as a __grid_constant__ kernel parameter.
+// The tensor maps of a warp-specialised forward launch (flex_forward_kernel_sm90.cuh): q, k and v as rank-4 tensors
+// {D, S, heads, B} (innermost first, the launch's strides; a ragged batch's packed tensors with B = 1), boxes of one
+// swizzle region by the kernel's block_m (q) or block_n (k, v) rows. Passed as a __grid_constant__ kernel parameter.
 struct FlexForwardTmaMaps {
   FlexTensorMap q, k, v;
 };

@@ -1,13 +1,12 @@
 // Score_mod summands a kernel stages in shared memory per query tile instead of loading per element
 // (compiler/codegen/staged_terms.h): where such a term's rows live, and the copy of a [rows][64] block of them.
-// Used by the Hopper KV-major backward (flex_backward_staged.cuh) and the Hopper forward's column GEMM
-// (flex_forward_sm90.cuh).
+// Used by the Hopper KV-major backward (flex_backward_staged.cuh).
 #pragma once
 #include "flex_mma.cuh"
 
 namespace flex {
 
-// Where a staged term's rows live, from the variant's accessor (staged_col / staged_tile / col_gemm_rows).
+// Where a staged term's rows live, from the variant's accessor (staged_col / staged_tile).
 struct StagedRows {
   const void* base;      // element [lead..., 0, 0] of the buffer (2-byte elements)
   long long row_stride;  // elements from one query row to the next

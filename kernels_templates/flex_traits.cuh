@@ -1,20 +1,24 @@
-// Compile-time tile geometry of the flex attention forward kernel: constexpr values and messaged static_asserts.
+// Compile-time tile geometry of the mma.sync forward kernel (flex_forward.cuh), read off the policy
+// (flex_tile_policy.cuh): constexpr values and messaged static_asserts.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-// kHeadDim: D (multiple of 16, 32..256, not padded to a power of two).
-// kBlockM x kBlockN: query rows x KV columns of one CTA tile; kNWarps warps split only the query rows,
-// so every row of S lives in one quad of one warp and row reductions are two shuffles.
-// Element: __nv_bfloat16 or __half (Q, K, V, O); accumulation is fp32.
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, class Element_>
+#include "flex_tile_policy.cuh"
+
+// kHeadDim: D (multiple of 16, 32..256, not padded to a power of two). Element: __nv_bfloat16 or __half (Q, K, V, O);
+// accumulation is fp32. kBlockM x kBlockN: query rows x KV columns of one CTA tile; the warps split only the query
+// rows, so every row of S lives in one quad of one warp and row reductions are two shuffles.
+template <int kHeadDim_, class Element_>
 struct FlexForwardTraits {
   using Element = Element_;
+  static constexpr FlexForwardPolicy kPolicy = flex_forward_policy_mma_sync(kHeadDim_);
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = kBlockM_;
-  static constexpr int kBlockN = kBlockN_;
-  static constexpr int kNWarps = kNWarps_;
-  static constexpr int kNThreads = kNWarps * 32;
+  static constexpr int kBlockM = kPolicy.block_m;
+  static constexpr int kBlockN = kPolicy.block_n;
+  static constexpr int kNThreads = kPolicy.threads;
+  static constexpr int kNWarps = kNThreads / 32;
+  static constexpr int kMinBlocksPerSM = kPolicy.min_blocks_per_sm;
 
   // Per warp: kRowsPerWarp query rows = kMTiles mma tiles of 16 rows. Each K/V fragment read from
   // shared memory feeds kMTiles mmas, so 2 halves the shared-memory traffic per flop versus 1.
@@ -23,7 +27,6 @@ struct FlexForwardTraits {
   static constexpr int kNTiles = kBlockN / 8;    // n8 accumulator tiles of S per m-tile
   static constexpr int kDTiles = kHeadDim / 8;   // n8 accumulator tiles of O per m-tile
   // The accumulator elements one thread owns: rows g, g+8 of each m-tile; columns 2t, 2t+1 of each n8 tile.
-  // Variant::Col arrays are [kRowsPerThread][kColsPerThread].
   static constexpr int kRowsPerThread = 2 * kMTiles;
   static constexpr int kColsPerThread = 2 * kNTiles;
 
@@ -33,13 +36,13 @@ struct FlexForwardTraits {
   static constexpr int kSmemStride = kHeadDim + 8;    // elements
   static constexpr int kSmemQElems = kBlockM * kSmemStride;
   static constexpr int kSmemKVElems = kBlockN * kSmemStride;
-  static constexpr int kStages = 2;                   // K/V double buffering
+  static constexpr int kStages = kPolicy.stages;      // K/V double buffering
   static constexpr int kSmemBytes = (kSmemQElems + 2 * kStages * kSmemKVElems) * 2;
 
+  static_assert(kSmemBytes == kPolicy.smem_bytes, "FlexForwardTraits: the policy's shared memory must match the layout");
   static_assert(sizeof(Element) == 2, "FlexForwardTraits: Element must be __nv_bfloat16 or __half");
   static_assert(kHeadDim % 16 == 0 && kHeadDim >= 16 && kHeadDim <= 256,
                 "FlexForwardTraits: kHeadDim must be a multiple of 16 in [16, 256] (mma k-steps of 16)");
-  static_assert(kNWarps >= 1 && kNWarps <= 16, "FlexForwardTraits: kNWarps must be in [1, 16]");
   static_assert(kBlockM % (16 * kNWarps) == 0,
                 "FlexForwardTraits: kBlockM must be a multiple of 16 * kNWarps (each warp owns whole 16-row mma tiles)");
   static_assert(kMTiles >= 1 && kMTiles <= 2,

@@ -16,6 +16,7 @@
 #include "runtime/device.h"
 #include "runtime/kernel_impl.h"
 #include "runtime/log.h"
+#include "runtime/tensor_maps.h"
 
 namespace flexjit {
 
@@ -113,7 +114,7 @@ std::unique_ptr<Workspace> KernelImpl::make_backward_workspace(int device, int b
   runtime::ScopedDevice scope(device);
   runtime::LaunchShape s{batch, heads, heads, seqlen_q, seqlen_kv, spec().head_dim, spec().value_head_dim()};
   BackwardLayout l = backward_layout(batch, heads, seqlen_q, seqlen_kv, spec().head_dim, 0);
-  return allocate_workspace(device, s, device_forward_config(device), l.total);
+  return allocate_workspace(device, s, forward_config(spec().head_dim), l.total);
 }
 
 void KernelImpl::backward(const BackwardArgs& a) {
@@ -356,7 +357,7 @@ void KernelImpl::backward(const BackwardArgs& a) {
     if (mask) {
       check_mask(*mask, shape, fcfg, device);
     } else {
-      VariantState& fvar = variant(forward_choice(values, a.scale), device);
+      VariantState& fvar = variant(forward_choice(values, runtime::tensor_maps_describe(a.q, a.k, a.v)), device);
       std::vector<uint64_t> fparams = runtime::fill_variant_params(fvar.source.variant.layout, buffers, values, nullptr);
       build_mask_into(*ws.mask_, fvar, fparams, shape, fcfg, device, a.stream, /*rank=*/false);
       mask = ws.mask_.get();

@@ -133,8 +133,9 @@ BoundValues bind_launch(const dsl::CheckedSpec& cs, const LaunchShape& s, const 
   return bind_typed(cs, in, /*require_all=*/true);
 }
 
-std::string VariantChoice::key() const { return fmt::format("i{}_c{:x}{}{}", int32 ? 32 : 64, checked_loads,
-                                                     col_gemm_parts ? fmt::format("_cg{}", col_gemm_parts) : "", tma ? "" : "_notma"); }
+std::string VariantChoice::key() const {
+  return fmt::format("i{}_c{:x}{}_s{}", int32 ? 32 : 64, checked_loads, tma ? "" : "_notma", static_cast<int>(runtime_split));
+}
 
 VariantChoice choose_variant(const RangeInfo& ranges, const dsl::CheckedSpec& cs, const BoundValues& values) {
   VariantChoice c;
@@ -165,8 +166,9 @@ std::vector<uint64_t> fill_variant_params(const ParamsLayout& layout, const std:
       case SlotKind::Symbol: out = static_cast<uint64_t>(values.symbols[s.index]); break;
       case SlotKind::IntParam: out = static_cast<uint64_t>(values.params[s.index].i); break;
       case SlotKind::BoolParam: out = values.params[s.index].b ? 1 : 0; break;
-      case SlotKind::FloatParam: {
-        float f = values.params[s.index].f;
+      case SlotKind::FloatParam:
+      case SlotKind::FloatParamReciprocal: {
+        float f = s.kind == SlotKind::FloatParam ? values.params[s.index].f : 1.f / values.params[s.index].f;
         uint32_t bits;
         std::memcpy(&bits, &f, 4);
         out = bits;

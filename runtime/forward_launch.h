@@ -8,6 +8,7 @@
 
 #include "compiler/bindings.h"
 #include "compiler/codegen/params_layout.h"
+#include "compiler/codegen/score_scales.h"
 #include "compiler/passes/range_analysis.h"
 #include "compiler/spec_ir.h"
 #include "runtime/flexjit.hpp"
@@ -36,12 +37,12 @@ BoundValues bind_launch(const dsl::CheckedSpec& cs, const LaunchShape& shape, co
 struct VariantChoice {
   uint64_t checked_loads = 0;
   bool int32 = true;
-  // The Hopper forward's column GEMM parts (ForwardKernelOptions::col_gemm_parts): asked for when the spec has a
-  // term for it, from the launch's scale (KernelImpl::forward_choice); 0: none.
-  int col_gemm_parts = 0;
-  // The 64-row Hopper forward may load with TMA (ForwardKernelOptions::tma): false when tensor maps cannot
+  // The warp-specialised forward may run (ForwardKernelOptions::tma_describable): false when tensor maps cannot
   // describe the launch's q, k and v (runtime/tensor_maps.h).
   bool tma = true;
+  // A score_mod split with runtime factors: whether the parameter values keep the split, with or without the fixed
+  // softmax maximum (ForwardKernelOptions::variant.runtime_split).
+  RuntimeSplit runtime_split = RuntimeSplit::RunningMax;
   std::string key() const;
 };
 VariantChoice choose_variant(const RangeInfo& ranges, const dsl::CheckedSpec& cs, const BoundValues& values);

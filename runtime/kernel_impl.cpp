@@ -118,8 +118,7 @@ KernelImpl::KernelImpl(SpecIR ir, RuntimeOptions options) : ir_(std::move(ir)), 
   if (ir_.mask_mod) roots.push_back(ir_.mask_mod);
   ranges_ = analyze_ranges(roots, ir_.checked, VarDomains::forward(ir_.checked));
   canonical_ = canonical_ir_text(ir_);
-  col_gemm_term_ = find_forward_col_gemm(ir_, ranges_, VariantOptions{}).term.has_value();
-  tma_candidate_ = ir_.mask_mod && mask_is_data_dependent(ir_) && spec().head_dim > 64;
+  if (ir_.score_mod) score_scales_ = split_score_scales(ir_.score_mod);
   if (ir_.mask_mod) {
     DependenceInfo deps({ir_.mask_mod});
     const Dependence& d = deps.of(ir_.mask_mod);
@@ -129,7 +128,6 @@ KernelImpl::KernelImpl(SpecIR ir, RuntimeOptions options) : ir_(std::move(ir)), 
 }
 
 void KernelImpl::forward(const AttentionArgs& a) {
-  LaunchTimer timer(profile_);
   if (a.device.kind == Device::Kind::Cpu) {
     // The same argument checks as on the GPU, so errors do not depend on the backend.
     runtime::validate_operands(spec(), a, /*gpu=*/false);
@@ -143,13 +141,10 @@ void KernelImpl::forward(const AttentionArgs& a) {
   runtime::LaunchShape shape = runtime::validate_operands(spec(), a, /*gpu=*/true);
   int device = launch_device(a);
   std::vector<Tensor> buffers = runtime::collect_buffers(spec(), a, bound_for(device));
-  timer.lap(0);
   check_pointers(a, buffers, device);
-  timer.lap(1);
   BoundValues values;
   VariantState& var = variant_for_launch(shape, buffers, a, device, values);
   const ForwardConfig& cfg = var.source.config;
-  timer.lap(2);
 
   runtime::ScopedDevice scope(device);
   Workspace& ws = workspace_for(a.workspace, a.stream, device, shape, cfg);
@@ -168,15 +163,24 @@ void KernelImpl::forward(const AttentionArgs& a) {
     }
     set_mask(p.block_mask, *mask);
   }
+  p.tile_counter = reinterpret_cast<int*>(ws.memory_ + kTileCounterOffset);
   FlexForwardTmaMaps maps;
-  if (cfg.tma) maps = runtime::encode_forward_tensor_maps(d, a, cfg);
-  timer.lap(3);
+  if (cfg.warp_specialized) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    maps = map_cache_.get(d, a.q, a.k, a.v, cfg);
+  }
   void* args[] = {&p, vparams.data(), &maps};
-  unsigned grid_x = static_cast<unsigned>((shape.seqlen_q + cfg.block_m - 1) / cfg.block_m);
-  check_cu(d.cuLaunchKernel(var.forward_fn.at(device), grid_x, static_cast<unsigned>(shape.heads), static_cast<unsigned>(shape.batch),
-                            static_cast<unsigned>(cfg.threads()), 1, 1, static_cast<unsigned>(cfg.shared_bytes()), a.stream, args, nullptr),
+  const int64_t work = shape.batch * shape.heads * ((shape.seqlen_q + cfg.block_m - 1) / cfg.block_m);
+  check_cu(d.cuLaunchKernel(var.forward_fn.at(device), forward_grid(cfg, work, device), 1, 1, static_cast<unsigned>(cfg.threads()), 1, 1,
+                            static_cast<unsigned>(cfg.shared_bytes()), a.stream, args, nullptr),
            "launching the forward kernel");
-  timer.lap(4);
+}
+
+unsigned KernelImpl::forward_grid(const ForwardConfig& cfg, int64_t work, int device) {
+  if (work > INT32_MAX) throw Error(fmt::format("the launch has {} work tiles (B x H x query tiles); at most 2^31 - 1 are supported", work));
+  // The warp-specialised kernel is persistent: one CTA per SM walks the work tiles.
+  if (cfg.warp_specialized) return static_cast<unsigned>(std::min<int64_t>(work, runtime::device_info(device).sm_count));
+  return static_cast<unsigned>(work);
 }
 
 std::unique_ptr<BlockMask> KernelImpl::build_block_mask(const AttentionArgs& a) {
@@ -186,7 +190,7 @@ std::unique_ptr<BlockMask> KernelImpl::build_block_mask(const AttentionArgs& a) 
   std::vector<Tensor> buffers = runtime::collect_buffers(spec(), a, bound_for(device));
   check_pointers(a, buffers, device);
   BoundValues values = runtime::bind_launch(ir_.checked, shape, buffers, a);
-  VariantState& var = variant(forward_choice(values, a.scale), device);
+  VariantState& var = variant(forward_choice(values, runtime::tensor_maps_describe(a.q, a.k, a.v)), device);
   const ForwardConfig& cfg = var.source.config;
   runtime::ScopedDevice scope(device);
   std::unique_ptr<BlockMask> mask(new BlockMask());
@@ -199,11 +203,8 @@ std::unique_ptr<BlockMask> KernelImpl::build_block_mask(const AttentionArgs& a) 
 std::unique_ptr<Workspace> KernelImpl::make_workspace(int device, int batch, int heads, int seqlen_q, int seqlen_kv) {
   runtime::ScopedDevice scope(device);
   runtime::LaunchShape s{batch, heads, heads, seqlen_q, seqlen_kv, spec().head_dim, spec().value_head_dim()};
-  return allocate_workspace(device, s, device_forward_config(device));
-}
-
-ForwardConfig KernelImpl::device_forward_config(int device) const {
-  return forward_config(spec().head_dim, runtime::device_info(device).arch, mask_is_data_dependent(ir_));
+  // The mma.sync kernel's tiles are the smallest any forward or backward launch builds its block mask for.
+  return allocate_workspace(device, s, forward_config(spec().head_dim));
 }
 
 void KernelImpl::bind_buffer(const std::string& name, const Tensor& t) {
@@ -221,9 +222,7 @@ void KernelImpl::bind_buffer(const std::string& name, const Tensor& t) {
 
 void KernelImpl::warm_up(int device, DType dtype) {
   if (dtype != spec().dtype) throw Error("warm_up: the spec's dtype differs");
-  runtime::VariantChoice c;
-  c.col_gemm_parts = col_gemm_term_ ? col_gemm_parts_for_scale(default_softmax_scale(spec().head_dim)) : 0;  // a default-scale launch's
-  variant(c, device);
+  variant(runtime::VariantChoice{}, device);
 }
 
 void KernelImpl::check_errors(int device, CUstream stream, Workspace* workspace) {
@@ -298,13 +297,8 @@ KernelImpl::VariantState& KernelImpl::variant_for_launch(const runtime::LaunchSh
     key.push_back(static_cast<int64_t>(t.shape.size()));
     key.insert(key.end(), t.shape.begin(), t.shape.end());
   }
-  const bool tma = !tma_candidate_ || runtime::tensor_maps_describe(a);  // the strides decide whether the TMA kernel may run
+  const bool tma = runtime::tensor_maps_describe(a.q, a.k, a.v);  // the strides decide whether the warp-specialised kernel may run
   key.push_back(tma);
-  if (col_gemm_term_) {  // the scale decides whether the column GEMM may run
-    uint32_t bits = 0;
-    std::memcpy(&bits, &a.scale, sizeof bits);
-    key.push_back(bits);
-  }
   for (const auto& [name, v] : a.params) {
     const dsl::ParamDecl* p = spec().find_param(name);
     int64_t bits = 0;
@@ -320,7 +314,7 @@ KernelImpl::VariantState& KernelImpl::variant_for_launch(const runtime::LaunchSh
     }
   }
   values = runtime::bind_launch(ir_.checked, shape, buffers, a);
-  VariantState& var = variant(forward_choice(values, a.scale, tma), device);
+  VariantState& var = variant(forward_choice(values, tma), device);
   std::lock_guard<std::mutex> lock(mutex_);
   memo_.key = key;
   memo_.values = values;
@@ -364,11 +358,18 @@ KernelImpl::VariantState& KernelImpl::variant(const runtime::VariantChoice& choi
   return v;
 }
 
-runtime::VariantChoice KernelImpl::forward_choice(const BoundValues& values, float scale, bool tma) const {
+runtime::VariantChoice KernelImpl::forward_choice(const BoundValues& values, bool tma) const {
   runtime::VariantChoice c = runtime::choose_variant(ranges_, ir_.checked, values);
   c.tma = tma;
-  c.col_gemm_parts = col_gemm_term_ ? col_gemm_parts_for_scale(scale > 0 ? scale : default_softmax_scale(spec().head_dim)) : 0;
+  c.runtime_split = runtime_split(values);
   return c;
+}
+
+RuntimeSplit KernelImpl::runtime_split(const BoundValues& values) const {
+  if (!score_scales_.split || (!score_scales_.in.runtime() && !score_scales_.out.runtime())) return RuntimeSplit::RunningMax;
+  std::vector<float> params;
+  for (const Value& v : values.params) params.push_back(v.f);
+  return runtime_split_for(score_scales_, params);
 }
 
 ForwardKernelOptions KernelImpl::forward_options(const runtime::VariantChoice& choice, const std::string& arch) const {
@@ -379,8 +380,8 @@ ForwardKernelOptions KernelImpl::forward_options(const runtime::VariantChoice& c
   fo.variant.int32 = choice.int32;
   fo.variant.checked_loads = choice.checked_loads;
   fo.variant.error_flags = options_.checked;
-  fo.col_gemm_parts = choice.col_gemm_parts;
-  fo.tma = choice.tma;
+  fo.tma_describable = choice.tma;
+  fo.variant.runtime_split = choice.runtime_split;
   return fo;
 }
 
@@ -495,8 +496,8 @@ Workspace& KernelImpl::workspace_for(Workspace* given, CUstream stream, int devi
 void KernelImpl::check_mask(const BlockMask& m, const runtime::LaunchShape& s, const ForwardConfig& cfg, int device) const {
   if (m.q_tile_ != cfg.block_m || m.kv_tile_ != cfg.block_n)
     throw Error(fmt::format("the block mask was built for {}x{} tiles but this kernel uses {}x{}; build it with this kernel's "
-                            "build_block_mask (on Hopper the forward of a data-dependent mask uses 64-row tiles and the backward "
-                            "128-row ones: pass the backward no mask and it builds its own)",
+                            "build_block_mask for the same launch shape (the backward uses other tiles than the forward: pass the "
+                            "backward no mask and it builds its own)",
                             m.q_tile_, m.kv_tile_, cfg.block_m, cfg.block_n));
   if (m.sq_ != s.seqlen_q || m.skv_ != s.seqlen_kv)
     throw Error(fmt::format("the block mask was built for Sq={} Skv={} but this launch has Sq={} Skv={}", m.sq_, m.skv_, s.seqlen_q, s.seqlen_kv));
@@ -544,18 +545,13 @@ void KernelImpl::build_mask_into(BlockMask& m, VariantState& var, std::vector<ui
   bp.seqlen_kv = static_cast<int>(s.seqlen_kv);
   bp.query_offset = 0;
   // Data-dependent masks: rank each row's query tiles by work for the kernel's schedule (flex_rank_q_tiles). A row
-  // of more query tiles than 48 KB of shared memory holds (12288, or 6144 with shifts) stays unranked: the kernel then
-  // takes the reversed tile order. Ranked masks of the 64-row Hopper loop also start each query tile's KV tiles at
-  // its first kept column (FlexBlockMaskBuildParams::shift_kv_tiles; the builder leaves the shifts in q_order).
+  // of more query tiles than 48 KB of shared memory holds (12288) stays unranked: the scheduler then takes the
+  // reversed tile order.
   auto rank = var.rank_fn.find(device);
-  const bool shift = cfg.hopper && cfg.block_m == 64;
   // Rounded up to 4 counts: the ranking loop's reads are vectorised and may cover up to three past the last.
-  const size_t rank_smem = static_cast<size_t>((m.num_q_tiles_ + 3) / 4 * 4) * 4 * (shift ? 2 : 1);
+  const size_t rank_smem = static_cast<size_t>((m.num_q_tiles_ + 3) / 4 * 4) * 4;
   const bool ranked = rank_tiles && rank != var.rank_fn.end() && rank_smem <= 48 * 1024;
-  if (ranked) {
-    bp.q_order = reinterpret_cast<FlexQTileWork*>(m.memory_ + block_mask_order_offset(m.bm_, m.hm_, m.num_q_tiles_, m.max_kv_tiles_));
-    bp.shift_kv_tiles = shift ? 1 : 0;
-  }
+  if (ranked) bp.q_order = reinterpret_cast<FlexQTileWork*>(m.memory_ + block_mask_order_offset(m.bm_, m.hm_, m.num_q_tiles_, m.max_kv_tiles_));
   void* args[] = {&bp, vparams.data()};
   check_cu(drv().cuLaunchKernel(var.mask_fn.at(device), static_cast<unsigned>(m.num_q_tiles_), static_cast<unsigned>(m.hm_),
                                 static_cast<unsigned>(m.bm_), 128, 1, 1, static_cast<unsigned>(m.max_kv_tiles_), stream, args, nullptr),

@@ -2,7 +2,6 @@
 // kernel_impl.cpp (forward, block masks, workspaces), backward_impl.cpp, varlen_impl.cpp and
 // decode_impl.cpp.
 #pragma once
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -18,14 +17,17 @@
 #include "runtime/flexjit.hpp"
 #include "runtime/forward_launch.h"
 #include "runtime/kernel_compiler.h"
+#include "runtime/tensor_maps.h"
 
 namespace flexjit {
 
 // The loaded CUDA driver; throws flexjit::Error saying why when there is none.
 const runtime::CudaDriver& require_driver();
 
-// Bytes at the start of every workspace for the error word (keeps what follows aligned).
+// Bytes at the start of every workspace for the error word (at offset 0) and the forward's work counter (at
+// kTileCounterOffset, FlexForwardParams::tile_counter); the rest keeps what follows aligned.
 constexpr size_t kErrorWordBytes = 256;
+constexpr size_t kTileCounterOffset = 16;
 
 // Where a block mask's ranked order (FlexQTileWork per query tile) starts: after the counts and index lists,
 // 16-byte aligned for the kernel's vector loads.
@@ -37,40 +39,6 @@ inline size_t block_mask_order_offset(int64_t bm, int64_t hm, int64_t nq, int64_
 inline size_t block_mask_bytes(int64_t bm, int64_t hm, int64_t nq, int64_t max_kv) {
   return block_mask_order_offset(bm, hm, nq, max_kv) + static_cast<size_t>(bm * hm * nq) * sizeof(FlexQTileWork);
 }
-
-// Per-phase host time of launches, collected when FLEXJIT_PROFILE_LAUNCH is set (for
-// finding launch overhead; printed when the kernel is destroyed).
-struct LaunchProfile {
-  bool enabled = std::getenv("FLEXJIT_PROFILE_LAUNCH") != nullptr;
-  double us[5] = {};
-  long launches = 0;
-  ~LaunchProfile() {
-    if (enabled && launches)
-      std::fprintf(stderr, "flexjit launch profile over %ld launches (us): validate+collect %.2f, pointer checks %.2f, bind+variant %.2f, "
-                   "workspace+params+mask %.2f, cuLaunchKernel %.2f\n",
-                   launches, us[0] / launches, us[1] / launches, us[2] / launches, us[3] / launches, us[4] / launches);
-  }
-};
-
-class LaunchTimer {
- public:
-  explicit LaunchTimer(LaunchProfile& p) : p_(p) {
-    if (p_.enabled) {
-      last_ = std::chrono::steady_clock::now();
-      ++p_.launches;
-    }
-  }
-  void lap(int phase) {
-    if (!p_.enabled) return;
-    auto now = std::chrono::steady_clock::now();
-    p_.us[phase] += std::chrono::duration<double, std::micro>(now - last_).count();
-    last_ = now;
-  }
-
- private:
-  LaunchProfile& p_;
-  std::chrono::steady_clock::time_point last_;
-};
 
 class KernelImpl : public Kernel {
  public:
@@ -118,9 +86,13 @@ class KernelImpl : public Kernel {
   void check_pointers(const AttentionArgs& a, const std::vector<Tensor>& buffers, int device) const;
 
   VariantState& variant(const runtime::VariantChoice& choice, int device);
-  // The forward's variant choice for a launch's values and softmax scale (0: 1 / sqrt(D)).
-  // tma: whether tensor maps can describe the launch's q, k and v (runtime::tensor_maps_describe).
-  runtime::VariantChoice forward_choice(const BoundValues& values, float scale, bool tma = true) const;
+  // The forward's variant choice for a launch's values. tma: whether tensor maps can describe the launch's q, k and v
+  // (runtime::tensor_maps_describe).
+  runtime::VariantChoice forward_choice(const BoundValues& values, bool tma) const;
+  // How the launch's parameter values let a score_mod split with runtime factors run (score_scales_).
+  RuntimeSplit runtime_split(const BoundValues& values) const;
+  // The forward's grid: one CTA per work tile, or (warp-specialised kernel) one per SM for at most `work` tiles.
+  static unsigned forward_grid(const ForwardConfig& cfg, int64_t work, int device);
 
   // The launch's bound values and variant. Binding and the range obligations cost a few
   // microseconds per launch, so the last launch's results are reused when its sizes,
@@ -133,14 +105,11 @@ class KernelImpl : public Kernel {
     VariantState* variant = nullptr;
   };
   LaunchMemo memo_;
+  runtime::TensorMapCache map_cache_;  // the forward's last tensor maps (guarded by mutex_)
 
   void load_library(VariantState& v, const std::string& arch);
   // Kernel options of the forward (dense or ragged) module for a variant choice on an architecture.
   ForwardKernelOptions forward_options(const runtime::VariantChoice& choice, const std::string& arch) const;
-  // The forward's tile configuration on `device` (its block mask's geometry), as the generator picks it. Workspaces
-  // are sized with it: its tiles are never larger than the backward's, so its mask room covers both.
-  ForwardConfig device_forward_config(int device) const;
-
   void fill_forward_params(FlexForwardParams& p, const AttentionArgs& a, const runtime::LaunchShape& s) const;
 
   int mask_batch(const runtime::LaunchShape& s) const { return mask_uses_b_ ? static_cast<int>(s.batch) : 1; }
@@ -173,15 +142,10 @@ class KernelImpl : public Kernel {
 
   SpecIR ir_;
   RuntimeOptions options_;
-  LaunchProfile profile_;
   RangeInfo ranges_;
   std::string canonical_;
   bool mask_uses_b_ = false, mask_uses_h_ = false;
-  // The spec has a score_mod term the Hopper forward can add by its column GEMM (find_forward_col_gemm).
-  bool col_gemm_term_ = false;
-  // The spec's Hopper forward can be the TMA kernel (a data-dependent mask, head dim above 64: ForwardConfig::tma),
-  // so a launch's strides decide between it and the cp.async kernel.
-  bool tma_candidate_ = false;
+  ScoreScales score_scales_;  // the split of the score_mod (its factors may be runtime parameters)
   std::mutex mutex_;
   std::map<std::string, std::unique_ptr<VariantState>> variants_;
   std::map<int, std::unique_ptr<Workspace>> workspaces_;

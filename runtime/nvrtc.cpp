@@ -267,8 +267,7 @@ NvrtcOutput NvrtcCompiler::compile(const NvrtcRequest& request) const {
                request.arch, r.spill_store_bytes);
   }
   // ptxas C7520 / C7511: one wgmma under a run-time condition, or short of registers for the wgmma pipeline, makes
-  // it serialise every wgmma of the kernel (the Hopper loops lose their GEMM overlap: SAM's forward took 1.62 ms
-  // instead of 1.52).
+  // it serialise every wgmma of the kernel (the Hopper kernels lose their GEMM overlap).
   if (out.log.find("wgmma.mma_async instructions are serialized") != std::string::npos)
     log_warn("kernel {} ({}): ptxas serialises its wgmma instructions; it will run slower", request.program_name, request.arch);
   if (log_enabled(LogLevel::debug) && !out.log.empty()) log_debug("NVRTC log for {}:\n{}", request.program_name, out.log);

@@ -1,6 +1,10 @@
-// TMA tensor maps of a forward launch (kernels_templates/flex_tma.cuh reads them): q, k and v described as
-// rank-4 tensors {D, S, heads, B} with the launch's strides, encoded by the driver (cuTensorMapEncodeTiled).
+// TMA tensor maps of a warp-specialised forward launch (kernels_templates/flex_tma.cuh reads them): q, k and v
+// described as rank-4 tensors {D, S, heads, B} with the launch's strides, encoded by the driver
+// (cuTensorMapEncodeTiled).
 #pragma once
+#include <cstdint>
+#include <vector>
+
 #include "compiler/codegen/kernel_config.h"
 #include "kernels_templates/flex_params.cuh"
 #include "runtime/cuda_driver.h"
@@ -8,13 +12,26 @@
 
 namespace flexjit::runtime {
 
-// Whether tensor maps can describe q, k and v: every stride over batch, heads and positions positive (or zero
-// over a dimension of size 1) and below 2^40 bytes. Alignment and multiples of 16 bytes are checked by
-// validate_operands already. A launch where this is false takes the cp.async kernel.
-bool tensor_maps_describe(const AttentionArgs& a);
+// Whether tensor maps can describe q, k and v given as [B, heads, S, D] (or packed [total, heads, D], read as
+// B = 1): every stride over batch, heads and positions positive (or zero over a dimension of size 1) and below 2^40
+// bytes. Alignment and multiples of 16 bytes are checked by validate_operands already. A launch where this is false
+// takes the mma.sync kernel.
+bool tensor_maps_describe(const Tensor& q, const Tensor& k, const Tensor& v);
 
-// The maps for a kernel with cfg.tma: one box per swizzle region of the 64-row tiles (FlexForwardTraitsSm90).
-// Throws flexjit::Error with the driver's message if the driver refuses one.
-FlexForwardTmaMaps encode_forward_tensor_maps(const CudaDriver& d, const AttentionArgs& a, const ForwardConfig& cfg);
+// The maps for cfg's kernel: boxes of one swizzle region (the policy's tile head dim decides the swizzle) by
+// cfg.block_m rows for q and cfg.block_n rows for k and v; columns past the head dim arrive as zeros. Throws
+// flexjit::Error with the driver's message if the driver refuses one.
+FlexForwardTmaMaps encode_forward_tensor_maps(const CudaDriver& d, const Tensor& q, const Tensor& k, const Tensor& v, const ForwardConfig& cfg);
+
+// The last maps encoded, reused while a launch has the same tensors and tiles (the steady state of a server or a
+// training loop): encoding three maps costs the host about a microsecond per launch. Not thread-safe: the caller locks.
+class TensorMapCache {
+ public:
+  const FlexForwardTmaMaps& get(const CudaDriver& d, const Tensor& q, const Tensor& k, const Tensor& v, const ForwardConfig& cfg);
+
+ private:
+  std::vector<int64_t> key_;
+  FlexForwardTmaMaps maps_{};
+};
 
 }  // namespace flexjit::runtime

@@ -1,5 +1,5 @@
-// KernelImpl's ragged-prefill launches: the forward kernel's kVarlen instantiation (flex_params.cuh), one grid of
-// max_seqlen_q tiles x H x B whose CTAs past their sequence's end exit. No block mask: every KV tile below a
+// KernelImpl's ragged-prefill launches: the forward kernel's kVarlen instantiation (flex_params.cuh), over the work
+// tiles of max_seqlen_q x H x B, those past their sequence's end skipped. No block mask: every KV tile below a
 // sequence's KV length runs as a partial tile (mask_mod per element), which is correct for any mask;
 // per-sequence block classification on the device is left for later (docs/DECODE_NOTES.md).
 #include <fmt/format.h>
@@ -10,6 +10,7 @@
 #include "runtime/cpu_executor.h"
 #include "runtime/device.h"
 #include "runtime/kernel_impl.h"
+#include "runtime/tensor_maps.h"
 
 namespace flexjit {
 
@@ -127,7 +128,10 @@ void KernelImpl::forward_varlen(const VarlenArgs& a) {
   // The mods see Sq and Skv as the bounds of the per-sequence lengths.
   runtime::LaunchShape shape{B, H, Hkv, a.max_seqlen_q, a.max_seqlen_kv, D, Dv};
   BoundValues values = runtime::bind_launch(ir_.checked, shape, buffers, shim);
-  VariantState& var = varlen_variant(runtime::choose_variant(ranges_, ir_.checked, values), device);
+  runtime::VariantChoice choice = runtime::choose_variant(ranges_, ir_.checked, values);
+  choice.tma = runtime::tensor_maps_describe(a.q, a.k, a.v);
+  choice.runtime_split = runtime_split(values);
+  VariantState& var = varlen_variant(choice, device);
   const ForwardConfig& cfg = var.source.config;
 
   runtime::ScopedDevice scope(device);
@@ -156,9 +160,12 @@ void KernelImpl::forward_varlen(const VarlenArgs& a) {
   p.scale = a.scale > 0 ? a.scale : default_softmax_scale(static_cast<int>(D));
   p.cu_seqlens_q = static_cast<const int*>(a.cu_seqlens_q.data);
   p.cu_seqlens_kv = static_cast<const int*>(a.cu_seqlens_kv.data);
-  void* args[] = {&p, vparams.data()};
-  const unsigned grid_x = static_cast<unsigned>((a.max_seqlen_q + cfg.block_m - 1) / cfg.block_m);
-  check_cu(require_driver().cuLaunchKernel(var.forward_fn.at(device), grid_x, static_cast<unsigned>(H), static_cast<unsigned>(B),
+  p.tile_counter = reinterpret_cast<int*>(ws.memory_ + kTileCounterOffset);
+  FlexForwardTmaMaps maps;
+  if (cfg.warp_specialized) maps = runtime::encode_forward_tensor_maps(require_driver(), a.q, a.k, a.v, cfg);
+  void* args[] = {&p, vparams.data(), &maps};
+  const int64_t work = B * H * ((a.max_seqlen_q + cfg.block_m - 1) / cfg.block_m);
+  check_cu(require_driver().cuLaunchKernel(var.forward_fn.at(device), forward_grid(cfg, work, device), 1, 1,
                                            static_cast<unsigned>(cfg.threads()), 1, 1, static_cast<unsigned>(cfg.shared_bytes()), a.stream, args,
                                            nullptr),
            "launching the ragged-prefill forward kernel");

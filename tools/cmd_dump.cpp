@@ -90,7 +90,6 @@ int run_dump(const DumpOptions& o) {
     fo.dtype = spec.dtype;
     fo.head_dim = spec.head_dim;
     fo.arch = o.arch;
-    fo.col_gemm_parts = col_gemm_parts_for_scale(default_softmax_scale(spec.head_dim));  // as a default-scale launch takes it
     ks = forward_kernel_source(ir, analyze_ir_ranges(ir), fo);
   }
   if (o.emit == "cuda") {

@@ -6,9 +6,9 @@ nor the preprocessor can spell, so the wrappers are generated once and committed
 the list of shapes:  python3 tools/gen_wgmma_ops.py > kernels_templates/flex_wgmma_ops.cuh
 """
 
-# Accumulator widths the attention kernels use: S tiles (64, 128), O / dK / dV (the head dims) and the
+# Accumulator widths the attention kernels use: S tiles (64 .. 192: the forward policy's KV tiles), O / dK / dV (the head dims) and the
 # dQ halves of the backward (16 .. 128).
-SHAPES = [16, 32, 48, 64, 80, 96, 128, 192, 256]
+SHAPES = [16, 32, 48, 64, 80, 96, 112, 128, 176, 192, 256]
 TYPES = [("__nv_bfloat16", "bf16"), ("__half", "f16")]
 
 

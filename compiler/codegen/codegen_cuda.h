@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "compiler/codegen/params_layout.h"
+#include "compiler/codegen/score_scales.h"
 #include "compiler/passes/range_analysis.h"
 #include "compiler/passes/staging.h"
 #include "compiler/spec_ir.h"
@@ -20,9 +21,11 @@ struct VariantOptions {
   bool error_flags = true;      // checked mode: clamped loads and zero divisors set bits in the error word
   bool hoist = true;            // hoist row / column / tile invariant values
   bool fast_tanh = true;        // tanh.approx.f32 instead of tanhf
-  // Also emit KvCol / kv_col / mask_mod_staged (kernels_templates/flex_forward.cuh): mask_mod's loads at the KV
-  // column alone, computed once per column of a partial tile by the kernels that stage them (the 64-row Hopper loop).
+  // Also emit KvCol / kv_col / mask_mod_staged (kernels_templates/flex_variant_base.cuh): mask_mod's loads at the KV
+  // column alone, computed once per column of a partial tile by the kernels that stage them.
   bool stage_kv_cols = false;
+  // A score_mod split with runtime factors (compiler/codegen/score_scales.h): what the launch's parameter values allow.
+  RuntimeSplit runtime_split = RuntimeSplit::RunningMax;
 };
 
 // What the launcher needs to turn an error bit into a message.
@@ -43,6 +46,7 @@ struct GeneratedVariant {
   std::vector<LoadSite> loads;  // one per RangeInfo::loads entry
   int row_values = 0, col_values = 0, tile_values = 0;
   int kv_col_values = 0;  // fields of KvCol (VariantOptions::stage_kv_cols); 0: no staged forms emitted
+  bool tile_aligned = false;  // kTileAligned: the hooks need KV tiles at multiples of the staging tile
 };
 
 // `ranges` must come from analyze_ranges over the same (optimized) score_mod and mask_mod.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #include "dsl/error.h"
@@ -13,62 +14,42 @@
 namespace flexjit {
 
 std::string ForwardConfig::str() const {
-  return fmt::format("d{}_m{}_n{}_w{}{}{}{}{}", head_dim, block_m, block_n, warps, hopper ? "_sm90" : "",
-                     col_gemm_parts ? fmt::format("_cg{}", col_gemm_parts) : "", tma ? "_tma" : "", staged_kv_cols ? "_kvcols" : "");
+  return fmt::format("d{}_m{}_n{}_w{}{}", head_dim, block_m, block_n, warps, warp_specialized ? "_ws" : "");
 }
 
-int ForwardConfig::shared_bytes() const {
-  const int padded = (head_dim + 8) * 2;  // bytes of a padded row (mma.sync tiles and the O staging tile)
-  if (!hopper) return (block_m + 4 * block_n) * padded;  // Q tile + two stages of K and V
-  // FlexForwardTraitsSm90: a Q region (the swizzled Q tile, 1 KB aligned; at 128 rows also the padded O staging
-  // tile), dense swizzled K/V tiles (a ring of three single tiles at 64 rows and head dims above 64, else four
-  // {K, V} stages), with TMA loads their three mbarriers (64 bytes), and 1 KB to align the base. With the column
-  // GEMM, the [block_m][64] bf16 column block and one 1 KB diagonal per part follow the Q region. Staged mask
-  // columns: two slots of 64 x 8 bytes at the end.
-  const int q_tile = block_m * head_dim * 2;
-  const int q_region = ((block_m == 64 ? q_tile : std::max(q_tile, block_m * padded)) + 1023) / 1024 * 1024;
-  const int col_gemm_bytes = col_gemm_parts ? block_m * 64 * 2 + col_gemm_parts * 1024 : 0;
-  const int kv_tiles = block_m == 64 && head_dim > 64 ? 3 : 4 * 2;
-  return q_region + col_gemm_bytes + kv_tiles * block_n * head_dim * 2 + (tma ? 64 : 0) + (staged_kv_cols ? 2 * 64 * 8 : 0) + 1024;
+ForwardConfig forward_config(const FlexForwardPolicy& p) {
+  return ForwardConfig{p.head_dim, p.block_m, p.block_n, p.threads / 32, p.kind == kFlexForwardWarpSpecialized, p.smem_bytes, p.swizzle_bytes};
+}
+
+namespace {
+
+void check_head_dim(int head_dim) {
+  const auto& dims = dsl::supported_head_dims();
+  if (std::find(dims.begin(), dims.end(), head_dim) == dims.end())
+    throw Error(fmt::format("head dim {} is not supported by the GPU forward kernel; supported: {}", head_dim, fmt::join(dims, ", ")));
+}
+
+}  // namespace
+
+ForwardConfig forward_config(int head_dim) {
+  check_head_dim(head_dim);
+  return forward_config(flex_forward_policy_mma_sync(head_dim));
+}
+
+ForwardConfig forward_config(int head_dim, const std::string& arch, bool tma_describable, FlexVariantFeatures features) {
+  check_head_dim(head_dim);
+  return forward_config(flex_forward_policy(flex_forward_kind(arch_sm(arch), head_dim, tma_describable), head_dim, features));
 }
 
 bool is_hopper_arch(const std::string& arch) { return arch == "sm_90a"; }
 
-int col_gemm_parts_for_scale(float scale) {
-  if (!(scale > 0.f) || scale > 0.5f) return 0;
-  const float inv = 1.f / scale;  // as the kernel computes it
-  uint32_t bits = 0;
-  std::memcpy(&bits, &inv, sizeof bits);
-  return (bits & 0xffffu) == 0 ? 1 : 3;  // a bf16 is an fp32 whose low 16 bits are zero
-}
-
-ForwardConfig forward_config(int head_dim, const std::string& arch, bool data_dependent_mask) {
-  // Head dim 80 stays on the mma.sync loop: its 32-byte swizzle made the Hopper loop slower there (H100, full
-  // B4 H16 S4096: 270 vs 343 TFLOP/s; SAM ViT-H 3.26 vs 2.87 ms). 192 and 256 do not fit its registers.
-  if (is_hopper_arch(arch) && head_dim <= 128 && head_dim != 80 && head_dim % 16 == 0) {
-    ForwardConfig c = forward_config(head_dim);
-    c.warps = 8;
-    c.hopper = true;
-    if (data_dependent_mask) {
-      // One warpgroup per 64-row CTA: a document mask gives each query tile a few KV tiles only, so a CTA's
-      // prologue and epilogue weigh; two to four CTAs per SM overlap them, and 64-row tiles visit less masked area.
-      c.block_m = 64;
-      c.warps = 4;
-    }
-    return c;
+int arch_sm(const std::string& arch) {
+  if (arch == "sm_90a") return 90;
+  if (arch.rfind("sm_", 0) == 0) {
+    const int sm = std::atoi(arch.c_str() + 3);
+    return sm == 90 ? 89 : sm;  // plain sm_90 has no wgmma: it runs what sm_89 runs
   }
-  switch (head_dim) {
-    case 32: return {32, 128, 64, 4};
-    case 64: return {64, 128, 64, 4};
-    case 80: return {80, 128, 64, 4};
-    case 96: return {96, 128, 64, 4};
-    case 128: return {128, 128, 64, 4};
-    case 192: return {192, 128, 64, 8};
-    case 256: return {256, 128, 64, 8};
-    default: break;
-  }
-  throw Error(fmt::format("head dim {} is not supported by the GPU forward kernel; supported: {}", head_dim,
-                          fmt::join(dsl::supported_head_dims(), ", ")));
+  return 80;
 }
 
 std::string DecodeConfig::str() const { return fmt::format("d{}_mt{}_st{}{}", head_dim, m_tiles, stages, alternate ? "_alt" : ""); }

@@ -1,55 +1,49 @@
-// Tile configurations of the forward kernel per head dim: the host-side mirror of the table
-// at the top of kernels_templates/flex_forward.cuh (the generated wrapper instantiates the
-// template with exactly these values, so the two cannot drift apart silently).
+// The forward kernels' launch geometry, read off the tile policy (kernels_templates/flex_tile_policy.cuh: the one
+// place tuning choices are made; the generated source instantiates the templates that read the same policy, and
+// static_asserts that host and template agree on the shared memory).
 #pragma once
 #include <cmath>
 #include <string>
 
 #include "dsl/builtins.h"
+#include "kernels_templates/flex_tile_policy.cuh"
 
 namespace flexjit {
 
 struct ForwardConfig {
-  int head_dim;
-  int block_m;  // query rows per CTA
-  int block_n;  // KV rows per tile (the tile size the staging pass and block masks use)
-  int warps;
-  // The Hopper main loop (kernels_templates/flex_forward_sm90.cuh: wgmma, two warpgroups) instead of the
-  // mma.sync one. Same block_m x block_n, so block masks and the staging pass do not depend on it.
-  bool hopper = false;
-  // Hopper only: a bf16 score_mod term buf[.., q, kv % 64] is added by the S GEMM (flex_forward_sm90.cuh, the
-  // column GEMM; compiler/codegen/staged_terms.h, find_forward_col_gemm) in this many bf16 parts of 1 / scale
-  // (1 or 3; 0: no column GEMM).
-  int col_gemm_parts = 0;
-  // Hopper, 64-row CTAs with the K/V tile ring (head dims above 64): Q, K and V are loaded by TMA from tensor maps
-  // the launch passes as a third kernel parameter (FlexForwardTmaMaps); false: cp.async by every thread.
-  bool tma = false;
-  // Hopper, 64-row CTAs: the variant's per-column mask values (FlexVariant::KvCol) are staged in shared memory once
-  // per partial tile (two 512-byte slots after the K/V tiles).
-  bool staged_kv_cols = false;
+  int head_dim = 0;
+  int block_m = 0;  // query rows per work tile (a block mask's q_tile)
+  int block_n = 0;  // KV rows per tile (a block mask's kv_tile)
+  int warps = 0;
+  // The warp-specialised sm_90a kernel (flex_forward_kernel_sm90.cuh): a persistent grid of one CTA per SM and the
+  // launch's tensor maps as a third parameter. false: the mma.sync kernel, one CTA per work tile.
+  bool warp_specialized = false;
+  int smem = 0;  // dynamic shared memory per CTA
+  int swizzle_bytes = 0;  // warp-specialised: the swizzle of its shared-memory tiles, which the tensor maps' boxes follow
   std::string str() const;
-  // Dynamic shared memory of the forward kernel (the generated source static_asserts that it equals the
-  // template's Traits::kSmemBytes).
-  int shared_bytes() const;
+  int shared_bytes() const { return smem; }
   int threads() const { return warps * 32; }
 };
 
-// Throws flexjit::Error naming the supported dims for an unsupported head dim. `arch` is the NVRTC target
-// ("sm_90a", "sm_80"); empty means the portable mma.sync kernel.
-// data_dependent_mask: the spec's mask_mod is classified by the dense block-mask builder (it reads buffers), which
-// picks 64-row tiles for the Hopper loop.
-ForwardConfig forward_config(int head_dim, const std::string& arch = "", bool data_dependent_mask = false);
+ForwardConfig forward_config(const FlexForwardPolicy& policy);
 
-// The column GEMM's parts for a launch's softmax scale (FlexForwardTraitsSm90::kColGemmParts): 1 when 1 / scale (in
-// fp32) is a bf16 value, 3 otherwise, 0 (the per-element path) for scale > 0.5, where a -inf term would not
-// overflow back to -inf.
-int col_gemm_parts_for_scale(float scale);
+// The mma.sync kernel's configuration at a head dim (the backward and the ragged prefill share its tiles). Throws
+// flexjit::Error naming the supported dims for an unsupported head dim.
+ForwardConfig forward_config(int head_dim);
+
+// Which forward kernel a launch runs and with what tiles: `arch` is the NVRTC target ("sm_90a", "sm_80"; empty: the
+// portable mma.sync kernel), tma_describable whether tensor maps can describe the launch's q, k and v
+// (runtime/tensor_maps.h), features the generated variant's (GeneratedVariant::features).
+ForwardConfig forward_config(int head_dim, const std::string& arch, bool tma_describable, FlexVariantFeatures features);
 
 // The softmax scale a launch that passes none uses: 1 / sqrt(head dim), in fp32.
 inline float default_softmax_scale(int head_dim) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim))); }
 
-// True for the architectures the Hopper main loops compile for (wgmma needs exactly sm_90a).
+// True for the architectures the Hopper kernels compile for (wgmma and setmaxnreg need exactly sm_90a).
 bool is_hopper_arch(const std::string& arch);
+
+// The compute capability (80, 90, ...) an NVRTC target names; 90 only for sm_90a, the target with wgmma and setmaxnreg.
+int arch_sm(const std::string& arch);
 
 // Configuration of the decode kernel (kernels_templates/flex_decode.cuh, FlexDecodeTraits): 16 * m_tiles
 // packed query rows per CTA, 64-row KV tiles, `stages` K/V stages, 4 warps.

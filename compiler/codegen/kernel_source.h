@@ -30,19 +30,15 @@ struct KernelSource {
 struct ForwardKernelOptions {
   dsl::DType dtype = dsl::DType::BF16;
   int head_dim = 128;
-  // The NVRTC target the source is for: "sm_90a" selects the Hopper main loop (flex_forward_sm90.cuh) for
-  // head dims up to 128; anything else, or empty, the portable mma.sync one.
+  // The NVRTC target the source is for: "sm_90a" selects the warp-specialised kernel (flex_tile_policy.cuh says for
+  // which head dims); anything else, or empty, the portable mma.sync one.
   std::string arch;
   VariantOptions variant;
-  // Ask for the Hopper loop's column GEMM in this many parts (ForwardConfig::col_gemm_parts, from
-  // col_gemm_parts_for_scale of the launch's scale) where the spec has a term for it; 0: never.
-  int col_gemm_parts = 0;
-  // Let the 64-row Hopper loop load tiles with TMA (ForwardConfig::tma) where it has the K/V tile ring; a launch
-  // whose strides no tensor map can describe (negative, or zero over a dimension longer than 1) asks for false.
-  bool tma = true;
+  // Whether tensor maps can describe the launch's q, k and v (runtime/tensor_maps.h); false keeps the mma.sync kernel.
+  bool tma_describable = true;
 };
 
-// The forward kernel for a spec: FlexForwardTraits<config> with the spec's variant.
+// The forward kernel for a spec: the policy's kernel (flex_forward_policy) with the spec's variant.
 KernelSource forward_kernel_source(const SpecIR& ir, const RangeInfo& ranges, const ForwardKernelOptions& options);
 
 // The ragged-prefill forward kernel for a spec: the same variant and tiles as forward_kernel_source, the

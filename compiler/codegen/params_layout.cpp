@@ -6,6 +6,8 @@ namespace flexjit {
 
 std::string buffer_field(const dsl::BufferDecl& b) { return "buf_" + b.name; }
 
+std::string reciprocal_field(const dsl::ParamDecl& p) { return "param_" + p.name + "_inv"; }
+
 ParamsLayout make_params_layout(const SpecIR& ir) {
   ParamsLayout layout;
   layout.slots.push_back({SlotKind::ErrorFlags, 0, 0, "error_flags"});
@@ -24,6 +26,7 @@ ParamsLayout make_params_layout(const SpecIR& ir) {
     if (p.is_const) continue;
     SlotKind k = p.type == dsl::ValueType::Float ? SlotKind::FloatParam : p.type == dsl::ValueType::Bool ? SlotKind::BoolParam : SlotKind::IntParam;
     layout.slots.push_back({k, int(i), 0, "param_" + p.name});
+    if (k == SlotKind::FloatParam) layout.slots.push_back({SlotKind::FloatParamReciprocal, int(i), 0, reciprocal_field(p)});
   }
   return layout;
 }

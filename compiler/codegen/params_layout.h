@@ -16,6 +16,7 @@ enum class SlotKind {
   Symbol,        // value of shape symbol `index` (CheckedSpec::symbols)
   IntParam,      // runtime int param `index` (long long)
   FloatParam,    // runtime float param `index` (float in the low 4 bytes)
+  FloatParamReciprocal,  // 1 / runtime float param `index`, rounded once by the host (a division by it multiplies by this)
   BoolParam,     // runtime bool param `index` (0 or 1 as long long)
 };
 
@@ -32,10 +33,13 @@ struct ParamsLayout {
 };
 
 // The layout every back end uses for a spec: the error word, then per buffer its pointer,
-// strides and extents, then every shape symbol, then the runtime parameters.
+// strides and extents, then every shape symbol, then the runtime parameters (a float one followed by its reciprocal).
 ParamsLayout make_params_layout(const SpecIR& ir);
 
 // The name of a buffer's field in the Params struct ("buf_" + name).
 std::string buffer_field(const dsl::BufferDecl& b);
+
+// The name of a runtime float parameter's reciprocal field ("param_" + name + "_inv").
+std::string reciprocal_field(const dsl::ParamDecl& p);
 
 }  // namespace flexjit

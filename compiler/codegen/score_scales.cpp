@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "compiler/ir/ir_mutator.h"
 
@@ -13,45 +14,57 @@ namespace {
 
 bool is_score(const Expr& e) { return is_var(e, VarId::Score); }
 
-// The finite nonzero constant c of `score * c`, `c * score` or `score / c` (as the factor score is multiplied
-// by: 1 / c for the division, as the emitter prints it), or 0 when e is none of those.
-float score_factor(const Expr& e) {
+// A finite nonzero literal or a float parameter as a factor (optionally its reciprocal); nullopt otherwise.
+std::optional<ScaleFactor> factor_of(const Expr& x, bool reciprocal) {
+  if (const FloatImm* c = x.as<FloatImm>()) {
+    if (!std::isfinite(c->value) || c->value == 0.f) return std::nullopt;
+    const float v = reciprocal ? 1.f / c->value : c->value;
+    if (!std::isfinite(v)) return std::nullopt;
+    ScaleFactor f;
+    f.constant = v;
+    return f;
+  }
+  if (const Param* p = x.as<Param>(); p && p->type == Type::Float) {
+    ScaleFactor f;
+    f.param = p->index;
+    f.param_name = p->name;
+    f.reciprocal = reciprocal;
+    return f;
+  }
+  return std::nullopt;
+}
+
+// The factor score is multiplied by in `score * c`, `c * score` or `score / c` (1 / c for the division, as the
+// emitter prints it), or nullopt when e is none of those.
+std::optional<ScaleFactor> score_factor(const Expr& e) {
   const Binary* b = e.as<Binary>();
-  if (!b || b->type != Type::Float) return 0.f;
-  auto finite_nonzero = [](const Expr& x) -> float {
-    const FloatImm* c = x.as<FloatImm>();
-    return c && std::isfinite(c->value) && c->value != 0.f ? c->value : 0.f;
-  };
+  if (!b || b->type != Type::Float) return std::nullopt;
   if (b->op == BinaryOp::Mul) {
-    if (is_score(b->a)) return finite_nonzero(b->b);
-    if (is_score(b->b)) return finite_nonzero(b->a);
+    if (is_score(b->a)) return factor_of(b->b, false);
+    if (is_score(b->b)) return factor_of(b->a, false);
   }
-  if (b->op == BinaryOp::Div && is_score(b->a)) {
-    const float c = finite_nonzero(b->b);
-    return c != 0.f && std::isfinite(1.f / c) ? 1.f / c : 0.f;
-  }
-  return 0.f;
+  if (b->op == BinaryOp::Div && is_score(b->a)) return factor_of(b->b, true);
+  return std::nullopt;
 }
 
 // Replaces every `score * in` (score_factor == in) by `with`; `mismatch` is set when a scaled score with
 // another factor is met.
 class ReplaceScaledScore : public IRMutator {
  public:
-  ReplaceScaledScore(float in, Expr with) : in_(in), with_(std::move(with)) {}
+  ReplaceScaledScore(ScaleFactor in, Expr with) : in_(std::move(in)), with_(std::move(with)) {}
   bool mismatch = false;
 
  protected:
   Expr visit(const Binary* op, const Expr& e) override {
-    const float f = score_factor(e);
-    if (f != 0.f) {
-      if (f != in_) mismatch = true;
+    if (const std::optional<ScaleFactor> f = score_factor(e)) {
+      if (!f->same(in_)) mismatch = true;
       return with_;
     }
     return IRMutator::visit(op, e);
   }
 
  private:
-  float in_;
+  ScaleFactor in_;
   Expr with_;
 };
 
@@ -109,38 +122,57 @@ Bounds float_bounds(const Expr& e) {
 
 }  // namespace
 
+float ScaleFactor::value(const std::vector<float>& params) const {
+  if (param < 0) return constant;
+  const float v = static_cast<size_t>(param) < params.size() ? params[static_cast<size_t>(param)] : 0.f;
+  return reciprocal ? 1.f / v : v;
+}
+
+bool ScoreScales::fixed_max_fits(float out_value) const {
+  // exp2((core - max) * log2(e) * out) over the core's range stays at or above 2^-100: a normal number in bf16 P,
+  // with room below it for the row sums (flex::Softmax).
+  constexpr double kFixedMaxRangeLog2 = 100.0, kLog2e = 1.4426950408889634;
+  return core_bounded && out_value > 0.f && std::isfinite(out_value) && (core_hi - core_lo) * kLog2e * out_value <= kFixedMaxRangeLog2;
+}
+
 ScoreScales split_score_scales(const Expr& score_mod) {
   ScoreScales s;
   const Binary* root = score_mod.as<Binary>();
   if (!root || root->op != BinaryOp::Mul || root->type != Type::Float) return s;
-  const FloatImm* c = root->a.as<FloatImm>();
+  std::optional<ScaleFactor> out = factor_of(root->a, false);
   Expr rest = root->b;
-  if (!c) {
-    c = root->b.as<FloatImm>();
+  if (!out) {
+    out = factor_of(root->b, false);
     rest = root->a;
   }
-  if (!c || !(c->value > 0.f) || !std::isfinite(c->value)) return s;
+  if (!out || (!out->runtime() && !(out->constant > 0.f))) return s;
 
   // The factor of the first scaled score found decides `in`; every other must match it.
-  float in = 0.f;
+  std::optional<ScaleFactor> in;
   for_each_node(rest, [&](const Expr& n) {
-    if (in == 0.f) in = score_factor(n);
+    if (!in) in = score_factor(n);
   });
-  if (in == 0.f) return s;
+  if (!in) return s;
   // With the scaled scores replaced by a constant, no bare score may remain.
-  ReplaceScaledScore probe(in, FloatImm::make(0.f));
+  ReplaceScaledScore probe(*in, FloatImm::make(0.f));
   if (uses_score(probe.mutate(rest)) || probe.mismatch) return s;
 
-  ReplaceScaledScore to_core(in, Var::make(VarId::Score));
+  ReplaceScaledScore to_core(*in, Var::make(VarId::Score));
   s.core = to_core.mutate(rest);
-  s.in = in;
-  s.out = c->value;
+  s.in = *in;
+  s.out = *out;
   s.split = true;
   const Bounds cb = float_bounds(s.core);
   s.core_bounded = cb.known;
   s.core_lo = cb.lo;
   s.core_hi = cb.hi;
   return s;
+}
+
+RuntimeSplit runtime_split_for(const ScoreScales& scales, const std::vector<float>& params) {
+  const float out = scales.out.value(params);
+  if (!(out > 0.f) || !std::isfinite(out)) return RuntimeSplit::Unsplit;
+  return scales.fixed_max_fits(out) ? RuntimeSplit::FixedMax : RuntimeSplit::RunningMax;
 }
 
 }  // namespace flexjit

@@ -1,7 +1,7 @@
 // Prints a staged term's row accessor for a generated variant: a device function returning flex::StagedRows
 // (kernels_templates/flex_staged_rows.cuh) with the buffer's element [lead..., 0, 0], its row and column strides,
 // its last dim and the offset of that element in the buffer's contiguous gradient. The Hopper backward's staged
-// terms (staged_col / staged_tile) and the Hopper forward's column GEMM (col_gemm_rows) read their blocks through it.
+// terms (staged_col / staged_tile) read their blocks through it.
 #pragma once
 #include <string>
 

@@ -142,34 +142,4 @@ StagedTerms find_staged_terms(const ScoreModGradient& grad, const RangeInfo& ran
   return out;
 }
 
-ForwardColGemm find_forward_col_gemm(const SpecIR& ir, const RangeInfo& ranges, const VariantOptions& options) {
-  ForwardColGemm out;
-  out.score_mod = ir.score_mod;
-  ScoreModGradient g;
-  g.score_mod = ir.score_mod;
-  g.mask_mod = ir.mask_mod;
-  const StagedTerms staged = find_staged_terms(g, ranges, options);
-  const StagedTerm* col = staged.find(StagedKind::Col);
-  if (!col || col->load.as<Load>()->dtype != DType::BF16) return out;
-  std::vector<Expr> parts;
-  summands(ir.score_mod, parts);
-  std::vector<bool> removed(parts.size(), false);
-  int bare_scores = 0;  // the term must be added to the score itself, which then appears once, as a summand
-  for (size_t i = 0; i < parts.size(); ++i) {
-    if (parts[i].same_as(col->load)) {
-      removed[i] = true;
-    } else if (is_var(parts[i], dsl::VarId::Score)) {
-      ++bare_scores;
-    } else {
-      DependenceInfo deps({parts[i]});
-      if (deps.of(parts[i]).uses(dsl::VarId::Score)) return out;
-    }
-  }
-  if (bare_scores != 1) return out;
-  const Expr rest = sum_of_unstaged(parts, removed);
-  out.term = *col;
-  out.score_mod = is_var(rest, dsl::VarId::Score) ? Expr() : rest;
-  return out;
-}
-
 }  // namespace flexjit

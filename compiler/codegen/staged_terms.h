@@ -54,14 +54,4 @@ struct StagedTerms {
 // else stays in the residual and goes through the generic code.
 StagedTerms find_staged_terms(const ScoreModGradient& grad, const RangeInfo& ranges, const VariantOptions& options);
 
-// The Hopper forward's column GEMM (kernels_templates/flex_forward_sm90.cuh, kColGemm): the Col term of the spec's
-// score_mod that the tensor cores can add, and the score_mod without it. The term qualifies as for the backward
-// (find_staged_terms without gradients) and further needs bf16 elements (the wgmma's type), and every other
-// summand must be the bare score or free of it: the kernel adds the term to the raw score before score_mod runs.
-struct ForwardColGemm {
-  std::optional<StagedTerm> term;  // none: the spec has no such term
-  ir::Expr score_mod;              // the spec's score_mod without the term (null when only the score is left)
-};
-ForwardColGemm find_forward_col_gemm(const SpecIR& ir, const RangeInfo& ranges, const VariantOptions& options);
-
 }  // namespace flexjit

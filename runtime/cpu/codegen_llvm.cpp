@@ -93,6 +93,7 @@ struct CodeGenLLVM::Impl {
         case SlotKind::IntParam:
         case SlotKind::FloatParam:
         case SlotKind::BoolParam: param_slot[ps.index] = si; break;
+        case SlotKind::FloatParamReciprocal:  // the JIT divides exactly
         case SlotKind::ErrorFlags: break;
       }
     }

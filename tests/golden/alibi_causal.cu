@@ -8,7 +8,8 @@
 //   score + slope[h] * (kv - q)
 // mask_mod:
 //   q >= kv
-struct FlexVariant {
+#include "flex_variant_base.cuh"
+struct FlexVariant : flex::VariantBase<FlexVariant> {
   // Captured buffers, shape symbols and runtime parameters: one 8-byte slot per field,
   // filled by the host from the same ParamsLayout.
   struct Params {
@@ -26,16 +27,10 @@ struct FlexVariant {
   static constexpr bool kHasScoreMod = true;
   static constexpr bool kHasMaskMod = true;
   struct Row { float v0; };  // values constant along a query row
-  struct Col {};  // values per column j of a KV tile, the same in every tile
-  struct Tile {};  // values per query row and KV tile
   __device__ static __forceinline__ void row(const Params& p, Row& row, int b, int h, int hkv, int q) {
     // load slope[h]; stage row; unchecked: indices proven in range
     const float t0 = fj::load_f32(p.buf_slope, (long long)h * p.buf_slope_s0);
     row.v0 = t0;
-  }
-  __device__ static __forceinline__ void col(const Params& p, const Row& row, Col& col, int b, int h, int hkv, int q, int j) {
-  }
-  __device__ static __forceinline__ void tile(const Params& p, const Row& row, Tile& tile, int b, int h, int hkv, int q, int k0) {
   }
   __device__ static __forceinline__ float score_mod(const Params& p, const Row& row, const Col& col, const Tile& tile, int b, int h, int hkv, int q, int k0, int j, float score) {
     const int t1 = (k0 + j);
@@ -52,9 +47,10 @@ struct FlexVariant {
   }
 };
 
-using FlexTraits = FlexForwardTraits</*kHeadDim=*/128, /*kBlockM=*/128, /*kBlockN=*/64, /*kNWarps=*/4, __nv_bfloat16>;
+using FlexTraits = FlexForwardTraits</*kHeadDim=*/128, __nv_bfloat16>;
+static_assert(FlexTraits::kSmemBytes == 104448, "host and template disagree on the forward's shared memory");
 
-extern "C" __global__ void __launch_bounds__(FlexTraits::kNThreads, 1)
+extern "C" __global__ void __launch_bounds__(FlexTraits::kNThreads, FlexTraits::kMinBlocksPerSM)
 flexjit_forward(const FlexForwardParams p, const FlexVariant::Params vp) {
   flex_forward<FlexTraits, FlexVariant>(p, vp);
 }

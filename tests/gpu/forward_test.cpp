@@ -117,8 +117,22 @@ CaseResult run_case(const dsl::Spec& spec_in, const CaseOptions& c, std::map<std
   }
   for (const HostDeviceBuffer& b : bufs) env.buffers.push_back(BufferView{b.host.dtype, b.host.data.data(), b.host.shape, contiguous_strides(b.host.shape)});
   const double scale = c.scale > 0 ? static_cast<double>(static_cast<float>(c.scale)) : 1.0 / std::sqrt(double(D));
-  RefResult ref = reference_attention(ir, RefShape{c.B, c.H, c.Hkv, c.Sq, c.Skv, D, Dv}, q, k, v, env, scale);
-  return CaseResult{compare(o, ref.o), compare(lse, ref.lse)};
+  const RefShape shape{c.B, c.H, c.Hkv, c.Sq, c.Skv, D, Dv};
+  if (c.sample_rows == 0) {
+    RefResult ref = reference_attention(ir, shape, q, k, v, env, scale);
+    return CaseResult{compare(o, ref.o), compare(lse, ref.lse)};
+  }
+  std::vector<int64_t> rows;
+  std::uniform_int_distribution<int64_t> any_row(0, c.B * c.H * c.Sq - 1);
+  for (int64_t i = 0; i < c.sample_rows; ++i) rows.push_back(any_row(rng));
+  for (int64_t bh = 0; bh < c.B * c.H; ++bh) rows.push_back((bh + 1) * c.Sq - 1);
+  RefResult ref = reference_attention_rows(ir, shape, q, k, v, env, scale, rows);
+  std::vector<float> o_rows, lse_rows;
+  for (int64_t row : rows) {
+    o_rows.insert(o_rows.end(), o.begin() + row * Dv, o.begin() + (row + 1) * Dv);
+    lse_rows.push_back(lse[size_t(row)]);
+  }
+  return CaseResult{compare(o_rows, ref.o), compare(lse_rows, ref.lse)};
 }
 
 void expect_close(const CaseResult& r, double bound = 1.5e-2) {
@@ -188,6 +202,95 @@ TEST_CASE("every head dim, natively", "[gpu]") {
     // Soft-capping runs split (score_mod_core with its constants folded into the kernel's multiplies) on both
     // main loops, and at D128 with part of the exponentials on the FMA pipe.
     expect_close(run_case(inline_spec("softcap_d", std::string("30 * tanh(score / 30)"), std::nullopt, d), c));
+  }
+}
+
+// The mods the warp-specialised kernel's tests sweep: plain, causal, a data-dependent mask (its dense block mask and
+// ranked schedule) and SAM's decomposed relative-position bias (per-tile and per-column hoisted state).
+std::vector<dsl::Spec> kernel_sweep_specs(int d) {
+  return {inline_spec("full_sweep", std::nullopt, std::nullopt, d), inline_spec("causal_sweep", std::nullopt, "q >= kv", d),
+          inline_spec("document_sweep", std::nullopt, "doc[q] == doc[kv]", d, {"doc: i32[Sq]"}),
+          inline_spec("sam_sweep", std::string("score + rel_h[b, h, q, kv // 64] + rel_w[b, h, q, kv % 64]"), std::nullopt, d,
+                      {"rel_h: bf16[B, H, Sq, 64]", "rel_w: bf16[B, H, Sq, 64]"})};
+}
+
+TEST_CASE("every head dim x {full, causal, document, SAM} x {bf16, fp16}", "[gpu]") {
+  FLEXJIT_REQUIRE_GPU();
+  // Lengths that fill no tile: 300 rows is 2 x 128 + 44, and 300 columns no multiple of any KV tile (64 .. 192).
+  for (int d : {64, 80, 96, 128, 192, 256}) {
+    for (dsl::DType dtype : {dsl::DType::BF16, dsl::DType::F16}) {
+      for (const dsl::Spec& spec : kernel_sweep_specs(d)) {
+        INFO(spec.name << " head dim " << d << (dtype == dsl::DType::BF16 ? " bf16" : " fp16"));
+        CaseOptions c;
+        c.B = 2;
+        c.H = 2;
+        c.Hkv = 2;
+        c.Sq = c.Skv = 300;
+        c.dtype = dtype;
+        expect_close(run_case(spec, c));
+      }
+    }
+  }
+}
+
+TEST_CASE("GQA 8:1 and [B, S, H, D] strides at every head dim", "[gpu]") {
+  FLEXJIT_REQUIRE_GPU();
+  for (int d : {64, 80, 96, 128, 192, 256}) {
+    INFO("head dim " << d);
+    CaseOptions c;
+    c.B = 1;
+    c.H = 8;
+    c.Hkv = 1;
+    c.Sq = 257;
+    c.Skv = 390;
+    expect_close(run_case(inline_spec("alibi_gqa", std::string("score + 0.25 * float(h) * float(kv - q)"), "q + 133 >= kv", d), c));
+    c.bshd = true;
+    c.Hkv = 2;
+    expect_close(run_case(inline_spec("plain_bshd", std::nullopt, std::nullopt, d), c));
+  }
+}
+
+TEST_CASE("odd lengths with Sq != Skv on every kind of tile", "[gpu]") {
+  FLEXJIT_REQUIRE_GPU();
+  // Bottom-right causal alignment (q + Skv - Sq >= kv) covers rows that see nothing (Sq > Skv) and tiles cut by Skv.
+  for (auto [sq, skv] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {127, 129}, {129, 1000}, {1000, 177}, {4097, 333}, {333, 4097}}) {
+    for (int d : {64, 128, 256}) {
+      INFO("Sq " << sq << " Skv " << skv << " head dim " << d);
+      CaseOptions c;
+      c.B = 1;
+      c.H = 2;
+      c.Hkv = 1;
+      c.Sq = sq;
+      c.Skv = skv;
+      expect_close(run_case(inline_spec("plain_odd", std::nullopt, std::nullopt, d), c));
+      expect_close(run_case(inline_spec("causal_odd", std::nullopt, "q + Skv - Sq >= kv", d), c));
+      expect_close(run_case(inline_spec("softcap_odd", std::string("30 * tanh(score / 30)"), std::nullopt, d), c));
+    }
+  }
+}
+
+TEST_CASE("a 64k-token causal launch (sampled rows against the float64 reference)", "[gpu]") {
+  FLEXJIT_REQUIRE_GPU();
+  CaseOptions c;
+  c.B = 1;
+  c.H = 2;
+  c.Hkv = 1;
+  c.Sq = c.Skv = 65536;
+  c.sample_rows = 192;
+  expect_close(run_case(inline_spec("causal_64k", std::nullopt, "q >= kv", 128), c));
+}
+
+TEST_CASE("soft-capping with a runtime cap matches the constant form", "[gpu]") {
+  FLEXJIT_REQUIRE_GPU();
+  for (int d : {64, 128}) {
+    for (double cap : {30.0, 5.0, 60.0}) {
+      INFO("head dim " << d << " cap " << cap);
+      CaseOptions c;
+      c.params = {{"cap", cap}};
+      expect_close(run_case(inline_spec("softcap_param", std::string("cap * tanh(score / cap)"), std::nullopt, d, {}, {"cap: float"}), c));
+      expect_close(
+          run_case(inline_spec("softcap_param_causal", std::string("cap * tanh(score / cap)"), "q >= kv", d, {}, {"cap: float = 30"}), c));
+    }
   }
 }
 
@@ -261,8 +364,8 @@ TEST_CASE("[B, S, H, D] strides work without a copy", "[gpu]") {
 }
 
 TEST_CASE("k and v broadcast over the batch (stride 0) under a document mask", "[gpu]") {
-  // On sm_90a a data-dependent mask at head dims 96 and 128 runs the 64-row loop, which loads through TMA tensor
-  // maps; a zero stride over a longer dimension has no tensor map, so these launches take its cp.async kernel.
+  // A zero stride over a longer dimension has no tensor map, so on sm_90a these launches take the mma.sync kernel
+  // instead of the warp-specialised one.
   FLEXJIT_REQUIRE_GPU();
   for (int d : {96, 128}) {
     INFO("head dim " << d);
@@ -276,16 +379,14 @@ TEST_CASE("k and v broadcast over the batch (stride 0) under a document mask", "
   }
 }
 
-TEST_CASE("SAM's rel_w added by the S GEMM: scales, -inf entries, strided rows, head dims", "[gpu]") {
-  // On sm_90a at head dims up to 64 the Hopper forward adds rel_w[b, h, q, kv % 64] through wgmmas against
-  // (1 / scale) I (kernels_templates/flex_forward_sm90.cuh); elsewhere, and for scale > 0.5, the per-element path runs.
+TEST_CASE("SAM's decomposed bias: scales, -inf entries, strided rows, head dims", "[gpu]") {
+  // rel_h[b, h, q, kv // 64] is hoisted per row and 64-column part of a KV tile, rel_w[b, h, q, kv % 64] per row and
+  // column of a part (flex::FragmentMods); the kernels' KV tiles of 128 and 192 columns hold two and three parts.
   FLEXJIT_REQUIRE_GPU();
   const dsl::Spec sam = load_spec(gallery_dir() / "sam_relpos.json");
   CaseOptions base;
   base.Sq = 200;  // a partial last query tile and KV tile
   base.Skv = 300;
-  // 1 / scale (fp32) in one bf16 part (default 1/8 at D64, 0.125, 0.1, 0.02, 0.5: 8, 8, 10, 50, 2) or in three (0.3);
-  // past 0.5 the per-element path.
   for (double scale : {0.0, 0.125, 0.1, 0.3, 0.02, 0.5, 0.7, 2.0}) {
     INFO("scale " << scale);
     CaseOptions c = base;
@@ -313,7 +414,7 @@ TEST_CASE("SAM's rel_w added by the S GEMM: scales, -inf entries, strided rows, 
       expect_close(run_case(sam, c));
     }
   }
-  SECTION("head dims 32, 96 and 128 (the last two without the column GEMM), GQA 2:1, a Tile-free spec") {
+  SECTION("head dims 32 (the mma.sync kernel), 96 and 128, GQA 2:1, a Tile-free spec") {
     for (int d : {32, 96, 128}) {
       INFO("head dim " << d);
       CaseOptions c = base;
@@ -410,9 +511,8 @@ void expect_documents(int head_dim, int64_t B, int64_t H, int64_t Hkv, int64_t S
 
 TEST_CASE("a data-dependent mask's ranked order: items of 0, 1 and 2 tiles", "[gpu]") {
   FLEXJIT_REQUIRE_GPU();
-  // Sq and Skv are not tile multiples; the light items (no tiles, one, two) come last in the ranked order. On
-  // Hopper every head dim here takes the 64-row loop, with items of fewer tiles than its copies run ahead (two
-  // tiles ahead at head dims 32 and 64, one at 96 and 128).
+  // Sq and Skv are not tile multiples; the light items (no tiles, one, two) come last in the ranked order, and the
+  // persistent CTAs of the warp-specialised kernel meet them after heavier ones (the producer runs a tile ahead).
   SECTION("head dims 32, 64, 96 and 128, GQA 2:1") {
     for (int d : {32, 64, 96, 128}) expect_documents(d, 2, 6, 3, 4100, 1900, 3);
   }
@@ -422,7 +522,7 @@ TEST_CASE("a data-dependent mask's ranked order: items of 0, 1 and 2 tiles", "[g
   SECTION("a launch smaller than one wave: four query tiles") {
     expect_documents(64, 1, 1, 1, 200, 300, 4);
   }
-  SECTION("head dims 80 and 256 (the mma.sync loop)") {
+  SECTION("head dims 80 and 256") {
     for (int d : {80, 256}) expect_documents(d, 1, 2, 2, 1100, 1300, 9);
   }
   SECTION("one batch and head, with a score_mod") {
@@ -430,11 +530,10 @@ TEST_CASE("a data-dependent mask's ranked order: items of 0, 1 and 2 tiles", "[g
   }
 }
 
-TEST_CASE("a mask's per-column values staged in shared memory: an int and a bool per column", "[gpu]") {
+TEST_CASE("a mask of two per-column buffers: an int and a bool per column", "[gpu]") {
   FLEXJIT_REQUIRE_GPU();
-  // At head dims 96 and 128 the 64-row Hopper loop stages dk[b, kv] and w[kv] > 0.5 once per column of a partial
-  // tile (KvCol of 8 bytes) and calls mask_mod_staged; 32 and 64 read them per element. Skv is no tile multiple,
-  // and about half the columns of every document are dropped by w.
+  // dk[b, kv] and w[kv] > 0.5 per column of a partial tile. Skv is no tile multiple, and about half the columns of
+  // every document are dropped by w.
   for (int d : {32, 64, 96, 128}) {
     INFO("head dim " << d);
     CaseOptions c;

@@ -110,8 +110,7 @@ TEST_CASE("a block mask built once is reused across launches", "[gpu]") {
 TEST_CASE("a ranked kernel given an unranked block mask takes the reversed tile order", "[gpu]") {
   FLEXJIT_REQUIRE_GPU();
   // doc = q // 60 (Problem): the same tiles as the interval mask q // 60 == kv // 60, whose builder does not rank.
-  // Head dim 80 runs the mma.sync loop on every GPU, where both specs use 128 x 64 tiles (on Hopper the Hopper
-  // loop gives data-dependent masks 64-row tiles; the next test case checks that a 128-row mask is refused there).
+  // Neither mask needs 64-aligned tiles, so both kernels use the same tiles on every GPU.
   Problem p(13, 80);
   Runtime rt;
   dsl::Spec interval = p.spec;
@@ -129,26 +128,21 @@ TEST_CASE("a ranked kernel given an unranked block mask takes the reversed tile 
 TEST_CASE("a block mask built for other tiles is refused with both geometries named", "[gpu]") {
   FLEXJIT_REQUIRE_GPU();
   if (runtime::device_info(0).arch != "sm_90a") {
-    WARN("skipped: the 64-row tiles of data-dependent masks are the Hopper loop's");
+    WARN("skipped: the KV tiles that differ by head dim are the warp-specialised kernel's");
     return;
   }
-  Problem p(17);
+  // The warp-specialised kernel's KV tiles: 128 columns for a masked spec at head dim 128, 112 at 192.
+  Problem p128(17, 128), p192(17, 192);
   Runtime rt;
-  dsl::Spec interval = p.spec;
-  interval.name = "blocks60";
-  interval.buffers.clear();
-  interval.mask_mod = "q // 60 == kv // 60";
-  AttentionArgs ia = p.args();
-  ia.buffers.clear();
-  std::unique_ptr<BlockMask> mask = rt.compile(interval)->build_block_mask(ia);
-  CHECK(mask->q_tile() == 128);
-  auto kernel = rt.compile(p.spec);
-  std::unique_ptr<BlockMask> own = kernel->build_block_mask(p.args());
-  CHECK(own->q_tile() == 64);
-  AttentionArgs a = p.args();
+  std::unique_ptr<BlockMask> mask = rt.compile(p128.spec)->build_block_mask(p128.args());
+  CHECK(mask->kv_tile() == 128);
+  auto kernel = rt.compile(p192.spec);
+  std::unique_ptr<BlockMask> own = kernel->build_block_mask(p192.args());
+  CHECK(own->kv_tile() == 112);
+  AttentionArgs a = p192.args();
   a.block_mask = mask.get();
-  CHECK_THROWS_WITH(kernel->forward(a), Catch::Matchers::Contains("128x64") && Catch::Matchers::Contains("64x64"));
-  expect_launch(*kernel, p, own.get());
+  CHECK_THROWS_WITH(kernel->forward(a), Catch::Matchers::Contains("128x128") && Catch::Matchers::Contains("128x112"));
+  expect_launch(*kernel, p192, own.get());
 }
 
 TEST_CASE("a launch captured in a CUDA graph replays with new inputs", "[gpu]") {

@@ -22,18 +22,20 @@ struct RefResult {
   std::vector<double> lse;  // [B, H, Sq]; -inf for fully masked rows
 };
 
-// q [B,H,Sq,D], k [B,Hkv,Skv,D], v [B,Hkv,Skv,Dv] as contiguous float arrays (already
-// rounded to the kernel's input precision). `query_offset` shifts q for decode-style calls.
-inline RefResult reference_attention(const SpecIR& ir, const RefShape& s, const std::vector<float>& q, const std::vector<float>& k,
-                                     const std::vector<float>& v, const EvalEnv& base_env, double scale, int64_t query_offset = 0) {
+// q [B,H,Sq,D], k [B,Hkv,Skv,D], v [B,Hkv,Skv,Dv] as contiguous float arrays (already rounded to the kernel's
+// input precision), for the rows (b * H + h) * Sq + q listed in `rows`: r.o and r.lse hold them in that order.
+// `query_offset` shifts q for decode-style calls. Long sequences check a sample of rows this way.
+inline RefResult reference_attention_rows(const SpecIR& ir, const RefShape& s, const std::vector<float>& q, const std::vector<float>& k,
+                                          const std::vector<float>& v, const EvalEnv& base_env, double scale,
+                                          const std::vector<int64_t>& rows, int64_t query_offset = 0) {
   RefResult r;
-  r.o.assign(static_cast<size_t>(s.B * s.H * s.Sq * s.Dv), 0.0);
-  r.lse.assign(static_cast<size_t>(s.B * s.H * s.Sq), -std::numeric_limits<double>::infinity());
-  const int64_t rows = s.B * s.H * s.Sq;
-  auto work = [&](int64_t first, int64_t last) {
+  r.o.assign(rows.size() * static_cast<size_t>(s.Dv), 0.0);
+  r.lse.assign(rows.size(), -std::numeric_limits<double>::infinity());
+  auto work = [&](size_t first, size_t last) {
     EvalEnv env = base_env;
     std::vector<double> scores(static_cast<size_t>(s.Skv));
-    for (int64_t row = first; row < last; ++row) {
+    for (size_t i = first; i < last; ++i) {
+      const int64_t row = rows[i];
       int64_t b = row / (s.H * s.Sq), h = (row / s.Sq) % s.H, qi = row % s.Sq;
       int64_t hkv = h / (s.H / s.Hkv);
       const float* qp = &q[static_cast<size_t>(((b * s.H + h) * s.Sq + qi) * s.D)];
@@ -59,25 +61,33 @@ inline RefResult reference_attention(const SpecIR& ir, const RefShape& s, const 
       if (mx == -std::numeric_limits<double>::infinity()) continue;  // fully masked: O = 0, LSE = -inf
       double sum = 0;
       for (double& x : scores) sum += (x = std::exp(x - mx));
-      double* op = &r.o[static_cast<size_t>(row * s.Dv)];
+      double* op = &r.o[i * static_cast<size_t>(s.Dv)];
       for (int64_t kv = 0; kv < s.Skv; ++kv) {
         if (scores[kv] == 0) continue;
         const float* vp = &v[static_cast<size_t>(((b * s.Hkv + hkv) * s.Skv + kv) * s.Dv)];
         for (int64_t d = 0; d < s.Dv; ++d) op[d] += scores[kv] * double(vp[d]);
       }
       for (int64_t d = 0; d < s.Dv; ++d) op[d] /= sum;
-      r.lse[static_cast<size_t>(row)] = mx + std::log(sum);
+      r.lse[i] = mx + std::log(sum);
     }
   };
-  int threads = std::max(1u, std::min(32u, std::thread::hardware_concurrency()));
+  const size_t threads = std::max(1u, std::min(32u, std::thread::hardware_concurrency()));
   std::vector<std::thread> pool;
-  int64_t chunk = (rows + threads - 1) / threads;
-  for (int t = 0; t < threads; ++t) {
-    int64_t a = t * chunk, e = std::min(rows, a + chunk);
+  const size_t chunk = (rows.size() + threads - 1) / threads;
+  for (size_t t = 0; t < threads; ++t) {
+    const size_t a = t * chunk, e = std::min(rows.size(), a + chunk);
     if (a < e) pool.emplace_back(work, a, e);
   }
   for (auto& th : pool) th.join();
   return r;
+}
+
+// Every row of the launch (reference_attention_rows over all of them).
+inline RefResult reference_attention(const SpecIR& ir, const RefShape& s, const std::vector<float>& q, const std::vector<float>& k,
+                                     const std::vector<float>& v, const EvalEnv& base_env, double scale, int64_t query_offset = 0) {
+  std::vector<int64_t> rows(static_cast<size_t>(s.B * s.H * s.Sq));
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(i);
+  return reference_attention_rows(ir, s, q, k, v, base_env, scale, rows, query_offset);
 }
 
 struct Comparison {

@@ -25,6 +25,20 @@ std::string source_for(const std::string& score, const std::string& mask, std::v
   fo.variant.checked_loads = checked_loads;
   return forward_kernel_source(ir, analyze_ir_ranges(ir), fo).source;
 }
+
+// The variant alone, with the staged per-column forms of mask_mod asked for.
+std::string staged_variant_for(const std::string& mask, std::vector<std::string> buffers, uint64_t checked_loads = 0) {
+  dsl::Spec spec;
+  spec.mask_mod = mask;
+  dsl::Diagnostics d;
+  for (const auto& b : buffers) dsl::add_buffer(spec, b, "test", d);
+  REQUIRE(!d.has_errors());
+  SpecIR ir = build_spec_ir(spec);
+  VariantOptions vo;
+  vo.checked_loads = checked_loads;
+  vo.stage_kv_cols = true;
+  return generate_cuda_variant(ir, analyze_ir_ranges(ir), vo).code;
+}
 }  // namespace
 
 TEST_CASE("a guarded checked load is evaluated only when selected", "[codegen]") {
@@ -53,8 +67,9 @@ TEST_CASE("a buffer-free mask gets an interval block-mask builder, a data-depend
 TEST_CASE("a score_mod of the form out * core(in * score) exposes its constants to the forward kernels", "[codegen]") {
   std::string softcap = source_for("30 * tanh(score / 30)", "", {});
   INFO(softcap);
-  CHECK(softcap.find("kScoreInScale = 0.033333335f;") != std::string::npos);
-  CHECK(softcap.find("kScoreOutScale = 30.0f;") != std::string::npos);
+  CHECK(softcap.find("kSplitScore = true;") != std::string::npos);
+  CHECK(softcap.find("score_in_scale(const Params& p) { return 0.033333335f; }") != std::string::npos);
+  CHECK(softcap.find("score_out_scale(const Params& p) { return 30.0f; }") != std::string::npos);
   // The core takes the already scaled score: no multiply left in it.
   const size_t core = softcap.find("float score_mod_core(");
   REQUIRE(core != std::string::npos);
@@ -62,17 +77,48 @@ TEST_CASE("a score_mod of the form out * core(in * score) exposes its constants 
   CHECK(core_body.find("tanh_fast(score)") != std::string::npos);
   CHECK(core_body.find(" * ") == std::string::npos);
   // Either operand order, and a multiply instead of the division.
-  CHECK(source_for("tanh(0.5 * score) * 4", "", {}).find("kScoreInScale = 0.5f;") != std::string::npos);
+  CHECK(source_for("tanh(0.5 * score) * 4", "", {}).find("score_in_scale(const Params& p) { return 0.5f; }") != std::string::npos);
 }
 
-TEST_CASE("a split score_mod whose core is bounded declares the bounds (the kernels' fixed softmax maximum)", "[codegen]") {
+TEST_CASE("runtime factors split like literals: a division by a parameter multiplies by its host-side reciprocal", "[codegen]") {
+  dsl::Spec spec;
+  spec.score_mod = "cap * tanh(score / cap)";
+  dsl::Diagnostics d;
+  REQUIRE(dsl::add_param(spec, "cap: float", "test", d));
+  SpecIR ir = build_spec_ir(spec);
+  auto variant = [&](RuntimeSplit split) {
+    VariantOptions vo;
+    vo.runtime_split = split;
+    return generate_cuda_variant(ir, analyze_ir_ranges(ir), vo).code;
+  };
+  const std::string running = variant(RuntimeSplit::RunningMax);
+  INFO(running);
+  CHECK(running.find("float param_cap_inv;") != std::string::npos);
+  CHECK(running.find("(score * p.param_cap_inv)") != std::string::npos);  // no IEEE division per element
+  CHECK(running.find("score_in_scale(const Params& p) { return p.param_cap_inv; }") != std::string::npos);
+  CHECK(running.find("score_out_scale(const Params& p) { return p.param_cap; }") != std::string::npos);
+  CHECK(running.find("kFixedMax") == std::string::npos);
+  CHECK(variant(RuntimeSplit::FixedMax).find("static constexpr bool kFixedMax = true;") != std::string::npos);
+  CHECK(variant(RuntimeSplit::Unsplit).find("kSplitScore") == std::string::npos);
+  // The launch's value decides: cap > 0 keeps the split, and the fixed maximum fits while 2 cap log2(e) <= 100.
+  const ScoreScales scales = split_score_scales(ir.score_mod);
+  REQUIRE(scales.split);
+  CHECK(scales.out.runtime());
+  CHECK(runtime_split_for(scales, {30.f}) == RuntimeSplit::FixedMax);
+  CHECK(runtime_split_for(scales, {40.f}) == RuntimeSplit::RunningMax);
+  CHECK(runtime_split_for(scales, {-30.f}) == RuntimeSplit::Unsplit);
+  CHECK(runtime_split_for(scales, {0.f}) == RuntimeSplit::Unsplit);
+}
+
+TEST_CASE("a split score_mod whose core is bounded declares the bound (the kernels' fixed softmax maximum)", "[codegen]") {
   const std::string softcap = source_for("30 * tanh(score / 30)", "", {});
-  CHECK(softcap.find("kScoreCoreMin = -1.0f;") != std::string::npos);
+  CHECK(softcap.find("kFixedMax = true;") != std::string::npos);
   CHECK(softcap.find("kScoreCoreMax = 1.0f;") != std::string::npos);
   // Bounds carry through constants, +, * and select; sigmoid is bounded like tanh.
   const std::string shifted = source_for("2 * (tanh(score * 0.5) * 0.5 + 1)", "", {});
-  CHECK(shifted.find("kScoreCoreMin = 0.5f;") != std::string::npos);
   CHECK(shifted.find("kScoreCoreMax = 1.5f;") != std::string::npos);
+  // A range too wide for exp2 to stay a normal number in bf16 P keeps the running maximum: 2 x 40 x log2(e) > 100.
+  CHECK(source_for("40 * tanh(score / 40)", "", {}).find("kFixedMax") == std::string::npos);
   CHECK(source_for("4 * sigmoid(score * 0.25)", "", {}).find("kScoreCoreMax = 1.0f;") != std::string::npos);
   // Split but unbounded: exp grows without limit, and a buffer value has no known range.
   for (const char* score : {"2 * exp(score * 0.5)", "3 * (tanh(score / 3) + bias[h])"}) {
@@ -93,31 +139,30 @@ TEST_CASE("score_mods not of the form out * core(in * score) are not split", "[c
   }
 }
 
-TEST_CASE("mask_mod's per-column loads are staged for the 64-row Hopper loop at head dims 96 and 128", "[codegen]") {
+TEST_CASE("mask_mod's per-column loads can be staged once per column (kStagedKvCols)", "[codegen]") {
   const std::vector<std::string> doc = {"doc: i32[Sq]"};
-  std::string d128 = source_for("", "doc[q] == doc[kv]", doc, true, 128, "sm_90a");
-  INFO(d128);
-  CHECK(d128.find("struct KvCol { int c0; };") != std::string::npos);
-  CHECK(d128.find("/*kStagedKvCols=*/true") != std::string::npos);
+  std::string staged_src = staged_variant_for("doc[q] == doc[kv]", doc);
+  INFO(staged_src);
+  CHECK(staged_src.find("struct KvCol { int c0; };") != std::string::npos);
+  CHECK(staged_src.find("static constexpr bool kStagedKvCols = true;") != std::string::npos);
   // The staged form compares the row's value with the staged one and loads nothing itself.
-  const size_t staged = d128.find("bool mask_mod_staged(");
+  const size_t staged = staged_src.find("bool mask_mod_staged(");
   REQUIRE(staged != std::string::npos);
-  const std::string body = d128.substr(staged, d128.find("  }\n", staged) - staged);
+  const std::string body = staged_src.substr(staged, staged_src.find("  }\n", staged) - staged);
   CHECK(body.find("load_i32") == std::string::npos);
   CHECK(body.find("kc.c0") != std::string::npos);
-  // Other loops read per element.
-  CHECK(source_for("", "doc[q] == doc[kv]", doc, true, 64, "sm_90a").find("KvCol") == std::string::npos);
-  CHECK(source_for("", "doc[q] == doc[kv]", doc, true, 128, "sm_80").find("KvCol") == std::string::npos);
+  // Not asked for: nothing staged.
+  CHECK(source_for("", "doc[q] == doc[kv]", doc, true, 128, "sm_90a").find("KvCol") == std::string::npos);
   // A load the launch needs checked (its error bit) stays per element: a staged value is computed for every column.
-  CHECK(source_for("", "doc[q] == doc[kv]", doc, true, 128, "sm_90a", ~0ull).find("KvCol") == std::string::npos);
+  CHECK(staged_variant_for("doc[q] == doc[kv]", doc, ~0ull).find("KvCol") == std::string::npos);
 }
 
 TEST_CASE("staged column values: several types, at most two per column", "[codegen]") {
-  std::string two = source_for("", "doc[q] == dk[b, kv] && w[kv] > 0.5", {"doc: i32[Sq]", "dk: i32[B, Skv]", "w: f32[Skv]"}, true, 96, "sm_90a");
+  std::string two = staged_variant_for("doc[q] == dk[b, kv] && w[kv] > 0.5", {"doc: i32[Sq]", "dk: i32[B, Skv]", "w: f32[Skv]"});
   INFO(two);
   CHECK(two.find("struct KvCol { int c0; bool c1; };") != std::string::npos);
-  std::string three = source_for("", "a[kv] == doc[q] && b2[kv] == doc[q] && c[kv] == doc[q]",
-                                 {"doc: i32[Sq]", "a: i32[Skv]", "b2: i32[Skv]", "c: i32[Skv]"}, true, 128, "sm_90a");
+  std::string three = staged_variant_for("a[kv] == doc[q] && b2[kv] == doc[q] && c[kv] == doc[q]",
+                                        {"doc: i32[Sq]", "a: i32[Skv]", "b2: i32[Skv]", "c: i32[Skv]"});
   INFO(three);
   CHECK(three.find("struct KvCol { int c0; int c1; };") != std::string::npos);
   const size_t staged = three.find("bool mask_mod_staged(");

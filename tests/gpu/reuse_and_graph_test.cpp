@@ -110,8 +110,9 @@ TEST_CASE("a block mask built once is reused across launches", "[gpu]") {
 TEST_CASE("a ranked kernel given an unranked block mask takes the reversed tile order", "[gpu]") {
   FLEXJIT_REQUIRE_GPU();
   // doc = q // 60 (Problem): the same tiles as the interval mask q // 60 == kv // 60, whose builder does not rank.
-  // Neither mask needs 64-aligned tiles, so both kernels use the same tiles on every GPU.
-  Problem p(13, 80);
+  // At head dim 192 both kernels use the same tiles on every GPU (the policy gives data-dependent masks narrower KV
+  // tiles only up to head dim 128).
+  Problem p(13, 192);
   Runtime rt;
   dsl::Spec interval = p.spec;
   interval.name = "blocks60";
@@ -131,17 +132,17 @@ TEST_CASE("a block mask built for other tiles is refused with both geometries na
     WARN("skipped: the KV tiles that differ by head dim are the warp-specialised kernel's");
     return;
   }
-  // The warp-specialised kernel's KV tiles: 128 columns for a masked spec at head dim 128, 112 at 192.
+  // The warp-specialised kernel's KV tiles for the document mask: 64 columns at head dim 128, 112 at 192.
   Problem p128(17, 128), p192(17, 192);
   Runtime rt;
   std::unique_ptr<BlockMask> mask = rt.compile(p128.spec)->build_block_mask(p128.args());
-  CHECK(mask->kv_tile() == 128);
+  CHECK(mask->kv_tile() == 64);
   auto kernel = rt.compile(p192.spec);
   std::unique_ptr<BlockMask> own = kernel->build_block_mask(p192.args());
   CHECK(own->kv_tile() == 112);
   AttentionArgs a = p192.args();
   a.block_mask = mask.get();
-  CHECK_THROWS_WITH(kernel->forward(a), Catch::Matchers::Contains("128x128") && Catch::Matchers::Contains("128x112"));
+  CHECK_THROWS_WITH(kernel->forward(a), Catch::Matchers::Contains("128x64") && Catch::Matchers::Contains("128x112"));
   expect_launch(*kernel, p192, own.get());
 }
 

@@ -2,7 +2,7 @@
 // a float64 CPU reference (forward and backward), the mma.sync kernel beside it, and old-vs-new benchmarks.
 //
 // Usage: backward_harness [check|bench|all] [--quick] [--tiny] [--d=N]  |  backward_harness one N (bench case N alone, for ncu)
-//   check: the case matrix of docs/BACKWARD_SM90.md; --quick runs the 1000-row cases only; --d=N one head dim;
+//   check: the case matrix of docs/notes/BACKWARD_SM90.md; --quick runs the 1000-row cases only; --d=N one head dim;
 //          --tiny five small cases (for compute-sanitizer).
 //   bench: B4 H16 S4096 D128 bf16 (full, causal, softcap, learnable bias, learnable slope, causal deterministic),
 //          median of 20 cudaEvent timings after warm-up, old and new kernel in the same run.

@@ -6,11 +6,10 @@
 #include <png.h>
 
 #include <filesystem>
-#include <fstream>
 #include <regex>
-#include <sstream>
 
 #include "runtime/npy.h"
+#include "support/golden.h"
 #include "support/shell.h"
 #include "support/spec_loading.h"
 #include "unit/cpu/gallery_inputs.h"
@@ -109,22 +108,11 @@ TEST_CASE("viz --text pictures of causal, sliding-window and document masks matc
       {"sliding_window", "sliding_window.json --shape 1,1,20,24 --set window=6 --tile 8,8"},
       {"document", "document.json --shape 1,1,24,24 --tile 8,8 --load doc=" + (dir / "doc.npy").string()},
   };
-  const bool update = std::getenv("FLEXJIT_UPDATE_GOLDEN") != nullptr;
   for (const auto& [name, args] : cases) {
     const test::ShellResult r = test::run_shell(test::cli_path() + " viz " + g + args + " --text");
     INFO(name << "\n" << r.out);
     REQUIRE(r.status == 0);
-    const fs::path golden = test::source_dir() / "tests" / "golden" / "viz" / (std::string(name) + ".txt");
-    if (update) {
-      std::ofstream(golden) << r.out;
-      continue;
-    }
-    std::ifstream f(golden);
-    INFO("golden file " << golden.string() << " (regenerate with FLEXJIT_UPDATE_GOLDEN=1 after an intended change)");
-    REQUIRE(f.good());
-    std::stringstream expected;
-    expected << f.rdbuf();
-    CHECK(r.out == expected.str());
+    test::check_golden(test::source_dir() / "tests" / "golden" / "viz" / (std::string(name) + ".txt"), r.out);
   }
   fs::remove_all(dir);
 }

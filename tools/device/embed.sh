@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # examples/embed on the GPU machine, against a flexjit prefix installed here (nothing of
 # flexjit is built there; only the example, with cmake and the C compiler):
-#   here:   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLEXJIT_CPU_BACKEND=OFF -DFLEXJIT_TESTS=OFF
-#           cmake --build build-gpu -j2 && cmake --install build-gpu --prefix .device/embed-prefix --strip
+#   here:   cmake -S . -B build-gpu-install -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLEXJIT_CPU_BACKEND=OFF -DFLEXJIT_TESTS=OFF
+#           cmake --build build-gpu-install -j2 && cmake --install build-gpu-install --prefix .device/embed-prefix --strip
 #   there:  bash tools/device/embed.sh            (carry .device/embed-prefix)
 # It builds examples/embed (its build runs `flexjit compile --arch sm_90a --decode 4,2,1` into a
 # fresh cache), runs it with FLEXJIT_LOG=info (20 decode steps, one CUDA graph, each step

@@ -4,7 +4,7 @@ BUILD ?= build
 SAN_BUILD ?= build-asan
 JOBS ?= $(shell nproc)
 CUDA_HOME ?= /usr/local/cuda
-PKGS := cmake ninja-build g++ libfmt-dev nlohmann-json3-dev catch2 libcli11-dev libxxhash-dev libeigen3-dev llvm-19-dev
+PKGS := cmake ninja-build g++ libfmt-dev nlohmann-json3-dev catch2 libcli11-dev libxxhash-dev libeigen3-dev llvm-19-dev libpng-dev pkgconf
 
 .PHONY: deps build run test test-release test-asan gpu clean
 

@@ -24,7 +24,7 @@ torch._dynamo.config.cache_size_limit = 64
 flex = torch.compile(flex_attention, dynamic=False)
 dev, dt = "cuda", torch.bfloat16
 
-# FlexAttention's numbers for the cases it cannot run in reasonable time (../shared/ANCHORS.md).
+# FlexAttention's numbers for the cases it cannot run in reasonable time (bench/ANCHORS.md).
 ANCHOR_NOTES = {
     "learnable_slope": "not rerun: ANCHORS.md 953.6 ms (one atomic per element into 16 addresses)",
     "learnable_bias": "not rerun: ANCHORS.md: fails, its backward needs 233,472 B of shared memory",

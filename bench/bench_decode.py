@@ -1,6 +1,6 @@
 """Decode benchmarks, side by side on one GPU in one run: flexjit (`flexjit bench --decode`) against
 FlexDecoding (torch.compile(flex_attention) with one query row) and SDPA flash, on the decode cases of
-../shared/ANCHORS.md: B8, 32 query heads / 8 KV heads, D128, bf16, one query token. Every timing flushes L2
+bench/ANCHORS.md: B8, 32 query heads / 8 KV heads, D128, bf16, one query token. Every timing flushes L2
 first (triton's do_bench; flexjit bench --decode does the same). Bytes = K and V read once.
 Writes decode.json and decode_table.md (rows `decode ...` and `paged ...`, with date, GPU and commit) to --out."""
 import argparse

@@ -65,7 +65,7 @@ const char* dtype_name(DType t) {
 }
 
 std::optional<DType> parse_dtype(std::string_view s) {
-  if (s == "f32" || s == "float32") return DType::F32;
+  if (s == "f32" || s == "float32" || s == "fp32") return DType::F32;
   if (s == "f16" || s == "float16" || s == "fp16") return DType::F16;
   if (s == "bf16" || s == "bfloat16") return DType::BF16;
   if (s == "i32" || s == "int32") return DType::I32;

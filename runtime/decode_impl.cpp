@@ -117,7 +117,7 @@ std::unique_ptr<DecodePlan> KernelImpl::plan_decode(const DecodePlanOptions& o) 
   plan->device = device;
   const int group = o.heads / o.kv_heads;
   plan->config = decode_config(D, group * o.max_seqlen_q);
-  // For comparisons (docs/DECODE_NOTES.md): FLEXJIT_DECODE_STAGES=2..4 overrides the stage count (the default
+  // For comparisons (docs/notes/DECODE_NOTES.md): FLEXJIT_DECODE_STAGES=2..4 overrides the stage count (the default
   // pipeline choice follows it), FLEXJIT_DECODE_ALTERNATE=0/1 the pipeline (1 needs two stages).
   if (const char* e = std::getenv("FLEXJIT_DECODE_STAGES")) {
     const int st = std::atoi(e);
@@ -157,7 +157,7 @@ std::unique_ptr<DecodePlan> KernelImpl::plan_decode(const DecodePlanOptions& o) 
     plan->num_splits_ = n;
   }
   // evict_first keeps other data in L2 and measured faster for caches up to ~256 MB and for tile windows
-  // (docs/DECODE_NOTES.md), 1.4% slower for 1 GB caches. FLEXJIT_DECODE_EVICT_FIRST=0/1 overrides.
+  // (docs/notes/DECODE_NOTES.md), 1.4% slower for 1 GB caches. FLEXJIT_DECODE_EVICT_FIRST=0/1 overrides.
   const double kv_bytes = 4.0 * o.batch * o.kv_heads * double(o.max_seqlen_kv) * D;
   plan->evict_first = kv_bytes <= 512e6 || decode_state_->window;
   if (const char* e = std::getenv("FLEXJIT_DECODE_EVICT_FIRST")) plan->evict_first = std::atoi(e) != 0;

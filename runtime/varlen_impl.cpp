@@ -1,7 +1,7 @@
 // KernelImpl's ragged-prefill launches: the forward kernel's kVarlen instantiation (flex_params.cuh), over the work
 // tiles of max_seqlen_q x H x B, those past their sequence's end skipped. No block mask: every KV tile below a
 // sequence's KV length runs as a partial tile (mask_mod per element), which is correct for any mask;
-// per-sequence block classification on the device is left for later (docs/DECODE_NOTES.md).
+// per-sequence block classification on the device is left for later (docs/notes/DECODE_NOTES.md).
 #include <fmt/format.h>
 
 #include <cmath>

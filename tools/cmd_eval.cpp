@@ -7,9 +7,8 @@
 #include "compiler/bindings.h"
 #include "compiler/frontend.h"
 #include "compiler/interpreter.h"
-#include "compiler/ir/ir_mutator.h"
-#include "runtime/npy.h"
 #include "tools/commands.h"
+#include "tools/mod_inputs.h"
 #include "tools/spec_options.h"
 
 namespace flexjit::tools {
@@ -21,13 +20,6 @@ struct EvalOptions {
   std::string at;
   std::vector<std::string> sets, loads;
 };
-
-std::pair<std::string, std::string> split_assignment(const std::string& s, const char* flag) {
-  size_t eq = s.find('=');
-  if (eq == std::string::npos || eq == 0 || eq + 1 == s.size())
-    throw Error(fmt::format("{} expects NAME=VALUE, but got '{}'", flag, s));
-  return {s.substr(0, eq), s.substr(eq + 1)};
-}
 
 int run_eval(const EvalOptions& o) {
   dsl::Spec spec = o.spec.load();
@@ -64,26 +56,8 @@ int run_eval(const EvalOptions& o) {
     throw Error("this spec has a score_mod: give the score too, e.g. --at b=0,h=0,q=5,kv=3,score=0.5");
   }
 
-  std::map<std::string, std::string> values;
-  for (const std::string& s : o.sets) {
-    auto [k, v] = split_assignment(s, "--set");
-    values[k] = v;
-  }
-  std::vector<NpyArray> arrays(spec.buffers.size());
-  std::vector<std::optional<std::vector<int64_t>>> shapes(spec.buffers.size());
-  for (const std::string& l : o.loads) {
-    auto [name, path] = split_assignment(l, "--load");
-    int bi = -1;
-    for (size_t i = 0; i < spec.buffers.size(); ++i)
-      if (spec.buffers[i].name == name) bi = static_cast<int>(i);
-    if (bi < 0) throw Error(fmt::format("--load names `{}`, which is not a declared buffer", name));
-    arrays[bi] = read_npy(path);
-    const dsl::BufferDecl& decl = spec.buffers[bi];
-    if (arrays[bi].dtype != decl.dtype)
-      throw Error(fmt::format("buffer `{}` is declared {} but '{}' holds {}", name, decl.str(), path, dsl::dtype_name(arrays[bi].dtype)));
-    shapes[bi] = arrays[bi].shape;
-  }
-  BoundValues bound = bind_values(cs, values, shapes, /*require_all=*/false);
+  ModInputs inputs = read_mod_inputs(spec, o.sets, o.loads);
+  BoundValues bound = bind_values(cs, inputs.values, inputs.buffer_shapes, /*require_all=*/false);
   env.symbols = bound.symbols;
   env.params = bound.params;
   // kv_head: given, or h / (H / Hkv) when both are known, else h.
@@ -96,22 +70,8 @@ int run_eval(const EvalOptions& o) {
   env.vars[static_cast<int>(dsl::VarId::KvHead)] = kvh;
 
   // Every symbol, parameter and buffer the mods use must have a value.
-  std::vector<ir::Expr> roots;
-  if (ir.score_mod) roots.push_back(ir.score_mod);
-  if (ir.mask_mod) roots.push_back(ir.mask_mod);
-  ir::for_each_node(roots, [&](const ir::Expr& e) {
-    if (const ir::Symbol* s = e.as<ir::Symbol>())
-      if (!bound.symbol_bound[s->index])
-        throw Error(fmt::format("the spec uses shape symbol `{}`: give it with --set {}=N or load a buffer that has it", s->name, s->name));
-    if (const ir::Param* p = e.as<ir::Param>())
-      if (!values.count(p->name) && !spec.params[p->index].has_value)
-        throw Error(fmt::format("the spec uses runtime parameter `{}`: give it with --set {}=VALUE", p->name, p->name));
-    if (const ir::Load* l = e.as<ir::Load>())
-      if (!shapes[l->buffer]) throw Error(fmt::format("the spec loads buffer `{}`: give its data with --load {}=FILE.npy", l->name, l->name));
-  });
-  env.buffers.resize(spec.buffers.size());
-  for (size_t i = 0; i < spec.buffers.size(); ++i)
-    if (shapes[i]) env.buffers[i] = BufferView{arrays[i].dtype, arrays[i].data.data(), arrays[i].shape, contiguous_strides(arrays[i].shape)};
+  require_mod_inputs(ir, bound, inputs);
+  env.buffers = inputs.buffer_views();
 
   EvalFlags flags;
   if (ir.mask_mod) fmt::print("mask_mod: {}\n", evaluate(ir.mask_mod, env, &flags).str());

@@ -136,6 +136,7 @@ int run_run(const RunOptions& o) {
 void add_run_command(CLI::App& app, Action& action) {
   auto* cmd = app.add_subcommand("run", "Run attention with the spec on .npy inputs (q [B,H,Sq,D], k/v [B,Hkv,Skv,D])");
   auto o = std::make_shared<RunOptions>();
+  o->spec.plain_attention_by_default = true;  // q, k and v alone: plain attention
   o->spec.add_to(cmd);
   cmd->add_option("--q", o->q, "Queries [B, H, Sq, D] (.npy, bf16 as uint16, f16, or f32 on the CPU)")->required();
   cmd->add_option("--k", o->k, "Keys [B, Hkv, Skv, D]")->required();

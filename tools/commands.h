@@ -18,5 +18,6 @@ void add_bench_command(CLI::App& app, Action& action);
 void add_bench_backward_command(CLI::App& app, Action& action);
 void add_random_command(CLI::App& app, Action& action);
 void add_devices_command(CLI::App& app, Action& action);
+void add_viz_command(CLI::App& app, Action& action);
 
 }  // namespace flexjit::tools

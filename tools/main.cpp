@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   add_bench_backward_command(app, action);
   add_random_command(app, action);
   add_devices_command(app, action);
+  add_viz_command(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

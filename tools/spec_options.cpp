@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -24,7 +25,7 @@ void SpecOptions::add_to(CLI::App* cmd) {
   cmd->add_option("--grad", grads, "Buffer that requires a gradient: NAME, or NAME=FILE.npy for `run --backward` (repeatable)");
   cmd->add_option("--head-dim", head_dim, "Head dimension of q and k (default 128)");
   cmd->add_option("--head-dim-v", head_dim_v, "Head dimension of v (default: --head-dim)");
-  cmd->add_option("--dtype", dtype, "Element type of q, k, v: bf16, f16 (GPU and CPU) or f32 (CPU)");
+  cmd->add_option("--dtype", dtype, "Element type of q, k, v: bf16, f16 (GPU and CPU) or f32 (CPU); fp16, fp32, float16, bfloat16, ... also work");
   cmd->add_option("--name", name, "Spec name (used in kernel names and logs)");
 }
 
@@ -32,6 +33,8 @@ dsl::Spec SpecOptions::load() const {
   dsl::Diagnostics diags;
   dsl::Spec spec;
   if (!file.empty()) {
+    std::error_code ec;
+    if (!std::filesystem::exists(file, ec)) throw Error(fmt::format("spec file '{}' not found", file));
     std::ifstream f(file);
     if (!f) throw Error(fmt::format("cannot read spec file '{}'", file));
     std::stringstream ss;
@@ -62,8 +65,8 @@ dsl::Spec SpecOptions::load() const {
     spec.dtype = *dt;
   }
   if (diags.has_errors()) throw CompileError(std::move(diags));
-  // Plain attention (no mods) is a valid spec, but it must be asked for by name.
-  if (file.empty() && !score && !mask && buffers.empty() && params.empty() && !name)
+  // Plain attention (no mods) is a valid spec, but outside `run` it must be asked for by name.
+  if (file.empty() && !score && !mask && buffers.empty() && params.empty() && !name && !plain_attention_by_default)
     throw Error("no spec given: pass a spec file, --score / --mask expressions, or --name NAME for plain attention (see --help)");
   return spec;
 }

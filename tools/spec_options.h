@@ -16,6 +16,9 @@ struct SpecOptions {
   std::vector<std::string> buffers, params, consts, grads;
   int head_dim = 0;
   int head_dim_v = 0;
+  // Commands whose other inputs make the intent clear (`run` with q, k and v) take an empty
+  // spec as plain attention; the others ask for it by --name so a forgotten file is an error.
+  bool plain_attention_by_default = false;
 
   void add_to(CLI::App* cmd);
   // The spec from the file (if any) with the flags on top; throws CompileError with all

@@ -1,5 +1,7 @@
 // Loading gallery specs and building their IR in tests.
 #pragma once
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -11,7 +13,12 @@
 
 namespace flexjit::test {
 
+// Throws flexjit::Error when the file is missing, naming the checkout the tests read.
 inline dsl::Spec load_spec(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec))
+    throw Error("spec file '" + path.string() + "' not found (the tests read the checkout at '" + source_dir().string() +
+                "'; set FLEXJIT_TEST_SOURCE_DIR to another)");
   std::ifstream f(path);
   std::stringstream ss;
   ss << f.rdbuf();

@@ -1,4 +1,4 @@
-// Tests of the reference interpreter against docs/SEMANTICS.md and the DSL.md gallery.
+// Tests of the reference interpreter against docs/SEMANTICS.md and the gallery of docs/LANGUAGE.md.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -325,7 +325,7 @@ TEST_CASE("interpreter: missing bindings are reported, not read", "[compiler][in
   CHECK_THROWS_AS(evaluate(s.score_mod, env), flexjit::Error);
 }
 
-// ---- The DSL.md gallery at a few points, against hand-computed values. ----
+// ---- The gallery of docs/LANGUAGE.md at a few points, against hand-computed values. ----
 
 TEST_CASE("gallery: causal, sliding window, prefix LM", "[compiler][interpreter][gallery]") {
   SpecIR causal = make_spec(std::nullopt, "q >= kv");

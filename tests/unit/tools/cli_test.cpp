@@ -7,28 +7,15 @@
 #include <fstream>
 #include <string>
 
+#include "support/shell.h"
 #include "support/test_paths.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-  int status;
-  std::string out;  // stdout and stderr together
-};
-
-Result sh(const std::string& command) {
-  std::string cmd = command + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  int rc = pclose(p);
-  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, out};
-}
+using Result = flexjit::test::ShellResult;
+Result sh(const std::string& command) { return flexjit::test::run_shell(command); }
 
 std::string fj() { return flexjit::test::cli_path(); }
 std::string gallery(const char* name) { return (flexjit::test::gallery_dir() / name).string(); }

@@ -4,8 +4,8 @@ backend, FlashAttention-4 itself (no mods), cuDNN SDPA and SDPA flash, on the ca
 FLOPs = 4 * B * H * Sq * Skv * D * density (unmasked pairs only). Every baseline that cannot run a case (FA4 and SDPA
 have no mods; a backend may reject a captured buffer) gets a dash and the reason in bench.json.
 
-FlashAttention-4 and the FLASH backend need the flash-attn-4 package (../shared/tools/fa4/prepare.sh brings it to the
-GPU machine; its site directory is passed with --site). Writes bench.json and results_table.md to --out."""
+FlashAttention-4 and the FLASH backend need the flash-attn-4 package and the CuTe DSL runtime, installed into the
+site directory passed with --site (the GPU machine has no package registry: they travel as wheels). Writes bench.json and results_table.md to --out."""
 import argparse
 import datetime
 import json

@@ -4,7 +4,7 @@
 #include "flex_backward_staged.cuh"
 #include "flex_wgmma.cuh"
 
-// Drop-in replacement of flex_backward_main for head dims 32..128 on sm_90a (docs/BACKWARD_SM90.md): the same
+// Drop-in replacement of flex_backward_main for head dims 32..128 on sm_90a (docs/notes/BACKWARD_SM90.md): the same
 // FlexBackwardParams, variant contract, grid (ceil(Skv / 128), Hkv, B; spread rows: see the kernel), 256 threads,
 // tile classes, schedule and preprocess / dQ-conversion kernels; shared memory flex_bwd_sm90::Smem<...>::kAllocBytes.
 //

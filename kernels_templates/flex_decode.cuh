@@ -45,7 +45,7 @@
 // kAlternate (kStages = 2 only; default: flex_decode_alternate(), the runtime's choice): one K buffer and one V
 //   buffer of 128 rows each, loaded alternately (V of these 128 rows while Q @ K^T runs, K of the next 128 while
 //   P @ V runs), so a CTA has one contiguous 32 KB stream in flight instead of a 16 KB K and a 16 KB V stream
-//   (measured 0.6-1.4% faster on the H100, docs/DECODE_NOTES.md run 4); each warp owns 32 KV rows of the 128, its
+//   (measured 0.6-1.4% faster on the H100, docs/notes/DECODE_NOTES.md run 4); each warp owns 32 KV rows of the 128, its
 //   half of one 64-row tile, so mask_mod and score_mod still see 64-wide tiles. Off: kStages stages of 64-row
 //   K and V tiles, each warp owning 16 rows of every tile.
 template <int kHeadDim_, int kMTiles_, int kStages_, class Element_,

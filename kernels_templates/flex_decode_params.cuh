@@ -134,7 +134,7 @@ inline long long flex_decode_workspace_bytes(int batch, int heads, int max_q_len
 // Resident CTAs per SM worth filling with splits (the ctas_per_sm argument of flex_decode_num_splits): the
 // memory system is saturated once about 64 KB of K/V copies are in flight per SM (kStages - 1 tiles of K and V per
 // CTA; the alternating pipeline's one 128-row K or V load is the same bytes as its two stages' one K+V tile);
-// more resident CTAs only add partials to merge. Measured on the H100 (docs/DECODE_NOTES.md): D128 with 2
+// more resident CTAs only add partials to merge. Measured on the H100 (docs/notes/DECODE_NOTES.md): D128 with 2
 // stages, 2 of its 3 resident CTAs per SM (4 splits for B8 Hkv8): as fast as 6 splits at KV 32768, 3% faster at 8192.
 inline int flex_decode_bandwidth_ctas(int ctas_per_sm, int head_dim, int stages) {
   const long long in_flight = (long long)(stages - 1) * 2 * kFlexDecodeBlockN * (head_dim + 8) * 2;

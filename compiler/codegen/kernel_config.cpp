@@ -61,7 +61,7 @@ DecodeConfig decode_config(int head_dim, int rows_per_kv_head) {
   c.head_dim = head_dim;
   c.m_tiles = rows_per_kv_head > 16 && head_dim <= 128 ? 2 : 1;
   // Two stages: one K/V tile in flight per CTA while the other is consumed, and 3 CTAs per SM at D128. Measured
-  // 0.5-1% faster than 3 stages (2 CTAs per SM) at KV 32768 on the H100 (docs/DECODE_NOTES.md, optimisation run 1).
+  // 0.5-1% faster than 3 stages (2 CTAs per SM) at KV 32768 on the H100 (docs/notes/DECODE_NOTES.md, optimisation run 1).
   c.stages = 2;
   c.alternate = flex_decode_alternate(c.head_dim, c.m_tiles, c.stages);
   return c;

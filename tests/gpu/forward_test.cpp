@@ -638,7 +638,8 @@ TEST_CASE("one compiled spec serves two GPUs: a module and bound buffer replicas
     INFO("cuda:" << dev);
     expect_close(run_case(spec, c));
   }
-  // The failure of ../shared/seeds/000: a mask buffer on cuda:0 passed to a launch on cuda:1 is an error naming
+  // A user's report (a mask captured on one GPU crashed a kernel launched on another): a mask buffer on cuda:0
+  // passed to a launch on cuda:1 is an error naming
   // the buffer and both devices, not a crash or a silent wrong answer.
   const SmallOperands ops(1, 5);
   runtime::DeviceBuffer doc0(0, 64 * 4);

@@ -22,21 +22,6 @@ namespace test = flexjit::test;
 
 namespace {
 
-// Mentions in files that another session is rewriting; they fix them there and drop the entry.
-// Anything else that points outside the repository or at a missing file fails the test.
-struct Pending {
-  const char* file;
-  const char* mention;
-};
-constexpr Pending kPending[] = {
-    {"bench/bench_forward.py", "../shared/ANCHORS.md"},
-    {"tests/gpu/forward_test.cpp", "../shared/seeds/000"},
-    {"compiler/codegen/kernel_source.cpp", "docs/KERNEL_NOTES.md"},
-    {"compiler/codegen/kernel_config.cpp", "docs/DECODE_NOTES.md"},
-    {"kernels_templates/flex_backward_sm90.cuh", "docs/BACKWARD_SM90.md"},
-    {"kernels_templates/flex_decode.cuh", "docs/DECODE_NOTES.md"},
-    {"kernels_templates/flex_decode_params.cuh", "docs/DECODE_NOTES.md"},
-};
 
 enum class Kind { Markdown, CLike, Hash, Python };
 
@@ -183,16 +168,6 @@ struct Checker {
   std::set<std::string> basenames;
   std::map<fs::path, std::set<std::string>> anchors;
   std::vector<std::string> problems;
-  std::set<std::pair<std::string, std::string>> pending_seen;
-
-  bool pending(const std::string& file, const std::string& mention) {
-    for (const Pending& p : kPending)
-      if (file == p.file && mention == p.mention) {
-        pending_seen.insert({p.file, p.mention});
-        return true;
-      }
-    return false;
-  }
   // A mention that means a document of the repository: a path into one of its top-level
   // directories, or a bare upper-case name (`DECODE_NOTES.md`). Others (`$OUT/table.md`) name
   // files that scripts write.
@@ -202,7 +177,7 @@ struct Checker {
     return std::all_of(p.begin(), p.end() - 3, [](char ch) { return std::isupper(static_cast<unsigned char>(ch)) || std::isdigit(static_cast<unsigned char>(ch)) || ch == '_'; });
   }
   void report(const std::string& file, int line, const std::string& mention, const std::string& why) {
-    if (!pending(file, mention)) problems.push_back(fmt::format("{}:{}: `{}` {}", file, line, mention, why));
+    problems.push_back(fmt::format("{}:{}: `{}` {}", file, line, mention, why));
   }
 
   void check_file(const std::string& rel, Kind kind) {
@@ -270,9 +245,6 @@ TEST_CASE("no Markdown file or source comment points outside the repository or a
   for (const std::string& p : c.problems) all += p + "\n";
   INFO(all);
   CHECK(c.problems.empty());
-  for (const Pending& p : kPending)
-    if (!c.pending_seen.count({p.file, p.mention}))
-      WARN("no longer needed, delete it from kPending: " << p.file << " mentions " << p.mention);
 }
 
 TEST_CASE("the checker finds what leaves the repository", "[docs]") {

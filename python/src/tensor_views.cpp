@@ -56,8 +56,10 @@ DType dlpack_dtype(nb::dlpack::dtype t, const std::string& what) {
         break;
     }
   }
-  throw Error(what + " has an element type flexjit does not take (DLPack code " + std::to_string(t.code) + ", " + std::to_string(t.bits) +
-              " bits); use " + kSupportedDtypes);
+  static const char* names[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
+  std::string name = t.code < 7 ? names[t.code] + std::to_string(t.bits) : "DLPack type " + std::to_string(t.code) + "/" + std::to_string(t.bits);
+  if (t.lanes != 1) name += "x" + std::to_string(t.lanes);
+  throw Error(what + " is " + name + "; flexjit takes " + kSupportedDtypes);
 }
 
 }  // namespace

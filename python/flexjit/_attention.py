@@ -4,7 +4,7 @@ Works on any DLPack arrays (numpy on the CPU backend, torch on CPU or CUDA, cupy
 torch tensors go through flexjit.torch's custom op when autograd or torch.compile needs it.
 """
 from . import _arrays
-from ._block_mask import BlockMask, merge_block_mask
+from ._block_mask import BlockMask, device_masks, merge_block_mask
 from ._flexjit import backward as _backward
 from ._flexjit import forward as _forward
 
@@ -66,12 +66,12 @@ def flex_attention(q, k, v, score_mod=None, mask_mod=None, buffers=None, params=
 
         return _ops.flex_attention(q, k, v, score_mod, mask_mod, buffers, params, block_mask, scale, enable_gqa, return_lse)
     qs, ks, vs = dense_shapes(q, k, v, enable_gqa)
-    mask_mod, buffers, params, masks = merge_block_mask(block_mask, mask_mod, buffers, params, qs[0], qs[1], qs[2], ks[2])
+    mask_mod, buffers, params = merge_block_mask(block_mask, mask_mod, buffers, params, qs[0], qs[1], qs[2], ks[2])
     o = _arrays.empty(q, (qs[0], qs[1], qs[2], vs[3]))
     lse = _arrays.empty_f32(q, qs[:3]) if return_lse else None
     if stream is None:
         stream = _arrays.current_stream(q)
-    _forward(score_mod, mask_mod, buffers, params, None, q, k, v, o, lse, launch_scale(scale), masks, stream)
+    _forward(score_mod, mask_mod, buffers, params, None, q, k, v, o, lse, launch_scale(scale), device_masks(block_mask), stream)
     return (o, lse) if return_lse else o
 
 
@@ -82,7 +82,7 @@ def flex_attention_backward(q, k, v, o, lse, grad_out, score_mod=None, mask_mod=
     of the shape of each buffer named in `grad_buffers`. `lse` is the forward's
     (``return_lse=True``). deterministic=True sums in a fixed order (bitwise reproducible)."""
     qs, ks, vs = dense_shapes(q, k, v, enable_gqa)
-    mask_mod, buffers, params, masks = merge_block_mask(block_mask, mask_mod, buffers, params, qs[0], qs[1], qs[2], ks[2])
+    mask_mod, buffers, params = merge_block_mask(block_mask, mask_mod, buffers, params, qs[0], qs[1], qs[2], ks[2])
     grads = {}
     for name in grad_buffers:
         if not buffers or name not in buffers:
@@ -94,7 +94,7 @@ def flex_attention_backward(q, k, v, o, lse, grad_out, score_mod=None, mask_mod=
     if stream is None:
         stream = _arrays.current_stream(q)
     _backward(score_mod, mask_mod, buffers, params, q, k, v, o, lse, grad_out, dq, dk, dv, grads or None,
-              launch_scale(scale), deterministic, masks, stream)
+              launch_scale(scale), deterministic, device_masks(block_mask), stream)
     return dq, dk, dv, grads
 
 

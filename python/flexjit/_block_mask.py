@@ -48,12 +48,20 @@ class BlockMask:
         return f"BlockMask(mask_mod={self.mask_mod!r}, shape={self.shape})"
 
 
-def block_mask_by_handle(handle):
-    """The live BlockMask with this handle (for custom ops, which pass it as an int)."""
+def device_masks(block_mask):
+    """The device masks a launch passing `block_mask` reuses (None without one)."""
+    return block_mask._masks if block_mask is not None else None
+
+
+def device_masks_by_handle(handle):
+    """The device masks of the live BlockMask with this handle (0: none), for custom ops, which
+    pass it as an int."""
+    if not handle:
+        return None
     mask = _by_handle.get(handle)
     if mask is None:
         raise ValueError(f"block mask {handle} no longer exists; keep the BlockMask alive while launches use it")
-    return mask
+    return mask._masks
 
 
 def _merged(what, mine, theirs):
@@ -68,14 +76,13 @@ def _merged(what, mine, theirs):
 
 
 def merge_block_mask(block_mask, mask_mod, buffers, params, B, H, Sq, Skv):
-    """The mask_mod, buffers and parameters of a launch that passes `block_mask`, and the
-    device masks it reuses (None without a block mask)."""
+    """The mask_mod, buffers and parameters of a launch that passes `block_mask` (checked
+    against the launch's sizes; None: the launch's own)."""
     if block_mask is None:
-        return mask_mod, buffers, params, None
+        return mask_mod, buffers, params
     if not isinstance(block_mask, BlockMask):
         raise TypeError(f"block_mask must come from flexjit.create_block_mask, got {type(block_mask).__name__}")
     if mask_mod is not None:
         raise ValueError("give the mask either as mask_mod or as block_mask, not both")
     block_mask.check_launch(B, H, Sq, Skv)
-    return (block_mask.mask_mod, _merged("buffer", buffers, block_mask.buffers), _merged("parameter", params, block_mask.params),
-            block_mask._masks)
+    return block_mask.mask_mod, _merged("buffer", buffers, block_mask.buffers), _merged("parameter", params, block_mask.params)

@@ -3,6 +3,8 @@
 Works on any DLPack arrays (numpy on the CPU backend, torch on CPU or CUDA, cupy, ...);
 torch tensors go through flexjit.torch's custom op when autograd or torch.compile needs it.
 """
+import functools
+
 from . import _arrays
 from ._block_mask import BlockMask, device_masks, merge_block_mask
 from ._flexjit import backward as _backward
@@ -21,6 +23,13 @@ class const:
 
     def __repr__(self):
         return f"flexjit.const({self.value!r})"
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_ops():
+    from .torch import _ops
+
+    return _ops
 
 
 def launch_scale(scale):
@@ -62,9 +71,7 @@ def flex_attention(q, k, v, score_mod=None, mask_mod=None, buffers=None, params=
     handle), by default the caller's current stream (torch or cupy).
     """
     if _arrays.is_torch(q):
-        from .torch import _ops
-
-        return _ops.flex_attention(q, k, v, score_mod, mask_mod, buffers, params, block_mask, scale, enable_gqa, return_lse)
+        return _torch_ops().flex_attention(q, k, v, score_mod, mask_mod, buffers, params, block_mask, scale, enable_gqa, return_lse)
     qs, ks, vs = dense_shapes(q, k, v, enable_gqa)
     mask_mod, buffers, params = merge_block_mask(block_mask, mask_mod, buffers, params, qs[0], qs[1], qs[2], ks[2])
     o = _arrays.empty(q, (qs[0], qs[1], qs[2], vs[3]))

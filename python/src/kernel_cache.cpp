@@ -44,14 +44,16 @@ bool wants_grad(const SpecRequest& r, const std::string& name) { return std::fin
 std::string cache_key(const SpecRequest& r) {
   std::string key;
   key.reserve(256);
-  key += r.score_mod ? "s" + *r.score_mod : "-";
-  key += '\x1f';
-  key += r.mask_mod ? "m" + *r.mask_mod : "-";
-  key += '\x1f';
-  key += dsl::dtype_name(r.dtype);
-  key += ' ' + std::to_string(r.head_dim) + ' ' + std::to_string(r.head_dim_v);
-  for (const BufferArg& b : r.buffers) key += '\x1f' + buffer_decl(b) + (wants_grad(r, b.name) ? " grad" : "");
-  for (const ParamArg& p : r.params) key += '\x1f' + param_decl(p);
+  for (const auto& mod : {r.score_mod, r.mask_mod}) {
+    if (mod) key.append("+").append(*mod);
+    key += '\x1f';
+  }
+  key.append(dsl::dtype_name(r.dtype)).append(std::to_string(r.head_dim)).append(" ").append(std::to_string(r.head_dim_v));
+  for (const BufferArg& b : r.buffers) {
+    key.append("\x1f").append(b.name).append(":").append(dsl::dtype_name(b.tensor.dtype)).append("[").append(b.dims).append("]");
+    if (wants_grad(r, b.name)) key.append(" grad");
+  }
+  for (const ParamArg& p : r.params) key.append("\x1f").append(param_decl(p));
   return key;
 }
 
@@ -81,8 +83,8 @@ std::string declared_dims(const std::vector<int64_t>& shape, const LaunchSizes& 
 dsl::Spec build_spec(const SpecRequest& r) {
   dsl::Spec spec;
   spec.name = "flex_attention";
-  spec.score_mod = r.score_mod;
-  spec.mask_mod = r.mask_mod;
+  if (r.score_mod) spec.score_mod = std::string(*r.score_mod);
+  if (r.mask_mod) spec.mask_mod = std::string(*r.mask_mod);
   spec.dtype = r.dtype;
   spec.head_dim = static_cast<int>(r.head_dim);
   spec.head_dim_v = r.head_dim_v == r.head_dim ? 0 : static_cast<int>(r.head_dim_v);

@@ -4,6 +4,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -38,7 +39,7 @@ struct LaunchSizes {
 std::string declared_dims(const std::vector<int64_t>& shape, const LaunchSizes& sizes);
 
 struct SpecRequest {
-  std::optional<std::string> score_mod, mask_mod;
+  std::optional<std::string_view> score_mod, mask_mod;  // the caller's text, alive for the request
   DType dtype = DType::BF16;
   int64_t head_dim = 0, head_dim_v = 0;
   std::vector<BufferArg> buffers;

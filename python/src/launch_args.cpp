@@ -8,11 +8,14 @@ namespace flexjit::python {
 
 namespace {
 
-std::optional<std::string> optional_text(nb::handle obj, const char* what) {
+std::optional<std::string_view> optional_text(nb::handle obj, const char* what) {
   if (obj.is_none()) return std::nullopt;
   if (!nb::isinstance<nb::str>(obj))
     throw Error(std::string(what) + " must be a str (the mod's program text) or None, got " + nb::cast<std::string>(nb::type_name(obj.type())));
-  return nb::cast<std::string>(obj);
+  Py_ssize_t size = 0;
+  const char* text = PyUnicode_AsUTF8AndSize(obj.ptr(), &size);
+  if (!text) throw nb::python_error();
+  return std::string_view(text, static_cast<size_t>(size));
 }
 
 nb::dict require_dict(nb::handle obj, const char* what) {

@@ -1,5 +1,8 @@
 #include "launches.h"
 
+#include <algorithm>
+#include <chrono>
+
 #include "dsl/error.h"
 #include "launch_args.h"
 
@@ -33,26 +36,49 @@ void read_captures(LaunchArgs& args, const ModArgs& mods, const LaunchSizes& siz
 
 LaunchSizes dense_sizes(const Tensor& q, const Tensor& k) { return {q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2]}; }
 
+// A forward launch with its arguments read: what forward() runs, and what time_forward() repeats.
+struct PreparedForward {
+  DenseLaunch l;
+  AttentionArgs a;
+  std::shared_ptr<Kernel> kernel;
+};
+
+void prepare_forward(PreparedForward& p, const ModArgs& mods, nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse,
+                     float scale, uintptr_t stream) {
+  read_dense(p.l, mods, q, k, v);
+  AttentionArgs& a = p.a;
+  a.q = p.l.q, a.k = p.l.k, a.v = p.l.v;
+  a.o = p.l.args.views.view(o, "o");
+  a.lse = p.l.args.views.view_optional(lse, "lse");
+  read_captures(p.l.args, mods, dense_sizes(p.l.q, p.l.k));
+  p.kernel = kernel_for(p.l.args.request);
+  a.buffers = launch_buffers(p.l.args.request);
+  a.params = launch_params(p.l.args.request);
+  a.scale = scale;
+  a.stream = stream_of(stream);
+  a.device = p.l.args.views.device();
+}
+
 }  // namespace
 
 void forward(const ModArgs& mods, nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, float scale, BlockMasks* block_mask,
              uintptr_t stream) {
-  DenseLaunch l;
-  read_dense(l, mods, q, k, v);
-  AttentionArgs a;
-  a.q = l.q, a.k = l.k, a.v = l.v;
-  a.o = l.args.views.view(o, "o");
-  a.lse = l.args.views.view_optional(lse, "lse");
-  read_captures(l.args, mods, dense_sizes(l.q, l.k));
-  std::shared_ptr<Kernel> kernel = kernel_for(l.args.request);
-  a.buffers = launch_buffers(l.args.request);
-  a.params = launch_params(l.args.request);
-  a.scale = scale;
-  a.stream = stream_of(stream);
-  a.device = l.args.views.device();
+  PreparedForward p;
+  prepare_forward(p, mods, q, k, v, o, lse, scale, stream);
   nb::gil_scoped_release release;
-  if (block_mask) a.block_mask = block_mask->for_forward(*kernel, a);
-  kernel->forward(a);
+  if (block_mask) p.a.block_mask = block_mask->for_forward(*p.kernel, p.a);
+  p.kernel->forward(p.a);
+}
+
+double time_forward(const ModArgs& mods, nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, float scale,
+                    uintptr_t stream, int iterations) {
+  PreparedForward p;
+  prepare_forward(p, mods, q, k, v, o, lse, scale, stream);
+  nb::gil_scoped_release release;
+  p.kernel->forward(p.a);  // compiles and loads the kernel, allocates the workspace
+  auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < iterations; ++i) p.kernel->forward(p.a);
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / std::max(iterations, 1);
 }
 
 std::string forward_spec(const ModArgs& mods, nb::handle q, nb::handle k, nb::handle v) {

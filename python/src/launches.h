@@ -25,6 +25,12 @@ struct ModArgs {
 void forward(const ModArgs& mods, nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, float scale, BlockMasks* block_mask,
              uintptr_t stream);
 
+// The host time of one forward launch in microseconds, over `iterations` launches with these
+// arguments read once (the C++ launch cost the Python layer is measured against; the launch
+// does not synchronise, so on a GPU this is the enqueue time while the queue keeps up).
+double time_forward(const ModArgs& mods, nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, float scale,
+                    uintptr_t stream, int iterations);
+
 // The spec a forward launch with these arguments compiles, as JSON.
 std::string forward_spec(const ModArgs& mods, nb::handle q, nb::handle k, nb::handle v);
 

@@ -80,6 +80,15 @@ NB_MODULE(_flexjit, m) {
       "lse"_a.none(), "scale"_a, "block_mask"_a.none(), "stream"_a);
 
   m.def(
+      "time_forward",
+      [](nb::handle score_mod, nb::handle mask_mod, nb::handle buffers, nb::handle params, nb::handle q, nb::handle k, nb::handle v, nb::handle o,
+         nb::handle lse, float scale, uintptr_t stream, int iterations) {
+        return time_forward(mods(score_mod, mask_mod, buffers, params, nb::none()), q, k, v, o, lse, scale, stream, iterations);
+      },
+      "score_mod"_a.none(), "mask_mod"_a.none(), "buffers"_a.none(), "params"_a.none(), "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a.none(), "scale"_a,
+      "stream"_a, "iterations"_a);
+
+  m.def(
       "forward_spec",
       [](nb::handle score_mod, nb::handle mask_mod, nb::handle buffers, nb::handle params, nb::handle grads, nb::handle q, nb::handle k, nb::handle v) {
         return forward_spec(mods(score_mod, mask_mod, buffers, params, grads), q, k, v);

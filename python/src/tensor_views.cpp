@@ -25,12 +25,6 @@ std::string python_type_name(nb::handle obj) { return nb::cast<std::string>(nb::
 
 const char* kSupportedDtypes = "float32, float16, bfloat16, int32, int64, uint8 or bool";
 
-std::vector<int64_t> int_tuple(nb::handle seq) {
-  std::vector<int64_t> out;
-  for (nb::handle item : seq) out.push_back(nb::cast<int64_t>(item));
-  return out;
-}
-
 DType dlpack_dtype(nb::dlpack::dtype t, const std::string& what) {
   using Code = nb::dlpack::dtype_code;
   if (t.lanes == 1) {
@@ -75,29 +69,56 @@ void register_torch(nb::handle tensor_type, nb::dict dtypes) {
   t.tensor_type = tensor_type.inc_ref().ptr();
 }
 
+Tensor TensorViews::torch_view(nb::handle obj, const std::string& what) {
+  // Interned attribute names: these reads are most of the cost of a launch from Python.
+  static PyObject* const kDtype = PyUnicode_InternFromString("dtype");
+  static PyObject* const kIsCuda = PyUnicode_InternFromString("is_cuda");
+  static PyObject* const kIsCpu = PyUnicode_InternFromString("is_cpu");
+  static PyObject* const kGetDevice = PyUnicode_InternFromString("get_device");
+  static PyObject* const kDataPtr = PyUnicode_InternFromString("data_ptr");
+  static PyObject* const kShape = PyUnicode_InternFromString("shape");
+  static PyObject* const kStride = PyUnicode_InternFromString("stride");
+  auto attr = [&](PyObject* name) {
+    nb::object value = nb::steal(PyObject_GetAttr(obj.ptr(), name));
+    if (!value.is_valid()) throw nb::python_error();
+    return value;
+  };
+  auto call = [&](PyObject* name) {
+    nb::object value = nb::steal(PyObject_CallMethodNoArgs(obj.ptr(), name));
+    if (!value.is_valid()) throw nb::python_error();
+    return value;
+  };
+  Tensor out;
+  nb::object dtype = attr(kDtype);
+  bool known = false;
+  for (const auto& [key, d] : torch_types().dtypes)
+    if (key == dtype.ptr()) out.dtype = d, known = true;
+  if (!known) throw Error(what + " has dtype " + nb::cast<std::string>(nb::str(dtype)) + "; flexjit takes " + kSupportedDtypes);
+  if (attr(kIsCuda).ptr() == Py_True)
+    place(Device::cuda(static_cast<int>(PyLong_AsLong(call(kGetDevice).ptr()))), what);
+  else if (attr(kIsCpu).ptr() == Py_True)
+    place(Device::cpu(), what);
+  else
+    throw Error(what + " is on " + nb::cast<std::string>(nb::str(obj.attr("device"))) + "; flexjit runs on CPU and CUDA tensors");
+  out.data = PyLong_AsVoidPtr(call(kDataPtr).ptr());
+  nb::object shape = attr(kShape), strides = call(kStride);
+  const Py_ssize_t rank = PyTuple_GET_SIZE(shape.ptr());
+  out.shape.resize(static_cast<size_t>(rank));
+  out.strides.resize(static_cast<size_t>(rank));
+  for (Py_ssize_t i = 0; i < rank; ++i) {
+    out.shape[static_cast<size_t>(i)] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape.ptr(), i));
+    out.strides[static_cast<size_t>(i)] = PyLong_AsLongLong(PyTuple_GET_ITEM(strides.ptr(), i));
+  }
+  if (PyErr_Occurred()) throw nb::python_error();
+  return out;
+}
+
 Tensor TensorViews::view(nb::handle obj, const std::string& what) {
   if (obj.is_none()) throw Error(what + " is None; it must be an array");
-  Tensor out;
   const TorchTypes& torch = torch_types();
-  if (torch.tensor_type && PyObject_IsInstance(obj.ptr(), torch.tensor_type) == 1) {
-    nb::object dtype = obj.attr("dtype");
-    bool known = false;
-    for (const auto& [key, d] : torch.dtypes)
-      if (key == dtype.ptr()) out.dtype = d, known = true;
-    if (!known) throw Error(what + " has dtype " + nb::cast<std::string>(nb::str(dtype)) + "; flexjit takes " + kSupportedDtypes);
-    Device d;
-    if (nb::cast<bool>(obj.attr("is_cuda")))
-      d = Device::cuda(nb::cast<int>(obj.attr("get_device")()));
-    else if (nb::cast<bool>(obj.attr("is_cpu")))
-      d = Device::cpu();
-    else
-      throw Error(what + " is on " + nb::cast<std::string>(nb::str(obj.attr("device"))) + "; flexjit runs on CPU and CUDA tensors");
-    place(d, what);
-    out.data = reinterpret_cast<void*>(nb::cast<uintptr_t>(obj.attr("data_ptr")()));
-    out.shape = int_tuple(obj.attr("shape"));
-    out.strides = int_tuple(obj.attr("stride")());
-    return out;
-  }
+  // A type check, not isinstance(): torch.Tensor's metaclass makes isinstance() a Python call.
+  if (torch.tensor_type && PyObject_TypeCheck(obj.ptr(), reinterpret_cast<PyTypeObject*>(torch.tensor_type))) return torch_view(obj, what);
+  Tensor out;
   nb::ndarray<nb::ro> array;
   if (!nb::try_cast(obj, array, /*convert=*/false))
     throw Error(what + " is a " + python_type_name(obj) + ", not an array; pass a DLPack tensor (numpy, torch, cupy, ...)");

@@ -30,6 +30,7 @@ class TensorViews {
   void place(Device d, const std::string& what);
 
  private:
+  Tensor torch_view(nb::handle obj, const std::string& what);
 
   std::vector<nb::ndarray<nb::ro>> imports_;  // DLPack imports, alive for the call
   bool placed_ = false;

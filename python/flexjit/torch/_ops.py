@@ -12,7 +12,7 @@ import torch
 from .. import _flexjit as _ext
 from .. import _attention
 from .._attention import launch_scale
-from .._block_mask import device_masks, device_masks_by_handle, merge_block_mask
+from .._block_mask import device_masks_by_handle, merge_block_mask
 
 _ext.register_torch(torch.Tensor, {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.int32: "i32",
                                    torch.int64: "i64", torch.uint8: "u8", torch.bool: "bool"})
@@ -150,26 +150,30 @@ def _needs_grad(q, k, v, tensors):
 
 def flex_attention(q, k, v, score_mod, mask_mod, buffers, params, block_mask, scale, enable_gqa, return_lse):
     """The string API on torch tensors (flexjit.flex_attention's torch path)."""
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"q, k and v must have 4 dimensions [B, H, S, D], but have {q.dim()}, {k.dim()} and {v.dim()}")
-    if q.size(1) != k.size(1) and not enable_gqa:
-        raise ValueError(f"q has {q.size(1)} heads but k and v have {k.size(1)}: pass enable_gqa=True for grouped-query attention")
-    mask_mod, buffers, params = merge_block_mask(block_mask, mask_mod, buffers, params, q.size(0), q.size(1), q.size(2), k.size(2))
-    handle = block_mask.handle if block_mask is not None else 0
-    buffers = buffers or {}
-    params = params or {}
-    scale = launch_scale(scale)
-    tensors = [b[0] if isinstance(b, tuple) else b for b in buffers.values()]
+    qs, ks, vs = q.shape, k.shape, v.shape
+    if len(qs) != 4 or len(ks) != 4 or len(vs) != 4:
+        raise ValueError(f"q, k and v must have 4 dimensions [B, H, S, D], but have shapes {list(qs)}, {list(ks)} and {list(vs)}")
+    if qs[1] != ks[1] and not enable_gqa:
+        raise ValueError(f"q has {qs[1]} heads but k and v have {ks[1]}: pass enable_gqa=True for grouped-query attention")
+    if block_mask is not None:
+        mask_mod, buffers, params = merge_block_mask(block_mask, mask_mod, buffers, params, qs[0], qs[1], qs[2], ks[2])
+    scale = 0.0 if scale is None else launch_scale(scale)
+    if buffers:
+        tensors = [b[0] if isinstance(b, tuple) else b for b in buffers.values()]
+    else:
+        buffers, tensors = {}, []
     if not torch.compiler.is_compiling() and not _needs_grad(q, k, v, tensors):
         # Inference in eager mode: straight to the launch, without the dispatcher's overhead.
-        o = q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
-        lse = q.new_empty(q.shape[:3], dtype=torch.float32) if return_lse else None
-        _ext.forward(score_mod, mask_mod, buffers or None, params or None, None, q, k, v, o, lse, scale, device_masks(block_mask),
-                     current_stream(q))
+        o = q.new_empty((qs[0], qs[1], qs[2], vs[3]))
+        lse = q.new_empty(qs[:3], dtype=torch.float32) if return_lse else None
+        _ext.forward(score_mod, mask_mod, buffers or None, params or None, None, q, k, v, o, lse, scale,
+                     None if block_mask is None else block_mask._masks, current_stream(q))
         return (o, lse) if return_lse else o
+    params = params or {}
     entries = [name + "=" + b[1] if isinstance(b, tuple) else name for name, b in buffers.items()]
     kinds = [param_kind(value) for value in params.values()]
     grad_names = [name for name, t in zip(buffers, tensors) if t.requires_grad and torch.is_grad_enabled()]
     config = make_config(score_mod, mask_mod, entries, [name + ":" + kind for name, (kind, _) in zip(params, kinds)], grad_names)
+    handle = block_mask.handle if block_mask is not None else 0
     o, lse = attention_op(q, k, v, tensors, config, [value for _, value in kinds], scale, handle)
     return (o, lse) if return_lse else o

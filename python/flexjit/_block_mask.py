@@ -6,7 +6,8 @@ import weakref
 from ._flexjit import BlockMasks, check_mods
 
 _handles = itertools.count(1)
-# BlockMask objects by handle, for torch custom ops (whose arguments cannot be Python objects).
+# BlockMask objects by handle, for torch custom ops (whose arguments cannot be Python objects). Handles
+# are strings: torch.compile keeps strings constant, where it could make an int a symbolic input.
 _by_handle = weakref.WeakValueDictionary()
 
 
@@ -31,7 +32,7 @@ class BlockMask:
         self.source = source
         check_mods(None, mask_mod, self.buffers or None, self.params or None, B, H, Q_LEN, KV_LEN)
         self._masks = BlockMasks()
-        self.handle = next(_handles)
+        self.handle = f"block_mask_{next(_handles)}"
         _by_handle[self.handle] = self
 
     def check_launch(self, B, H, Sq, Skv):
@@ -54,14 +55,16 @@ def device_masks(block_mask):
 
 
 def device_masks_by_handle(handle):
-    """The device masks of the live BlockMask with this handle (0: none), for custom ops, which
-    pass it as an int."""
-    if not handle:
-        return None
-    mask = _by_handle.get(handle)
-    if mask is None:
-        raise ValueError(f"block mask {handle} no longer exists; keep the BlockMask alive while launches use it")
-    return mask._masks
+    """The device masks of the live BlockMask with this handle, for custom ops; None for "" or a
+    mask no longer alive (the op's mask_mod, buffers and parameters are
+    its own arguments, so the launch then builds the tile lists itself)."""
+    mask = _by_handle.get(handle) if handle else None
+    return mask._masks if mask is not None else None
+
+
+def block_mask_by_handle(handle):
+    """The live BlockMask with this handle, or None."""
+    return _by_handle.get(handle) if handle else None
 
 
 def _merged(what, mine, theirs):

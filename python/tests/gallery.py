@@ -16,6 +16,18 @@ class Case(NamedTuple):
     grads: tuple = ()           # buffers that may require grad
 
 
+def launch(case, api, q, k, v):
+    """Attention of a case through the string API ("string") or the drop-in ("drop-in")."""
+    import flexjit
+    import flexjit.torch as fjt
+
+    if api == "string":
+        return flexjit.flex_attention(q, k, v, score_mod=case.score_text, mask_mod=case.mask_text, buffers=case.buffers, params=case.params)
+    S, S_kv = q.shape[2], k.shape[2]
+    bm = fjt.create_block_mask(case.mask_mod, None, None, S, S_kv) if case.mask_mod else None
+    return fjt.flex_attention(q, k, v, score_mod=case.score_mod, block_mask=bm)
+
+
 def gallery(B, H, S, device, dtype=torch.float32, seed=0, requires_grad=False):
     """Cases for q [B, H, S, D] and k, v [B, H, S, D]; S must be a square (SAM's token grid).
     requires_grad: the float buffers a case lists in `grads` require grad (the callables capture

@@ -7,7 +7,7 @@ torch = pytest.importorskip("torch")
 
 import flexjit  # noqa: E402
 import flexjit.torch as fjt  # noqa: E402
-from gallery import attention_gym, gallery  # noqa: E402
+from gallery import attention_gym, gallery, launch  # noqa: E402
 from torch.nn.attention import flex_attention as torch_flex  # noqa: E402
 from torch_reference import assert_close, reference  # noqa: E402
 
@@ -31,11 +31,8 @@ def torch_flex_attention(q, k, v, case_score, case_mask):
 def test_gallery_forward_string_api_and_drop_in_match_flex_attention(case):
     q, k, v = qkv()
     expected = torch_flex_attention(q, k, v, case.score_mod, case.mask_mod)
-    text = flexjit.flex_attention(q, k, v, score_mod=case.score_text, mask_mod=case.mask_text, buffers=case.buffers, params=case.params)
-    bm = fjt.create_block_mask(case.mask_mod, None, None, S, S) if case.mask_mod else None
-    dropin = fjt.flex_attention(q, k, v, score_mod=case.score_mod, block_mask=bm)
-    assert_close(text, expected, atol=2e-5, what="string API")
-    assert_close(dropin, expected, atol=2e-5, what="drop-in")
+    for api in ("string", "drop-in"):
+        assert_close(launch(case, api, q, k, v), expected, atol=2e-5, what=api)
 
 
 @pytest.mark.parametrize("name", [c.name for c in gallery(B, H, S, "cpu") if c.grads or c.name == "causal"])
@@ -43,11 +40,7 @@ def test_gallery_backward_with_buffer_gradients(name):
     for api in ("string", "drop-in"):
         case = {c.name: c for c in gallery(B, H, S, "cpu", requires_grad=True)}[name]
         q, k, v = qkv(requires_grad=True)
-        if api == "string":
-            o = flexjit.flex_attention(q, k, v, score_mod=case.score_text, mask_mod=case.mask_text, buffers=case.buffers, params=case.params)
-        else:
-            bm = fjt.create_block_mask(case.mask_mod, None, None, S, S) if case.mask_mod else None
-            o = fjt.flex_attention(q, k, v, score_mod=case.score_mod, block_mask=bm)
+        o = launch(case, api, q, k, v)
         expected, _ = reference(q, k, v, case.score_mod, case.mask_mod)
         leaves = [q, k, v] + [case.buffers[n] for n in case.grads]
         d_o = torch.randn_like(o)
@@ -177,7 +170,7 @@ def test_opcheck():
     q, k, v = qkv(requires_grad=True)
     rel = torch.randn(H, S, requires_grad=True)
     config = _ops.make_config("score + rel[h, kv] * w", "q >= kv", ["rel"], ["w:float"], ["rel"])
-    result = torch.library.opcheck(torch.ops.flexjit.attention.default, (q, k, v, [rel], config, [0.5], 0.0, 0))
+    result = torch.library.opcheck(torch.ops.flexjit.attention.default, (q, k, v, [rel], config, [0.5], 0.0, ""))
     assert all(v == "SUCCESS" for v in result.values()), result
 
 

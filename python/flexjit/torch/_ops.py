@@ -5,14 +5,14 @@ replay in CUDA graphs.
 
 Ops take tensors, numbers and strings only, so a launch's mods, buffer names and parameter
 types travel as one config string (a constant of the compiled graph) and a block mask as the
-handle of its flexjit.BlockMask.
+handle (a string) of its flexjit.BlockMask.
 """
 import torch
 
 from .. import _flexjit as _ext
 from .. import _attention
 from .._attention import launch_scale
-from .._block_mask import device_masks_by_handle, merge_block_mask
+from .._block_mask import block_mask_by_handle, device_masks_by_handle, merge_block_mask
 
 _ext.register_torch(torch.Tensor, {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.int32: "i32",
                                    torch.int64: "i64", torch.uint8: "u8", torch.bool: "bool"})
@@ -87,7 +87,7 @@ def parse_config(text):
 
 @torch.library.custom_op("flexjit::attention", mutates_args=())
 def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, buffers: list[torch.Tensor], config: str, params: list[float],
-                 scale: float, block_mask: int) -> tuple[torch.Tensor, torch.Tensor]:
+                 scale: float, block_mask: str) -> tuple[torch.Tensor, torch.Tensor]:
     c = parse_config(config)
     o = q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
     lse = q.new_empty(q.shape[:3], dtype=torch.float32)
@@ -104,7 +104,7 @@ def _attention_fake(q, k, v, buffers, config, params, scale, block_mask):
 @torch.library.custom_op("flexjit::attention_backward", mutates_args=())
 def attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, grad_out: torch.Tensor,
                           buffers: list[torch.Tensor], config: str, params: list[float], scale: float,
-                          block_mask: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+                          block_mask: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     c = parse_config(config)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     grads = {c.buffers[i][0]: buffers[i].new_empty(buffers[i].shape, dtype=torch.float32) for i in c.grad_indices}
@@ -125,6 +125,8 @@ def _setup_context(ctx, inputs, output):
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse, *buffers)
     ctx.config, ctx.params, ctx.scale, ctx.block_mask = config, params, scale, block_mask
+    # Keeps the forward's block mask (and its device tile lists) alive for the backward.
+    ctx.block_mask_object = block_mask_by_handle(block_mask)
     ctx.mark_non_differentiable(lse)
 
 
@@ -174,6 +176,6 @@ def flex_attention(q, k, v, score_mod, mask_mod, buffers, params, block_mask, sc
     kinds = [param_kind(value) for value in params.values()]
     grad_names = [name for name, t in zip(buffers, tensors) if t.requires_grad and torch.is_grad_enabled()]
     config = make_config(score_mod, mask_mod, entries, [name + ":" + kind for name, (kind, _) in zip(params, kinds)], grad_names)
-    handle = block_mask.handle if block_mask is not None else 0
+    handle = block_mask.handle if block_mask is not None else ""
     o, lse = attention_op(q, k, v, tensors, config, [value for _, value in kinds], scale, handle)
     return (o, lse) if return_lse else o

@@ -138,6 +138,19 @@ def test_captures_through_modules_methods_and_globals():
         assert_close(fjt.flex_attention(q, k, v, score_mod=m.score_mod), reference(q, k, v, m.score_mod)[0], atol=2e-5, what="new scale")
 
 
+def test_one_tensor_in_two_cells_then_two():
+    def make(a, b):
+        def mod(score, b_, h, q_idx, kv_idx):
+            return score + a[kv_idx] - 2 * b[q_idx]
+
+        return mod
+
+    q, k, v = qkv()
+    t = torch.randn(S)
+    for fn in (make(t, t), make(t, torch.randn(S))):
+        assert_close(fjt.flex_attention(q, k, v, score_mod=fn), reference(q, k, v, fn)[0], atol=2e-5, what="o")
+
+
 GLOBAL_BIAS = torch.randn(S)
 
 

@@ -89,8 +89,9 @@ class BufferProxy:
     """A captured tensor: indexing it with symbolic values loads from the buffer; a 0-d one is
     also a value (read as buffer[0])."""
 
-    def __init__(self, tracer, tensor, name, path):
-        self._tracer, self._tensor, self._name, self._path = tracer, tensor, name, path
+    def __init__(self, tracer, tensor, name, path, source):
+        # path: how a launch reads the buffer; source: where the tensor was captured (path without conversions).
+        self._tracer, self._tensor, self._name, self._path, self._source = tracer, tensor, name, path, source
         self._kind = E.dtype_kind(tensor.dtype)
 
     def __getitem__(self, index):
@@ -265,16 +266,19 @@ class Tracer:
     def buffer(self, tensor, path, hint):
         first = self.by_tensor.get(id(tensor))
         if first is not None:
+            # One buffer serves both paths; a later callable must hold one tensor there too.
+            self.checks.append((path, ("same", self.buffers[first][1]._source)))
             return self.buffers[first][1]
         self.checks.append((path, _signature(tensor)))
-        original = tensor
+        original, source = tensor, path
         if tensor.dtype in _CONVERT:
             path = path + (("as", _CONVERT[tensor.dtype]),)
             tensor = tensor.to(getattr(torch, _CONVERT[tensor.dtype]))
         name = self.unique_name(hint)
-        self.buffers[path] = (name, BufferProxy(self, tensor, name, path))
+        proxy = BufferProxy(self, tensor, name, path, source)
+        self.buffers[path] = (name, proxy)
         self.by_tensor[id(original)] = path
-        return self.buffers[path][1]
+        return proxy
 
     def index(self, proxy, indices):
         rank = proxy._tensor.dim()
@@ -354,6 +358,8 @@ def _valid(translation, fn):
             value = resolve(fn, path)
             if signature[0] == "shape":
                 ok = tuple(value.shape) == signature[1]
+            elif signature[0] == "same":
+                ok = value is resolve(fn, signature[1])
             elif signature[0] == "value":
                 ok = type(value) is signature[1] and value == signature[2]
             elif signature[0] == "raw":

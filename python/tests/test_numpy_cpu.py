@@ -210,6 +210,12 @@ def test_bad_inputs_raise_clear_errors():
             call()
 
 
+def test_out_of_range_indices_are_reported_not_read():
+    q, k, v = qkv(Sq=32, Skv=32)
+    with pytest.raises(flexjit.FlexjitError, match=r"buffer `bias`: an index of `bias\[kv\]` was out of range and was clamped"):
+        flexjit.flex_attention(q, k, v, score_mod="score + bias[kv]", buffers={"bias": randn(4)})
+
+
 def test_arrays_on_another_device_are_refused():
     q, k, v = qkv(Sq=32, Skv=32)
     with pytest.raises(flexjit.FlexjitError, match=r"k is on cuda:0 but q is on cpu"):

@@ -191,7 +191,10 @@ def main():
     p.add_argument("--check", action="store_true")
     args = p.parse_args()
     if args.check:
-        check_block()
+        try:
+            check_block()
+        except Exception as e:
+            print(f"check: failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", flush=True)
     backends = args.backends.split(",")
     modes = args.modes.split(",")
     runs = [(b, b == "flex" and args.compile != "none") for b in backends]
@@ -204,7 +207,8 @@ def main():
             label = backend + (" compiled" if compiled else "")
             try:
                 results[label, mode] = images_per_s(model, mode, args.iters)
-            except torch.OutOfMemoryError:
+            except Exception as e:  # one failing backend (out of memory, a compile error) must not hide the others
+                print(f"{label} {mode}: failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", flush=True)
                 results[label, mode] = float("nan")
             print(f"{label} {mode}: {results[label, mode]:.1f} images/s", flush=True)
             torch.cuda.empty_cache()

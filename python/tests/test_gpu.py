@@ -38,7 +38,7 @@ def check_against(got, q, k, v, score_mod, mask_mod, what, tol=3e-2):
     assert_close(got, expected, atol=tol, rtol=tol, what=what)
     err = (got.double() - expected).abs().max().item()
     flex_err = (flex.double() - expected).abs().max().item()
-    assert err <= 2 * flex_err + 4e-3, f"{what}: error {err:.3g} against float64, FlexAttention's {flex_err:.3g}"
+    assert err <= 2 * flex_err + 1e-2, f"{what}: error {err:.3g} against float64, FlexAttention's {flex_err:.3g}"
 
 
 @pytest.mark.parametrize("case", gallery(B, H, S, DEV, DT), ids=lambda c: c.name)

@@ -152,6 +152,21 @@ def test_one_tensor_in_two_cells_then_two():
 
 
 GLOBAL_BIAS = torch.randn(S)
+GLOBAL_SHIFT = 3
+
+
+def global_shift_mask(b, h, q_idx, kv_idx):
+    return q_idx + GLOBAL_SHIFT >= kv_idx
+
+
+def test_global_numbers_are_constants_checked_at_reuse():
+    global GLOBAL_SHIFT
+    assert fjt.translate(global_shift_mask, "mask_mod").text == "((q + 3) >= kv)"
+    GLOBAL_SHIFT = 5
+    try:
+        assert fjt.translate(global_shift_mask, "mask_mod").text == "((q + 5) >= kv)"
+    finally:
+        GLOBAL_SHIFT = 3
 
 
 def global_bias_mod(score, b, h, q_idx, kv_idx):

@@ -187,6 +187,30 @@ class ObjectProxy:
         return self.__getattr__("__call__")(*args, **kwargs)
 
 
+# Globals a mod reads as they are: modules (torch, math), classes, builtins and torch's functions.
+_UNTRACED = (types.ModuleType, type, types.BuiltinFunctionType, types.BuiltinMethodType, functools.partial, str, bytes, type(None))
+
+
+class _TracedGlobals(dict):
+    """The globals a rebound function runs with: a read of a tensor, function or object goes
+    through the tracer (captured tensors become buffers); a number stays a constant that the
+    translation checks at reuse."""
+
+    def __init__(self, tracer, scope, path):
+        super().__init__(scope)
+        self._tracer, self._path = tracer, path
+
+    def __getitem__(self, name):
+        value = super().__getitem__(name)
+        if isinstance(value, _UNTRACED):
+            return value
+        path = self._path + (("global", name),)
+        if isinstance(value, (bool, numbers.Number)):
+            self._tracer.checks.append((path, ("value", type(value), value)))
+            return value
+        return self._tracer.wrap(value, path, name)
+
+
 class Tracer:
     def __init__(self, kind, demoted, avoid):
         self.kind = kind
@@ -251,7 +275,7 @@ class Tracer:
                 cells.append(cell)
                 continue
             cells.append(types.CellType(self.wrap(value, path + (("cell", i),), var)))
-        rebound = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, tuple(cells) or None)
+        rebound = types.FunctionType(code, _TracedGlobals(self, fn.__globals__, path), fn.__name__, fn.__defaults__, tuple(cells) or None)
         rebound.__kwdefaults__ = fn.__kwdefaults__
         return rebound
 
@@ -315,9 +339,9 @@ class Tracer:
             for name, value in scope.items():
                 if value is tensor:
                     return self.buffer(tensor, fpath + (("global", name),), name)
-        raise TranslationError("the mod reads a tensor that is neither in its closure, nor an attribute of a captured object, "
-                               "nor a global of its module, so flexjit cannot read it again at the next call; capture it in the "
-                               "mod's closure")
+        raise TranslationError("the mod uses a tensor it did not capture (one made inside the mod, such as torch.tensor(...), or one "
+                               "reached other than through its closure, a captured object's attributes or its module's globals), so "
+                               "flexjit cannot read it again at the next call; capture it in the mod's closure, or use a number")
 
     def load(self, tensor, index):
         return self.index(self._find(tensor), index if isinstance(index, tuple) else (index,))

@@ -87,7 +87,7 @@ for step in ${@:-tests overhead}; do
   case $step in
     tests)
       run_step tests python3 -m pytest -q -rs -p no:cacheprovider python/tests ${PYTEST_ARGS:-}
-      grep -E "passed|failed|error" "$WORK/tests.out" | tail -3 >> "$SUMMARY"
+      grep -E "passed|failed|error|skipped" "$WORK/tests.out" | tail -3 >> "$SUMMARY"
       grep -E "^(FAILED|ERROR) " "$WORK/tests.out" | head -30 >> "$SUMMARY"
       ;;
     overhead)

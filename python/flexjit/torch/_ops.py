@@ -64,15 +64,8 @@ class _Config:
         for (name, kind), value in zip(self.params, values):
             base = kind.replace("const-", "")
             value = bool(value) if base == "bool" else int(value) if base == "int" else value
-            out[name] = _Const(value) if kind.startswith("const-") else value
+            out[name] = _attention.const(value) if kind.startswith("const-") else value
         return out or None
-
-
-class _Const:
-    __flexjit_const__ = True
-
-    def __init__(self, value):
-        self.value = value
 
 
 _configs = {}

@@ -4,9 +4,10 @@ BUILD ?= build
 SAN_BUILD ?= build-asan
 JOBS ?= $(shell nproc)
 CUDA_HOME ?= /usr/local/cuda
-PKGS := cmake ninja-build g++ libfmt-dev nlohmann-json3-dev catch2 libcli11-dev libxxhash-dev libeigen3-dev llvm-19-dev libpng-dev pkgconf
+PKGS := cmake ninja-build g++ libfmt-dev nlohmann-json3-dev catch2 libcli11-dev libxxhash-dev libeigen3-dev llvm-19-dev libpng-dev pkgconf python3-dev python3-pip
+PYTHON ?= python3
 
-.PHONY: deps build run test test-release test-asan gpu clean
+.PHONY: deps build run test test-release test-asan python test-python gpu clean
 
 deps:
 	@missing=$$(for p in $(PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -26,9 +27,9 @@ build: deps
 run: build
 	./examples/demo.sh $(BUILD)
 
-# Release build tests, then the same tests under AddressSanitizer + UBSan. GPU tests skip
-# themselves without a device.
-test: test-release test-asan
+# Release build tests, then the same tests under AddressSanitizer + UBSan, then the Python
+# package's. GPU tests skip themselves without a device.
+test: test-release test-asan test-python
 
 test-release: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
@@ -40,9 +41,18 @@ test-asan: deps
 	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --output-on-failure -j $(JOBS) -LE nvrtc
 
+# The Python package (python/) into $(PYTHON)'s environment, linking the libraries `build` made.
+python: build
+	$(PYTHON) -m pip install ./python -Ccmake.define.FLEXJIT_PREBUILT=$(CURDIR)/$(BUILD)
+
+# Its tests through numpy on the CPU backend (the torch and GPU tests skip themselves without them).
+test-python: python
+	$(PYTHON) -m pip install -q numpy pytest
+	cd python/tests && $(PYTHON) -m pytest -q
+
 # On a GPU machine: build here, then tools/gpu_check.sh runs the GPU tests and benchmarks there.
 gpu:
 	./tools/gpu_check.sh
 
 clean:
-	rm -rf $(BUILD) $(SAN_BUILD)
+	rm -rf $(BUILD) $(SAN_BUILD) python/build

@@ -1,0 +1,117 @@
+"""Serving launches of the string API: decode with a (paged) KV cache, and ragged prefill of
+packed sequences."""
+from . import _arrays
+from ._attention import launch_scale
+from ._flexjit import decode as _decode
+from ._flexjit import forward_varlen as _forward_varlen
+from ._flexjit import plan_decode as _plan_decode
+
+_DTYPES = {"bf16": "bf16", "bfloat16": "bf16", "f16": "f16", "float16": "f16", "half": "f16", "f32": "f32", "float32": "f32",
+           "float": "f32"}
+
+
+def dtype_name(dtype):
+    """flexjit's name ("bf16", "f16", "f32") of a dtype given as text, numpy or torch dtype."""
+    if isinstance(dtype, str):
+        text = dtype
+    elif isinstance(getattr(dtype, "name", None), str):
+        text = dtype.name
+    elif isinstance(getattr(dtype, "__name__", None), str):
+        text = dtype.__name__
+    else:
+        text = str(dtype)
+    name = _DTYPES.get(text.replace("torch.", ""))
+    if name is None:
+        raise ValueError(f"dtype must be bf16, f16 or f32, got {dtype!r}")
+    return name
+
+
+def device_index(device):
+    """-1 for the CPU, else the CUDA ordinal of "cuda", "cuda:N", N or a torch.device."""
+    if device is None:
+        return -1
+    if isinstance(device, int):
+        return device
+    text = str(device)
+    if text == "cpu":
+        return -1
+    if text == "cuda":
+        return 0
+    if text.startswith("cuda:") and text[5:].isdigit():
+        return int(text[5:])
+    raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or a CUDA ordinal, got {device!r}")
+
+
+class DecodePlan:
+    """Made by ``plan_decode``: the split count and workspace of one batch shape, reused by
+    every ``decode`` step (steps never allocate or synchronise, so they replay in CUDA graphs)."""
+
+    def __init__(self, session, score_mod, mask_mod, buffers, params, heads, head_dim_v):
+        self._session = session
+        self.score_mod = score_mod
+        self.mask_mod = mask_mod
+        self.buffers = buffers
+        self.params = params
+        self.heads = heads
+        self.head_dim_v = head_dim_v
+
+    @property
+    def num_splits(self):
+        return self._session.num_splits
+
+    @property
+    def spec_json(self):
+        return self._session.spec_json
+
+
+def plan_decode(score_mod=None, mask_mod=None, *, batch, heads, kv_heads, head_dim, max_seqlen_kv, dtype, device="cpu",
+                max_seqlen_q=1, head_dim_v=None, page_size=0, head_major_pages=False, num_splits=0, buffers=None, params=None):
+    """A decode plan for up to `batch` sequences of `heads` query heads over `kv_heads` KV
+    heads, at most `max_seqlen_q` (1..16) new query rows and `max_seqlen_kv` positions each.
+    page_size 0: contiguous caches [B, Hkv, Skv_cap, D]; 1..256: pages [num_pages, page_size,
+    Hkv, D] (head_major_pages: [num_pages, Hkv, page_size, D]). The mods see the query row i
+    of sequence b at position kv_lens[b] - q_len + i."""
+    head_dim_v = head_dim if head_dim_v is None else head_dim_v
+    session = _plan_decode(score_mod, mask_mod, buffers, params, dtype_name(dtype), int(head_dim), int(head_dim_v), device_index(device),
+                           int(batch), int(heads), int(kv_heads), int(max_seqlen_q), int(max_seqlen_kv), int(page_size),
+                           bool(head_major_pages), int(num_splits))
+    return DecodePlan(session, score_mod, mask_mod, buffers, params, int(heads), head_dim_v)
+
+
+def decode(plan, q, k_cache, v_cache, kv_lens, page_table=None, q_lens=None, buffers=None, params=None, scale=None,
+           return_lse=False, stream=None):
+    """One decode step within `plan`: q [B, H, Sq, D] (B <= the plan's batch), kv_lens i32 [B]
+    (positions of each sequence, the new ones included), page_table i32 [B, max_pages] for a
+    paged plan, q_lens i32 [B] (rows of each sequence, default Sq). buffers and params default
+    to the plan's. Returns o [B, H, Sq, Dv] (and the LSE [B, H, Sq] with return_lse)."""
+    if not isinstance(plan, DecodePlan):
+        raise TypeError(f"plan must come from flexjit.plan_decode, got {type(plan).__name__}")
+    qs = _arrays.shape_of(q, "q", 4, "[B, H, Sq, D]")
+    o = _arrays.empty(q, qs[:3] + (plan.head_dim_v,))
+    lse = _arrays.empty_f32(q, qs[:3]) if return_lse else None
+    if stream is None:
+        stream = _arrays.current_stream(q)
+    _decode(plan._session, plan.buffers if buffers is None else buffers, plan.params if params is None else params, q, k_cache, v_cache, o,
+            lse, page_table, kv_lens, q_lens, launch_scale(scale), stream)
+    return (o, lse) if return_lse else o
+
+
+def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, score_mod=None, mask_mod=None, buffers=None,
+                   params=None, scale=None, return_lse=False, stream=None):
+    """Ragged prefill: q [total_q, H, D], k and v [total_kv, Hkv, D(v)], sequence b owning rows
+    [cu_seqlens_q[b], cu_seqlens_q[b+1]) of q and [cu_seqlens_kv[b], cu_seqlens_kv[b+1]) of k and
+    v (i32 arrays on the same device); max_seqlen_* bound the lengths. The mods see b as the
+    sequence and q, kv as positions within it. Returns o [total_q, H, Dv] (and the LSE
+    [H, total_q] with return_lse)."""
+    qs = _arrays.shape_of(q, "q", 3, "[total_q, H, D]")
+    vs = _arrays.shape_of(v, "v", 3, "[total_kv, Hkv, Dv]")
+    o = _arrays.empty(q, (qs[0], qs[1], vs[2]))
+    lse = _arrays.empty_f32(q, (qs[1], qs[0])) if return_lse else None
+    if stream is None:
+        stream = _arrays.current_stream(q)
+    _forward_varlen(score_mod, mask_mod, buffers, params, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_kv, int(max_seqlen_q),
+                    int(max_seqlen_kv), launch_scale(scale), stream)
+    return (o, lse) if return_lse else o
+
+
+__all__ = ["DecodePlan", "decode", "forward_varlen", "plan_decode"]

@@ -103,12 +103,6 @@ struct FlexDecodeTraits {
   static_assert(kSmemBytes <= 232448, "FlexDecodeTraits: shared memory exceeds the 227 KB an sm_90 block may use; lower kStages");
 };
 
-// Experiment switch of the harness (tests/gpu/decode_harness): L2 prefetch size of the default K/V copies,
-// 256 (the runtime's), 128 or 0 (no hint).
-#ifndef FLEX_DECODE_PREFETCH
-#define FLEX_DECODE_PREFETCH 256
-#endif
-
 namespace flex {
 
 // KV copies: 16-byte cp.async like flex_mma.cuh's cp_async_16, with L2 hints. L2::256B: a miss fetches the whole
@@ -129,13 +123,7 @@ __device__ __forceinline__ void cp_async_16_kv(unsigned dst, const void* src, bo
                  "r"(src_size), "l"(policy));
   } else {
     (void)policy;
-#if FLEX_DECODE_PREFETCH == 256
     asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size));
-#elif FLEX_DECODE_PREFETCH == 128
-    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size));
-#else
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size));
-#endif
   }
 }
 

@@ -83,7 +83,7 @@ struct MainloopSm90 {
   static constexpr bool kPingpong = Traits::kPolicy.pingpong;
   static constexpr int kQueryEmptyThreads = Traits::kConsumerThreads + 32;  // the consumers and the producer warp
   // Some exponentials on the FMA pipe (flex::Softmax::exp_kstep) where MUFU bounds the softmax: at head dim 128, and at
-  // 64 and below with a score_mod (plain attention there measured faster without).
+  // 64 and below with a score_mod (plain attention at 64 is faster with every exponential on MUFU).
   static constexpr bool kFmaShare = Traits::kTileD == 128 || (Traits::kTileD <= 64 && Variant::kHasScoreMod);
 
   unsigned base;  // the aligned shared-memory base
@@ -213,7 +213,6 @@ struct MainloopSm90 {
     wgmma_wait<0>();
     fence_operands(reinterpret_cast<float(&)[kNTiles * 4]>(s));
     k_pipe.consumer_release(k_st, lane);
-    k_st.advance();
     mods_and_softmax(s, 0, k0, alpha);
     pack(s, pa);
 
@@ -229,12 +228,10 @@ struct MainloopSm90 {
       wgmma_wait<1>();  // S(t)
       fence_operands(reinterpret_cast<float(&)[kNTiles * 4]>(s));
       k_pipe.consumer_release(k_st, lane);
-      k_st.advance();
       const bool jumped = mods_and_softmax(s, t, k0, alpha);
       wgmma_wait<0>();  // P V(t - 1)
       fence_operands(reinterpret_cast<float(&)[kDTiles * 4]>(o));
       v_pipe.consumer_release(v_st, lane);
-      v_st.advance();
       softmax.rescale_o(o, alpha, jumped);
       pack(s, pa);
     }
@@ -246,7 +243,6 @@ struct MainloopSm90 {
     wgmma_wait<0>();
     fence_operands(reinterpret_cast<float(&)[kDTiles * 4]>(o));
     v_pipe.consumer_release(v_st, lane);
-    v_st.advance();
   }
 };
 

@@ -91,10 +91,11 @@ struct TmaPipeline {
   }
   // Consumer: waits until the slot's current fill has landed.
   __device__ __forceinline__ void consumer_wait(const PipelineState<kStages>& st) const { mbarrier_wait(full(st.index), st.phase); }
-  // Consumer warp: its reads of the slot are done (after the wgmma wait that retired them).
-  __device__ __forceinline__ void consumer_release(const PipelineState<kStages>& st, int lane) const {
+  // Consumer warp: its reads of the slot are done (after the wgmma wait that retired them); st moves to the next.
+  __device__ __forceinline__ void consumer_release(PipelineState<kStages>& st, int lane) const {
     __syncwarp();
     if (lane == 0) mbarrier_arrive(empty(st.index));
+    st.advance();
   }
 };
 

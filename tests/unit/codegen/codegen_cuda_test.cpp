@@ -8,8 +8,7 @@
 using namespace flexjit;
 
 namespace {
-std::string source_for(const std::string& score, const std::string& mask, std::vector<std::string> buffers, bool int32 = true,
-                       int head_dim = 64, const std::string& arch = "", uint64_t checked_loads = 0) {
+dsl::Spec spec_of(const std::string& score, const std::string& mask, const std::vector<std::string>& buffers, int head_dim = 64) {
   dsl::Spec spec;
   spec.head_dim = head_dim;
   if (!score.empty()) spec.score_mod = score;
@@ -17,7 +16,12 @@ std::string source_for(const std::string& score, const std::string& mask, std::v
   dsl::Diagnostics d;
   for (const auto& b : buffers) dsl::add_buffer(spec, b, "test", d);
   REQUIRE(!d.has_errors());
-  SpecIR ir = build_spec_ir(spec);
+  return spec;
+}
+
+std::string source_for(const std::string& score, const std::string& mask, std::vector<std::string> buffers, bool int32 = true,
+                       int head_dim = 64, const std::string& arch = "", uint64_t checked_loads = 0) {
+  SpecIR ir = build_spec_ir(spec_of(score, mask, buffers, head_dim));
   ForwardKernelOptions fo;
   fo.head_dim = head_dim;
   fo.arch = arch;
@@ -28,12 +32,7 @@ std::string source_for(const std::string& score, const std::string& mask, std::v
 
 // The variant alone, with the staged per-column forms of mask_mod asked for.
 std::string staged_variant_for(const std::string& mask, std::vector<std::string> buffers, uint64_t checked_loads = 0) {
-  dsl::Spec spec;
-  spec.mask_mod = mask;
-  dsl::Diagnostics d;
-  for (const auto& b : buffers) dsl::add_buffer(spec, b, "test", d);
-  REQUIRE(!d.has_errors());
-  SpecIR ir = build_spec_ir(spec);
+  SpecIR ir = build_spec_ir(spec_of("", mask, buffers));
   VariantOptions vo;
   vo.checked_loads = checked_loads;
   vo.stage_kv_cols = true;

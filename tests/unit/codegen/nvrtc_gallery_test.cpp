@@ -6,6 +6,7 @@
 #include "compiler/codegen/kernel_source.h"
 #include "compiler/ir_report.h"
 #include "runtime/kernel_compiler.h"
+#include "runtime/nvrtc.h"
 #include "support/spec_loading.h"
 
 using namespace flexjit;
@@ -45,4 +46,29 @@ TEST_CASE("the fully checked and 64-bit variants compile too", "[nvrtc]") {
   CHECK(ks.source.find("fj::checked_index") != std::string::npos);
   runtime::CacheLookup r = runtime::compile_kernel(ks, canonical_ir_text(ir), "sm_80");
   CHECK(r.artefact->binary.size() > 1000);
+}
+
+TEST_CASE("the sm_90a forward is the warp-specialised kernel: setmaxnreg and TMA copies in its PTX", "[nvrtc]") {
+  dsl::Spec spec = test::load_spec(test::gallery_dir() / "causal.json");
+  SpecIR ir = build_spec_ir(spec);
+  ForwardKernelOptions fo;
+  fo.dtype = spec.dtype;
+  fo.head_dim = spec.head_dim;
+  fo.arch = "sm_90a";
+  KernelSource ks = forward_kernel_source(ir, analyze_ir_ranges(ir), fo);
+  REQUIRE(ks.config.warp_specialized);
+  CHECK(ks.config.threads() == 384);  // a producer warpgroup and two consumer warpgroups
+  runtime::NvrtcRequest req;
+  req.source = ks.source;
+  req.program_name = ks.name + ".cu";
+  req.arch = "sm_90a";
+  req.want_ptx = true;
+  const runtime::NvrtcOutput out = runtime::NvrtcCompiler().compile(req);
+  CHECK(out.ptx.find("setmaxnreg.dec.sync.aligned.u32") != std::string::npos);
+  CHECK(out.ptx.find("setmaxnreg.inc.sync.aligned.u32") != std::string::npos);
+  CHECK(out.ptx.find("cp.async.bulk.tensor") != std::string::npos);
+  CHECK(out.ptx.find("wgmma.mma_async") != std::string::npos);
+  // Strides no tensor map can describe keep the mma.sync kernel.
+  fo.tma_describable = false;
+  CHECK(!forward_kernel_source(ir, analyze_ir_ranges(ir), fo).config.warp_specialized);
 }

@@ -55,7 +55,7 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
         if (t >= num_work) break;
         const int next = leader ? flex::WorkQueue::fetch(p) : 0;  // in flight while this work tile's copies are issued
         flex::ForwardTiles w;
-        if (Scheduler::work(p, t, w)) mainloop.load(p, tma, w, k_st, v_st, leader);
+        if (Scheduler::work(p, t, w)) mainloop.load(tma, w, k_st, v_st, leader);
         t = __shfl_sync(0xffffffffu, next, leader_lane);
       }
       if (leader) flex::WorkQueue::finish(p);
@@ -79,7 +79,7 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
 #pragma unroll
         for (int e = 0; e < 4; ++e) o[0][dt][e] = 0.f;
       typename Mainloop::SoftmaxT softmax(f.mult);
-      if (w.count() > 0) mainloop.mma(p, vp, w, f, k_st, v_st, q_phase, o, softmax, wg, cwarp, lane);
+      if (w.count() > 0) mainloop.mma(vp, w, f, k_st, v_st, q_phase, o, softmax, wg, cwarp, lane);
       // ============================================ Epilogue ============================================
       float lse[2];
       softmax.finalize(o, f.score_unit, lse);

@@ -110,8 +110,7 @@ struct MainloopSm90 {
   // first KV tile (its ring slot may free before Q's buffer does), Q once the consumers are done with the previous
   // work tile's, then K of tile t with V of tile t - 1, as the consumers use them (S of the next tile is issued
   // before P V of the current one), and V of the last tile.
-  __device__ __forceinline__ void load(const FlexForwardParams& p, const FlexForwardTmaMaps& tma, const ForwardTiles& w, State& k_st,
-                                       State& v_st, bool leader) const {
+  __device__ __forceinline__ void load(const FlexForwardTmaMaps& tma, const ForwardTiles& w, State& k_st, State& v_st, bool leader) const {
     const int n = w.count();
     if (n == 0) return;
     // Ragged batches address rows of the packed [total, H, D] tensors (the maps' batch dimension is 1).
@@ -181,7 +180,7 @@ struct MainloopSm90 {
   // Per KV tile t after the first (intra-warpgroup overlap): issue S(t) and then P V(t - 1), hand the turn on, wait for
   // S(t) and run the mods and the softmax of tile t while P V(t - 1) runs on the tensor cores (and the other
   // warpgroup's GEMMs after it), then wait for P V(t - 1) before O is rescaled and P(t) packed over P(t - 1).
-  __device__ __forceinline__ void mma(const FlexForwardParams& p, const VParams& vp, const ForwardTiles& w, const ScoreFactors& f,
+  __device__ __forceinline__ void mma(const VParams& vp, const ForwardTiles& w, const ScoreFactors& f,
                                       State& k_st, State& v_st, unsigned& q_phase, float (&o)[1][kDTiles][4], SoftmaxT& softmax, int wg,
                                       int warp, int lane) const {
     const int n = w.count();

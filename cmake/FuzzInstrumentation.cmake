@@ -16,8 +16,8 @@ add_compile_options(-O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,add
 add_link_options(-fsanitize=address,undefined)
 # Clang-only warnings the GCC builds do not have: dsl/sema.cpp evaluates both sides of `&` on
 # purpose (each side reports its own errors), and libstdc++ 12's std::stable_sort calls its own
-# deprecated get_temporary_buffer.
-add_compile_options(-Wno-bitwise-instead-of-logical -Wno-deprecated-declarations)
+# deprecated get_temporary_buffer; GCC-only warning flags of other targets are unknown to clang.
+add_compile_options(-Wno-bitwise-instead-of-logical -Wno-deprecated-declarations -Wno-unknown-warning-option)
 
 # Links a libFuzzer target (its LLVMFuzzerTestOneInput comes from `sources`).
 function(flexjit_add_fuzzer name)

@@ -1,6 +1,7 @@
 // The expression front end through code generation (frontend_property.h). The input is split
 // at NUL bytes into score_mod, mask_mod and extra declarations; its length picks the
-// architecture, head dim and backward strategy, so every code generator path gets inputs.
+// architecture, head dim, backward strategy and whether the backward or the decode module is
+// generated besides the forward one, so every code generator path gets inputs.
 #include <string>
 
 #include "fuzz/frontend_property.h"
@@ -21,6 +22,8 @@ std::string run_frontend(const uint8_t* data, size_t size) {
   c.arch = size & 1 ? "sm_90a" : "sm_80";
   c.query_major = size & 2;
   c.head_dim = size & 4 ? 128 : 64;
+  c.backward = size & 8;
+  c.decode = !c.backward;
   return check_one(parts[0], parts[1], nullptr, parts[2], c);
 }
 

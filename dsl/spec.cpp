@@ -95,6 +95,12 @@ std::optional<Spec> parse_spec_json(const std::string& text, const std::string& 
     size_t colon = what.rfind(": ");
     diags.report(DiagCode::BadSpec, src, Span{at, end}, "the spec file is not valid JSON", colon == std::string::npos ? what : what.substr(colon + 2));
     return std::nullopt;
+  } catch (const nlohmann::json::exception& e) {
+    // Valid syntax the reader cannot represent, e.g. a number beyond double (1e400).
+    std::string what = e.what();
+    size_t bracket = what.find("] ");
+    spec_error(diags, file_name, "the spec file is not valid JSON: " + (bracket == std::string::npos ? what : what.substr(bracket + 2)));
+    return std::nullopt;
   }
   if (!j.is_object()) {
     spec_error(diags, file_name, "a spec must be a JSON object", {R"(e.g. {"mask_mod": "q >= kv", "head_dim": 128})"});

@@ -25,6 +25,19 @@ TEST_CASE("a spec file cut off at its end is reported with a caret inside the te
   CHECK(diags.render_text().find("not valid JSON") != std::string::npos);
 }
 
+TEST_CASE("a spec file with a number beyond double is an error, not an escaping exception", "[fuzz][regression]") {
+  dsl::Diagnostics diags;
+  CHECK_FALSE(dsl::parse_spec_json(R"({"head_dim": 64, "gqa_group": 1e400})", "spec.json", diags));
+  REQUIRE(diags.list().size() == 1);
+  CHECK(diags.list().front().message.find("not valid JSON") != std::string::npos);
+  // Through the C API it once came back as FLEXJIT_ERROR_INTERNAL ("a bug in flexjit").
+  flexjit_runtime* rt = nullptr;
+  flexjit_kernel* k = nullptr;
+  REQUIRE(flexjit_runtime_create(&rt) == FLEXJIT_OK);
+  CHECK(flexjit_compile(rt, R"({"mask_mod": "q >= kv", "head_dim": 1e400})", &k) == FLEXJIT_ERROR_COMPILE);
+  flexjit_runtime_destroy(rt);
+}
+
 TEST_CASE("contiguous strides that overflow 64 bits are an error, not undefined behaviour", "[fuzz][regression]") {
   CHECK(contiguous_strides({2, 3, 4}) == std::vector<int64_t>{12, 4, 1});
   const int64_t big = (int64_t{1} << 31) - 1;

@@ -23,6 +23,7 @@
 #include "runtime/npy.h"
 #include "support/attention_reference.h"
 #include "support/attention_reference_backward.h"
+#include "unit/cpu/gallery_inputs.h"
 #ifdef FLEXJIT_HAVE_CPU_BACKEND
 #include "runtime/cpu/cpu_backend.h"
 #endif
@@ -111,15 +112,10 @@ struct HostBuffer {
   std::vector<uint8_t> bytes;
 };
 
+// The generator's one custom symbol is N; the standard ones as the gallery tests bind them.
 int64_t extent(const dsl::Dim& d, const LaunchSizes& s, int64_t D) {
-  if (!d.is_symbol) return d.value;
-  if (d.symbol == "B") return s.B;
-  if (d.symbol == "H") return s.H;
-  if (d.symbol == "Hkv") return s.Hkv;
-  if (d.symbol == "Sq") return s.Sq;
-  if (d.symbol == "Skv") return s.Skv;
-  if (d.symbol == "D") return D;
-  return s.N;
+  if (d.is_symbol && d.symbol == "N") return s.N;
+  return test::extent_of(d, test::Sizes{s.B, s.H, s.Hkv, s.Sq, s.Skv, D});
 }
 
 // Buffer contents the generated expressions expect: floats k/64 in [-1, 1] (exact in every
@@ -314,6 +310,19 @@ std::vector<std::pair<std::string, Tensor>> buffer_tensors(const dsl::Spec& spec
   return out;
 }
 
+// Runs one launch and brings its outputs back; "" or what it threw.
+template <class F>
+std::string launch(F&& run, Kernel& kernel, bool gpu, Memory& mem) {
+  try {
+    run();
+    if (gpu) kernel.check_errors(0, nullptr);
+    mem.get();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
 // One back end's forward and (when the case asks) backward, compared with the reference.
 Outcome check_backend(const GenCase& c, const SpecIR& ir, Kernel& kernel, const Inputs& in, const test::RefResult& ref, bool gpu) {
   Outcome out;
@@ -333,13 +342,8 @@ Outcome check_backend(const GenCase& c, const SpecIR& ir, Kernel& kernel, const 
   a.buffers = buffer_tensors(spec, in, mem);
   a.params = c.values;
   a.device = mem.device();
-  try {
-    kernel.forward(a);
-    if (gpu) kernel.check_errors(0, nullptr);
-    mem.get();
-  } catch (const std::exception& e) {
-    return Outcome{fmt::format("{} error", where), fmt::format("{} forward threw: {}", where, e.what())};
-  }
+  if (std::string e = launch([&] { kernel.forward(a); }, kernel, gpu, mem); !e.empty())
+    return Outcome{fmt::format("{} error", where), fmt::format("{} forward threw: {}", where, e)};
   ++out.forward_checks;
   out.rows += static_cast<int64_t>(ref.lse.size());
   out.masked_rows += std::count(ref.lse.begin(), ref.lse.end(), -std::numeric_limits<double>::infinity());
@@ -380,13 +384,8 @@ Outcome check_backend(const GenCase& c, const SpecIR& ir, Kernel& kernel, const 
   b.deterministic = c.seed % 3 == 0;
   b.dq_mode = static_cast<BackwardDqMode>(c.seed / 3 % 3);
   b.device = mem.device();
-  try {
-    kernel.backward(b);
-    if (gpu) kernel.check_errors(0, nullptr);
-    mem.get();
-  } catch (const std::exception& e) {
-    return Outcome{fmt::format("{} error", where), fmt::format("{} backward threw: {}", where, e.what())};
-  }
+  if (std::string e = launch([&] { kernel.backward(b); }, kernel, gpu, mem); !e.empty())
+    return Outcome{fmt::format("{} error", where), fmt::format("{} backward threw: {}", where, e)};
   ++out.backward_checks;
   const double kv_terms = double(in.H / in.Hkv) * double(in.Sq), all_terms = double(in.B * in.H) * double(in.Sq) * double(in.Skv);
   std::string f = compare_norm("dq", dq_l.unpack(dq.bytes), rb.dq, tol.rel, tol.abs, double(in.Skv));

@@ -182,6 +182,16 @@ class Generator {
     }
   }
 
+  // A parameter of type `t` (when `param` and one is declared), else a load of a buffer of type
+  // `t` (when one is declared): nullopt when there is neither.
+  std::optional<GenExpr> declared(Type t, bool param, int depth) {
+    static const char* const kTypeNames[] = {"int", "float", "bool"};
+    if (param)
+      if (auto p = params_of(kTypeNames[static_cast<int>(t)]); !p.empty()) return leaf(t, pick(p));
+    if (auto b = buffers_of(t); !b.empty() && depth >= 0) return load(*pick(b), t, depth);
+    return std::nullopt;
+  }
+
   // A load whose indices hold at most `depth` - 1 levels of further loads.
   GenExpr load(const BufferInfo& b, Type t, int depth) {
     std::string text = b.name + "[";
@@ -197,18 +207,12 @@ class Generator {
     if (depth <= 0 || chance(0.3)) {
       std::vector<std::string> syms = {"B", "H", "Hkv", "Sq", "Skv"};
       if (uses_n_) syms.push_back("N");
-      switch (range(0, 6)) {
-        case 0:
-        case 1: return leaf(Type::Int, pick(std::vector<std::string>{"b", "h", "kv_head", "q", "kv", "q", "kv"}));
-        case 2: return leaf(Type::Int, pick(syms));
-        case 3:
-          if (auto p = params_of("int"); !p.empty()) return leaf(Type::Int, pick(p));
-          [[fallthrough]];
-        case 4:
-          if (auto b = buffers_of(Type::Int); !b.empty() && depth >= 0) return load(*pick(b), Type::Int, depth);
-          [[fallthrough]];
-        default: return leaf(Type::Int, literal_int(-9, 40));
-      }
+      const int64_t k = range(0, 6);
+      if (k <= 1) return leaf(Type::Int, pick(std::vector<std::string>{"b", "h", "kv_head", "q", "kv", "q", "kv"}));
+      if (k == 2) return leaf(Type::Int, pick(syms));
+      if (k <= 4)
+        if (auto e = declared(Type::Int, k == 3, depth)) return *e;
+      return leaf(Type::Int, literal_int(-9, 40));
     }
     auto sub = [&] { return gen_int(depth - 1); };
     switch (range(0, 15)) {
@@ -238,16 +242,11 @@ class Generator {
 
   GenExpr gen_exact(int depth) {
     if (depth <= 0 || chance(0.3)) {
-      switch (range(0, 4)) {
-        case 0: return leaf(Type::Float, literal_float());
-        case 1:
-          if (auto p = params_of("float"); !p.empty()) return leaf(Type::Float, pick(p));
-          [[fallthrough]];
-        case 2:
-          if (auto b = buffers_of(Type::Float); !b.empty() && depth >= 0) return load(*pick(b), Type::Float, depth);
-          [[fallthrough]];
-        default: return node(Type::Float, "float(($) % 97)", {gen_int(depth - 1)}, true);
-      }
+      const int64_t k = range(0, 4);
+      if (k == 0) return leaf(Type::Float, literal_float());
+      if (k <= 2)
+        if (auto e = declared(Type::Float, k == 1, depth)) return *e;
+      return node(Type::Float, "float(($) % 97)", {gen_int(depth - 1)}, true);
     }
     auto sub = [&] { return gen_exact(depth - 1); };
     switch (range(0, 9)) {
@@ -332,16 +331,11 @@ class Generator {
 
   GenExpr gen_bool(int depth) {
     if (depth <= 0 || chance(0.3)) {
-      switch (range(0, 5)) {
-        case 0:
-          if (auto p = params_of("bool"); !p.empty()) return leaf(Type::Bool, pick(p));
-          [[fallthrough]];
-        case 1:
-          if (auto b = buffers_of(Type::Bool); !b.empty() && depth >= 0) return load(*pick(b), Type::Bool, depth);
-          [[fallthrough]];
-        case 2: return leaf(Type::Bool, chance(0.5) ? "true" : "false");
-        default: return compare(std::max(depth - 1, 0));
-      }
+      const int64_t k = range(0, 5);
+      if (k <= 1)
+        if (auto e = declared(Type::Bool, k == 0, depth)) return *e;
+      if (k <= 2) return leaf(Type::Bool, chance(0.5) ? "true" : "false");
+      return compare(std::max(depth - 1, 0));
     }
     auto sub = [&] { return gen_bool(depth - 1); };
     switch (range(0, 9)) {

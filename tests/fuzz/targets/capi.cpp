@@ -313,6 +313,15 @@ struct Scenario {
 
   flexjit_kernel* kernel() const { return kernels.k[spec]; }
 
+  // Backs four operands of the kernel's dtype (their shapes and strides set) and records them.
+  void back_operands(std::initializer_list<Tensor*> tensors, std::initializer_list<const char*> names) {
+    auto name = names.begin();
+    for (Tensor* t : tensors) {
+      arena.back(*t, dtype_bytes(dtype), in.byte(), *name++);
+      go.add(*t);
+    }
+  }
+
   // Runs `launch` unless a tensor was too large to back; it must fail when one cannot be valid.
   void launch(flexjit_status (*launch)(flexjit_kernel*, const flexjit_args*), const char* what, double work) {
     if (go.must_fail) check.must_fail(launch(kernel(), args), what);
@@ -343,12 +352,7 @@ struct Scenario {
     }
     // dO like o, dq / dk / dv like q / k / v (their shapes and strides), gradients like their buffers.
     Tensor d_o = t.o, dq = t.q, dk = t.k, dv = t.v;
-    const char* names[] = {"dO", "dq", "dk", "dv"};
-    int i = 0;
-    for (Tensor* x : {&d_o, &dq, &dk, &dv}) {
-      arena.back(*x, dtype_bytes(dtype), in.byte(), names[i++]);
-      go.add(*x);
-    }
+    back_operands({&d_o, &dq, &dk, &dv}, {"dO", "dq", "dk", "dv"});
     if (!in.chance(10))
       check.call(flexjit_args_set_backward(args, d_o.data, dq.data, in.chance(6) ? nullptr : dk.data, dv.data), "flexjit_args_set_backward");
     for (auto& [name, b] : buffers) {
@@ -371,12 +375,7 @@ struct Scenario {
     k.shape = {total_kv, dims[2], D};
     v.shape = k.shape;
     o.shape = q.shape;
-    const char* names[] = {"q", "k", "v", "o"};
-    int i = 0;
-    for (Tensor* x : {&q, &k, &v, &o}) {
-      arena.back(*x, dtype_bytes(dtype), in.byte(), names[i++]);
-      go.add(*x);
-    }
+    back_operands({&q, &k, &v, &o}, {"q", "k", "v", "o"});
     const int64_t entries = batch >= 0 && batch < (1 << 16) ? batch + 1 : 0;
     const int32_t* cu_q = arena.indices(entries, in);
     const int32_t* cu_kv = arena.indices(entries, in);
@@ -421,12 +420,7 @@ struct Scenario {
     kc.shape = std::vector<int64_t>(cache_shape, cache_shape + 4);
     vc.shape = kc.shape;
     o.shape = q.shape;
-    const char* names[] = {"q", "k cache", "v cache", "o"};
-    int i = 0;
-    for (Tensor* x : {&q, &kc, &vc, &o}) {
-      arena.back(*x, dtype_bytes(dtype), in.byte(), names[i++]);
-      go.add(*x);
-    }
+    back_operands({&q, &kc, &vc, &o}, {"q", "k cache", "v cache", "o"});
     const double table_entries = double(B) * double(max_pages);
     const bool table_fits = B >= 1 && max_pages >= 1 && table_entries <= (1 << 16);
     const int32_t* page_table = page_size > 0 && table_fits && !in.chance(20) ? arena.indices(B * max_pages, in) : nullptr;

@@ -103,6 +103,8 @@ int main(int argc, char** argv) {
     Outcome r = run_case(c, o);
     totals.add(r);
     if (!quiet) fmt::print("{:6} {} rows {:5} masked {:5} {}\n", totals.cases, r.ok() ? "ok  " : "FAIL", r.rows, r.masked_rows, describe(c));
+    else if (totals.cases % 500 == 0) fmt::print("progress: {} cases, {} disagreements, {:.0f} s\n", totals.cases, totals.failures, elapsed());
+    std::fflush(stdout);
     if (r.ok()) return;
     ++totals.failures;
     fmt::print("FAIL [{}] {}\n  {}\n", r.kind, describe(c), r.failure);

@@ -1,3 +1,4 @@
+// The list of fuzz targets, by corpus name (the C API target only where the CPU backend is built).
 #include "fuzz/targets/targets.h"
 
 namespace flexjit::fuzz {

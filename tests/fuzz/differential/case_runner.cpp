@@ -310,6 +310,28 @@ std::vector<std::pair<std::string, Tensor>> buffer_tensors(const dsl::Spec& spec
   return out;
 }
 
+// The largest |e| of the expressions over 256 random points of the launch (at least 1): how
+// much they amplify a rounding error, for the backward's absolute tolerances.
+double largest_magnitude(const std::vector<ir::Expr>& exprs, const Inputs& in) {
+  double most = 1;
+  std::mt19937_64 rng(7);
+  EvalEnv env = in.env;
+  for (int i = 0; i < 256; ++i) {
+    const int64_t b = std::uniform_int_distribution<int64_t>(0, in.B - 1)(rng), h = std::uniform_int_distribution<int64_t>(0, in.H - 1)(rng);
+    env.vars[int(dsl::VarId::B)] = b;
+    env.vars[int(dsl::VarId::H)] = h;
+    env.vars[int(dsl::VarId::KvHead)] = h / (in.H / in.Hkv);
+    env.vars[int(dsl::VarId::Q)] = std::uniform_int_distribution<int64_t>(0, in.Sq - 1)(rng);
+    env.vars[int(dsl::VarId::KV)] = std::uniform_int_distribution<int64_t>(0, in.Skv - 1)(rng);
+    env.score = std::normal_distribution<float>(0.f, 3.f)(rng);
+    for (const ir::Expr& e : exprs) {
+      const double v = std::abs(static_cast<double>(evaluate(e, env).f));
+      if (std::isfinite(v)) most = std::max(most, v);
+    }
+  }
+  return most;
+}
+
 // Runs one launch and brings its outputs back; "" or what it threw.
 template <class F>
 std::string launch(F&& run, Kernel& kernel, bool gpu, Memory& mem) {
@@ -387,14 +409,20 @@ Outcome check_backend(const GenCase& c, const SpecIR& ir, Kernel& kernel, const 
   if (std::string e = launch([&] { kernel.backward(b); }, kernel, gpu, mem); !e.empty())
     return Outcome{fmt::format("{} error", where), fmt::format("{} backward threw: {}", where, e)};
   ++out.backward_checks;
+  // The rounding of dS reaches dq and dk times d score_mod / d score, and the buffer gradients
+  // times their coefficients: the absolute terms scale with the largest of those.
+  const ScoreModGradient grad = differentiate_score_mod(ir);
+  std::vector<ir::Expr> coefficients;
+  for (const GradScatter& sc : grad.scatters) coefficients.push_back(sc.coefficient);
+  const double d_score = largest_magnitude({grad.d_score}, in), coefficient = largest_magnitude(coefficients, in);
   const double kv_terms = double(in.H / in.Hkv) * double(in.Sq), all_terms = double(in.B * in.H) * double(in.Sq) * double(in.Skv);
-  std::string f = compare_norm("dq", dq_l.unpack(dq.bytes), rb.dq, tol.rel, tol.abs, double(in.Skv));
-  if (f.empty()) f = compare_norm("dk", dk_l.unpack(dk.bytes), rb.dk, tol.rel, tol.abs, kv_terms);
+  std::string f = compare_norm("dq", dq_l.unpack(dq.bytes), rb.dq, tol.rel, tol.abs * d_score, double(in.Skv));
+  if (f.empty()) f = compare_norm("dk", dk_l.unpack(dk.bytes), rb.dk, tol.rel, tol.abs * d_score, kv_terms);
   if (f.empty()) f = compare_norm("dv", dv_l.unpack(dv.bytes), rb.dv, tol.rel, tol.abs, kv_terms);
   for (size_t i = 0; i < spec.buffers.size() && f.empty(); ++i)
     if (spec.buffers[i].requires_grad)
-      f = compare_norm(("grad of " + spec.buffers[i].name).c_str(), as_floats(grads[i].bytes), rb.grads[i], tol.grad_rel, tol.grad_abs,
-                       all_terms / double(std::max<size_t>(rb.grads[i].size(), 1)));
+      f = compare_norm(("grad of " + spec.buffers[i].name).c_str(), as_floats(grads[i].bytes), rb.grads[i], tol.grad_rel,
+                       tol.grad_abs * coefficient, all_terms / double(std::max<size_t>(rb.grads[i].size(), 1)));
   if (!f.empty()) return Outcome{fmt::format("{} backward", where), fmt::format("{} backward ({}, dq {}): {}", where, b.deterministic ? "deterministic" : "atomic",
                                                                          static_cast<int>(b.dq_mode), f)};
   return out;

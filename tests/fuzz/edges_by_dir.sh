@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Covered edges of a fuzz target per source directory, from replaying a corpus: the figure
-# docs/notes/FUZZING.md records (libFuzzer's own `cov:` counts every instrumented edge,
+# docs/FUZZING.md records (libFuzzer's own `cov:` counts every instrumented edge,
 # the templates, runtime and the target itself included).
 #
 #   tests/fuzz/edges_by_dir.sh BUILD/tests/fuzz/fuzz_frontend CORPUS_DIR...

@@ -274,7 +274,7 @@ class Generator {
       case 1: return node(Type::Float, pick(std::vector<std::string>{"sin(clamp($, -8.0, 8.0))", "cos(clamp($, -8.0, 8.0))"}), {sub()});
       case 2: return node(Type::Float, pick(std::vector<std::string>{"exp(clamp($, -4.0, 2.0))", "exp2(clamp($, -4.0, 2.0))"}), {sub()});
       case 3:
-        return node(Type::Float, pick(std::vector<std::string>{"log1p(abs($))", "log(abs($) + 1.0)", "log2(abs($) + 0.5)", "sqrt(abs($))",
+        return node(Type::Float, pick(std::vector<std::string>{"log1p(abs($))", "log(abs($) + 1.0)", "log2(abs($) + 0.5)", "sqrt(abs($) + 0.25)",
                                                                  "rsqrt(abs($) + 1.0)"}),
                     {sub()});
       case 4: return node(Type::Float, "($ / (abs($) + 1.0))", {sub(), sub()});

@@ -2,12 +2,14 @@
 # `deps` installs whatever Debian packages are missing first.
 BUILD ?= build
 SAN_BUILD ?= build-asan
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 60
 JOBS ?= $(shell nproc)
 CUDA_HOME ?= /usr/local/cuda
-PKGS := cmake ninja-build g++ libfmt-dev nlohmann-json3-dev catch2 libcli11-dev libxxhash-dev libeigen3-dev llvm-19-dev libpng-dev pkgconf python3-dev python3-pip
+PKGS := cmake ninja-build g++ libfmt-dev nlohmann-json3-dev catch2 libcli11-dev libxxhash-dev libeigen3-dev llvm-19-dev libpng-dev pkgconf python3-dev python3-pip clang-19 libclang-rt-19-dev
 PYTHON ?= python3
 
-.PHONY: deps build run test test-release test-asan python test-python gpu clean
+.PHONY: deps build run test test-release test-asan python test-python fuzz-build fuzz gpu clean
 
 deps:
 	@missing=$$(for p in $(PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -50,9 +52,19 @@ test-python: python
 	$(PYTHON) -m pip install -q numpy pytest
 	cd python/tests && $(PYTHON) -m pytest -q
 
+# The libFuzzer targets (tests/fuzz/): every library instrumented, with ASan and UBSan, by clang.
+fuzz-build: deps
+	cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DFLEXJIT_FUZZ=ON -DCMAKE_C_COMPILER=clang-19 \
+	  -DCMAKE_CXX_COMPILER=clang++-19 -DCUDA_HOME=$(CUDA_HOME)
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzzers
+
+# Runs every fuzz target for FUZZ_SECONDS each (FUZZ_TARGETS="npy capi" picks some); fails on a finding.
+fuzz: fuzz-build
+	./tests/fuzz/run_fuzzers.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+
 # On a GPU machine: build here, then tools/gpu_check.sh runs the GPU tests and benchmarks there.
 gpu:
 	./tools/gpu_check.sh
 
 clean:
-	rm -rf $(BUILD) $(SAN_BUILD) python/build
+	rm -rf $(BUILD) $(SAN_BUILD) $(FUZZ_BUILD) python/build

@@ -12,7 +12,10 @@ namespace flexjit {
 
 std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
   std::vector<int64_t> s(shape.size(), 1);
-  for (size_t i = shape.size(); i-- > 1;) s[i - 1] = s[i] * shape[i];
+  for (size_t i = shape.size(); i-- > 1;)
+    if (__builtin_mul_overflow(s[i], shape[i], &s[i - 1]))
+      throw Error(fmt::format("a tensor of shape [{}] has more elements than 64-bit strides can address; check its dimensions",
+                              fmt::join(shape, ", ")));
   return s;
 }
 

@@ -36,7 +36,7 @@ BoundValues bind_values(const dsl::CheckedSpec& spec, const std::map<std::string
 // Parses a parameter value of the declared type ("1024", "30.5", "true").
 Value parse_param_value(const dsl::ParamDecl& p, const std::string& text);
 
-// Row-major (C order) strides of a shape, in elements.
+// Row-major (C order) strides of a shape, in elements. Throws flexjit::Error when they overflow int64.
 std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape);
 
 }  // namespace flexjit

@@ -88,10 +88,18 @@ std::optional<Spec> parse_spec_json(const std::string& text, const std::string& 
     j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
     auto src = std::make_shared<Source>(file_name, text);
+    // nlohmann reports the byte after the end for truncated text: the caret then marks the end.
     uint32_t at = static_cast<uint32_t>(std::min<size_t>(e.byte ? e.byte - 1 : 0, text.size()));
+    uint32_t end = static_cast<uint32_t>(std::min<size_t>(at + 1, text.size()));
     std::string what = e.what();
     size_t colon = what.rfind(": ");
-    diags.report(DiagCode::BadSpec, src, Span{at, at + 1}, "the spec file is not valid JSON", colon == std::string::npos ? what : what.substr(colon + 2));
+    diags.report(DiagCode::BadSpec, src, Span{at, end}, "the spec file is not valid JSON", colon == std::string::npos ? what : what.substr(colon + 2));
+    return std::nullopt;
+  } catch (const nlohmann::json::exception& e) {
+    // Valid syntax the reader cannot represent, e.g. a number beyond double (1e400).
+    std::string what = e.what();
+    size_t bracket = what.find("] ");
+    spec_error(diags, file_name, "the spec file is not valid JSON: " + (bracket == std::string::npos ? what : what.substr(bracket + 2)));
     return std::nullopt;
   }
   if (!j.is_object()) {

@@ -87,7 +87,8 @@ void KernelImpl::forward_varlen(const VarlenArgs& a) {
   check_packed(a.o, "o", H, Dv, spec().dtype);
   if (a.v.shape[0] != a.k.shape[0]) throw Error("forward_varlen: k and v must have the same number of rows");
   if (a.o.shape[0] != a.q.shape[0]) throw Error("forward_varlen: o must have as many rows as q");
-  if (H % Hkv != 0) throw Error(fmt::format("forward_varlen: q has {} heads and k {}: the query heads must be a multiple of the KV heads", H, Hkv));
+  if (H < 1 || Hkv < 1 || H % Hkv != 0)
+    throw Error(fmt::format("forward_varlen: q has {} heads and k {}: the query heads must be a positive multiple of the KV heads", H, Hkv));
   if (spec().gqa_group && H / Hkv != spec().gqa_group)
     throw Error(fmt::format("forward_varlen: the spec fixes gqa_group = {} but the launch has {} / {} heads", spec().gqa_group, H, Hkv));
   for (const auto* t : {&a.cu_seqlens_q, &a.cu_seqlens_kv}) {

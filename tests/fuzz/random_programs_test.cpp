@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "fuzz/fuzz_body.h"
+#include "fuzz/frontend_property.h"
 
 namespace {
 

@@ -328,9 +328,15 @@ void KernelImpl::backward(const BackwardArgs& a) {
     std::map<int, CUdeviceptr> target;
     size_t goff = lay.grads;
     for (size_t i = 0; i < spec().buffers.size(); ++i) {
-      if (!scattered[i]) continue;
       const size_t n = static_cast<size_t>(numel(buffers[i].shape));
       if (n == 0) continue;
+      if (!scattered[i]) {
+        // Marked for a gradient but read only by the mask (or not at all): no kernel writes it, and the
+        // gradient is exactly zero.
+        if (grad_of[i])
+          check_cu(d.cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(grad_of[i]->data), 0, n, a.stream), "clearing a buffer gradient");
+        continue;
+      }
       if (a.deterministic || !grad_of[i]) {
         CUdeviceptr scratch = bwd + goff;
         goff += align_up(n * 8);

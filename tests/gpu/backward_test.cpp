@@ -404,6 +404,19 @@ TEST_CASE("backward: document mask, fully masked rows, GQA 4:1", "[gpu][backward
   check_case(load_spec(gallery_dir() / "causal.json"), g);
 }
 
+// A buffer marked for a gradient that the score_mod does not read (read by the mask only, or not at all) has no
+// scatter: its gradient is exactly zero and must be written as such over the poisoned output, in both modes.
+// Found by the GPU differential run (issue 27): such gradients came back as the NaN poison.
+TEST_CASE("backward: marked buffers the score_mod does not read get zero gradients", "[gpu][backward]") {
+  FLEXJIT_REQUIRE_GPU();
+  const BwdCase c{.Sq = 130, .Skv = 170};
+  dsl::Spec spec = inline_spec("grad_without_scatter", "score + bias[h]", std::string("gate[kv] > 0.0 || kv <= q"), 64,
+                               {"bias: f32[H]", "gate: f32[Skv]", "unused: bf16[5]"}, {"bias", "gate", "unused"});
+  check_case(spec, c);
+  check_case(spec, c, true);
+  check_case(inline_spec("grad_no_mods", std::nullopt, std::nullopt, 64, {"unused: f32[H]"}, {"unused"}), c);
+}
+
 TEST_CASE("backward: head dims and fp16", "[gpu][backward]") {
   FLEXJIT_REQUIRE_GPU();
   dsl::Spec alibi = load_spec(backward_data("alibi_learnable.json"));

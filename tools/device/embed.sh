@@ -10,6 +10,9 @@
 # disk cache the build filled, and does the same linked with the static libraries.
 # Output: $OUT/embed.log (everything); the summary table is printed last.
 set -uo pipefail
+# The program reads the cache its build filled only when FLEXJIT_CACHE_DIR is unset (it does not override
+# a caller's choice), so a cache directory exported by the caller would hide a cold build-time cache.
+unset FLEXJIT_CACHE_DIR
 ROOT="$(pwd)"
 OUT_DIR="${OUT:-$ROOT}"
 PREFIX="${EMBED_PREFIX:-$ROOT/.device/embed-prefix}"

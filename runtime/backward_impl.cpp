@@ -93,7 +93,7 @@ struct KernelImpl::BackwardState {
   struct Module {
     BackwardKernelSource source;
     std::shared_ptr<const runtime::CompiledArtefact> artefact;
-    CUlibrary library = nullptr;
+    runtime::LoadedLibrary library;
     std::map<int, Functions> fns;
   };
   std::map<std::string, std::unique_ptr<Module>> modules;
@@ -247,7 +247,7 @@ void KernelImpl::backward(const BackwardArgs& a) {
       runtime::CacheLookup r = runtime::compile_kernel(m->source.module, canonical_, info.arch);
       runtime::log_info("flexjit: kernel {} for {}: {} in {:.3f} s", m->source.module.name, info.arch, runtime::cache_source_name(r.source),
                         r.seconds);
-      check_cu(d.cuLibraryLoadData(&m->library, r.artefact->binary.data(), nullptr, nullptr, 0, nullptr, nullptr, 0),
+      check_cu(m->library.load(r.artefact->binary),
                "loading the backward kernels");
       m->artefact = r.artefact;
       slot = std::move(m);
@@ -261,7 +261,7 @@ void KernelImpl::backward(const BackwardArgs& a) {
                                 info.name, info.max_shared_optin));
       auto get = [&](const char* name) {
         CUkernel k = nullptr;
-        check_cu(d.cuLibraryGetKernel(&k, mod->library, name), "cuLibraryGetKernel");
+        check_cu(d.cuLibraryGetKernel(&k, mod->library.get(), name), "cuLibraryGetKernel");
         CUfunction f = nullptr;
         check_cu(d.cuKernelGetFunction(&f, k), "cuKernelGetFunction");
         return f;

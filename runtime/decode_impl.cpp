@@ -223,7 +223,7 @@ KernelImpl::DecodeModule& KernelImpl::decode_module(const runtime::VariantChoice
     runtime::ScopedDevice scope(device);
     auto get = [&](const char* name) {
       CUkernel k = nullptr;
-      check_cu(d.cuLibraryGetKernel(&k, m.var.library, name), "cuLibraryGetKernel");
+      check_cu(d.cuLibraryGetKernel(&k, m.var.library.get(), name), "cuLibraryGetKernel");
       CUfunction f = nullptr;
       check_cu(d.cuKernelGetFunction(&f, k), "cuKernelGetFunction");
       return f;

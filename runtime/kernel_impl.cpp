@@ -343,7 +343,7 @@ KernelImpl::VariantState& KernelImpl::variant(const runtime::VariantChoice& choi
                               info.max_shared_optin));
     auto get = [&](const char* name) {
       CUkernel k = nullptr;
-      check_cu(d.cuLibraryGetKernel(&k, v.library, name), "cuLibraryGetKernel");
+      check_cu(d.cuLibraryGetKernel(&k, v.library.get(), name), "cuLibraryGetKernel");
       CUfunction f = nullptr;
       check_cu(d.cuKernelGetFunction(&f, k), "cuKernelGetFunction");
       return f;
@@ -378,6 +378,7 @@ ForwardKernelOptions KernelImpl::forward_options(const runtime::VariantChoice& c
   fo.head_dim = spec().head_dim;
   fo.arch = arch;
   fo.variant.int32 = choice.int32;
+  fo.variant.fast_int_to_float = choice.small_casts;
   fo.variant.checked_loads = choice.checked_loads;
   fo.variant.error_flags = options_.checked;
   fo.tma_describable = choice.tma;
@@ -386,11 +387,10 @@ ForwardKernelOptions KernelImpl::forward_options(const runtime::VariantChoice& c
 }
 
 void KernelImpl::load_library(VariantState& v, const std::string& arch) {
-  const runtime::CudaDriver& d = drv();
   for (int attempt = 0; attempt < 2; ++attempt) {
     runtime::CacheLookup r = runtime::compile_kernel(v.source, canonical_, arch);
     runtime::log_info("flexjit: kernel {} for {}: {} in {:.3f} s", v.source.name, arch, runtime::cache_source_name(r.source), r.seconds);
-    CUresult res = d.cuLibraryLoadData(&v.library, r.artefact->binary.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
+    CUresult res = v.library.load(r.artefact->binary);
     if (res == CUDA_SUCCESS) {
       v.artefact = r.artefact;
       return;

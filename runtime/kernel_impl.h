@@ -17,6 +17,7 @@
 #include "runtime/flexjit.hpp"
 #include "runtime/forward_launch.h"
 #include "runtime/kernel_compiler.h"
+#include "runtime/loaded_library.h"
 #include "runtime/tensor_maps.h"
 
 namespace flexjit {
@@ -73,7 +74,7 @@ class KernelImpl : public Kernel {
   struct VariantState {
     KernelSource source;
     std::shared_ptr<const runtime::CompiledArtefact> artefact;
-    CUlibrary library = nullptr;
+    runtime::LoadedLibrary library;
     std::map<int, CUfunction> forward_fn, mask_fn, rank_fn;  // rank_fn: data-dependent masks only
   };
 

@@ -61,7 +61,7 @@ KernelImpl::VariantState& KernelImpl::varlen_variant(const runtime::VariantChoic
       throw Error(fmt::format("head dim {} needs {} bytes of shared memory per block, but {} allows {}", spec().head_dim, smem, info.name,
                               info.max_shared_optin));
     CUkernel k = nullptr;
-    check_cu(d.cuLibraryGetKernel(&k, v.library, kForwardVarlenEntry), "cuLibraryGetKernel");
+    check_cu(d.cuLibraryGetKernel(&k, v.library.get(), kForwardVarlenEntry), "cuLibraryGetKernel");
     CUfunction f = nullptr;
     check_cu(d.cuKernelGetFunction(&f, k), "cuKernelGetFunction");
     check_cu(d.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem), "setting the ragged-prefill kernel's shared memory");

@@ -64,8 +64,12 @@ def test_gallery_backward_with_buffer_gradients(name, api):
     flex_grads = torch.autograd.grad(flex, leaves, d_o)
     for what, a, b, f in zip(["dq", "dk", "dv"] + list(case.grads), got, want, flex_grads):
         scale = b.abs().max().item()
-        assert_close(a, b, atol=5e-2 * max(scale, 1e-3), rtol=5e-2, what=f"{api}: {what}")
         err, flex_err = (a.double() - b).abs().max().item(), (f.double() - b).abs().max().item()
+        # offset_bias adds a per-row constant, which softmax ignores: its exact gradient is 0 (1e-15 in float64), a
+        # sum of dS terms that cancel only up to the rounding of the bf16 O that D = rowsum(dO * O) reads. Such a
+        # gradient is held to FlexAttention's error, which has the same cause, rather than to its own size.
+        atol = 5e-2 * max(scale, 1e-3) if scale > 1e-6 else 2 * flex_err + 1e-3
+        assert_close(a, b, atol=atol, rtol=5e-2, what=f"{api}: {what}")
         assert err <= 2 * flex_err + 1e-2 * scale, f"{api}: {what}: error {err:.3g}, FlexAttention's {flex_err:.3g}"
 
 

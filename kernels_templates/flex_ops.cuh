@@ -65,10 +65,6 @@ __device__ __forceinline__ float tanh_fast(float x) {
   asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
-// float(x) for |x| <= 2^22, exactly: the bits of 1.5 * 2^23 plus x are the float 1.5 * 2^23 + x (x lands in the
-// mantissa), and the subtraction is exact. An integer add and a float add instead of I2F, which issues on the
-// quarter-rate unit the softmax's exp2 needs.
-__device__ __forceinline__ float small_int_to_float(int x) { return __int_as_float(0x4B400000 + x) - 12582912.f; }
 // Python int(): truncation toward zero, NaN -> 0, saturating beyond the int64 range.
 __device__ __forceinline__ long long float_to_int(float x) {
   if (x != x) return 0;

@@ -134,8 +134,7 @@ BoundValues bind_launch(const dsl::CheckedSpec& cs, const LaunchShape& s, const 
 }
 
 std::string VariantChoice::key() const {
-  return fmt::format("i{}_c{:x}{}_s{}{}", int32 ? 32 : 64, checked_loads, tma ? "" : "_notma", static_cast<int>(runtime_split),
-                     small_casts ? "" : "_i2f");
+  return fmt::format("i{}_c{:x}{}_s{}", int32 ? 32 : 64, checked_loads, tma ? "" : "_notma", static_cast<int>(runtime_split));
 }
 
 VariantChoice choose_variant(const RangeInfo& ranges, const dsl::CheckedSpec& cs, const BoundValues& values) {
@@ -150,7 +149,6 @@ VariantChoice choose_variant(const RangeInfo& ranges, const dsl::CheckedSpec& cs
     if (!evaluate(lc.obligation, env).b) c.checked_loads |= 1ull << i;
   }
   if (ranges.int32_obligation) c.int32 = evaluate(ranges.int32_obligation, env).b;
-  if (ranges.small_cast_obligation) c.small_casts = evaluate(ranges.small_cast_obligation, env).b;
   return c;
 }
 

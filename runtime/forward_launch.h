@@ -43,8 +43,6 @@ struct VariantChoice {
   // A score_mod split with runtime factors: whether the parameter values keep the split, with or without the fixed
   // softmax maximum (ForwardKernelOptions::variant.runtime_split).
   RuntimeSplit runtime_split = RuntimeSplit::RunningMax;
-  // RangeInfo::small_cast_obligation holds: int -> float casts of small operands skip the I2F unit.
-  bool small_casts = true;
   std::string key() const;
 };
 VariantChoice choose_variant(const RangeInfo& ranges, const dsl::CheckedSpec& cs, const BoundValues& values);

@@ -86,7 +86,11 @@ int run_dump(const DumpOptions& o) {
   if (o.backward) {
     ks = backward_module(ir, o);
   } else {
-    ks = kernels_for_launch(ir, spec.dtype, spec.head_dim, o.arch).front();  // the module a launch compiles
+    ForwardKernelOptions fo;
+    fo.dtype = spec.dtype;
+    fo.head_dim = spec.head_dim;
+    fo.arch = o.arch;
+    ks = forward_kernel_source(ir, analyze_ir_ranges(ir), fo);
   }
   if (o.emit == "cuda") {
     fmt::print("{}", ks.source);

@@ -216,11 +216,7 @@ class CudaEmitter {
       case NodeKind::Select: return fmt::format("({} ? {} : {})", k[0], k[1], k[2]);
       case NodeKind::Cast: {
         Type from = e.as<Cast>()->a.type();
-        if (e.type() == Type::Float) {
-          if (from == Type::Bool) return fmt::format("({} ? 1.f : 0.f)", k[0]);
-          if (opt_.fast_int_to_float && ranges_.small_casts.count(origin(e).get())) return fmt::format("fj::small_int_to_float((int){})", k[0]);
-          return fmt::format("(float){}", k[0]);
-        }
+        if (e.type() == Type::Float) return from == Type::Bool ? fmt::format("({} ? 1.f : 0.f)", k[0]) : fmt::format("(float){}", k[0]);
         if (from == Type::Bool) return fmt::format("({} ? 1 : 0)", k[0]);
         return fmt::format("fj::float_to_int({})", k[0]);
       }

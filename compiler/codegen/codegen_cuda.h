@@ -21,8 +21,6 @@ struct VariantOptions {
   bool error_flags = true;      // checked mode: clamped loads and zero divisors set bits in the error word
   bool hoist = true;            // hoist row / column / tile invariant values
   bool fast_tanh = true;        // tanh.approx.f32 instead of tanhf
-  // RangeInfo::small_casts by fj::small_int_to_float (the launch verified RangeInfo::small_cast_obligation).
-  bool fast_int_to_float = false;
   // Also emit KvCol / kv_col / mask_mod_staged (kernels_templates/flex_variant_base.cuh): mask_mod's loads at the KV
   // column alone, computed once per column of a partial tile by the kernels that stage them.
   bool stage_kv_cols = false;

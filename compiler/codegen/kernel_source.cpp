@@ -88,9 +88,9 @@ KernelSource forward_module(const SpecIR& ir, const RangeInfo& ranges, const For
       ks.config.warp_specialized ? "flex_forward_kernel_sm90.cuh" : "flex_forward.cuh",
       !block_mask.empty() ? "#include \"flex_blockmask.cuh\"\n" : "", ks.variant.code,
       forward_entry(ks.config, element, ks.entries[0].c_str(), varlen), block_mask);
-  ks.key_text = fmt::format("kind={}\ndtype={}\nconfig={}\nint32={}\nchecked_loads={:x}\nerror_flags={}\nhoist={}\nfast_tanh={}\nsmall_casts={}\n",
+  ks.key_text = fmt::format("kind={}\ndtype={}\nconfig={}\nint32={}\nchecked_loads={:x}\nerror_flags={}\nhoist={}\nfast_tanh={}\n",
                             varlen ? "forward_varlen" : "forward", dsl::dtype_name(options.dtype), ks.config.str(), vo.int32,
-                            vo.checked_loads, vo.error_flags, vo.hoist, vo.fast_tanh, vo.fast_int_to_float);
+                            vo.checked_loads, vo.error_flags, vo.hoist, vo.fast_tanh);
   return ks;
 }
 
@@ -109,12 +109,11 @@ std::vector<KernelSource> kernels_for_launch(const SpecIR& ir, dsl::DType dtype,
   fo.dtype = dtype;
   fo.head_dim = head_dim;
   fo.arch = arch;
-  fo.variant.fast_int_to_float = true;  // as a launch picks it at any length below 2^22 (runtime::VariantChoice)
   std::vector<ir::Expr> roots;
   if (ir.score_mod) roots.push_back(ir.score_mod);
   if (ir.mask_mod) roots.push_back(ir.mask_mod);
   RangeInfo ranges = analyze_ranges(roots, ir.checked, VarDomains::forward(ir.checked));
-  return {forward_kernel_source(ir, ranges, fo)};  // the block-mask builder is in the same module
+  return {forward_kernel_source(ir, ranges, fo)};
 }
 
 }  // namespace flexjit

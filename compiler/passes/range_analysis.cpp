@@ -735,23 +735,8 @@ RangeInfo analyze_ranges(const std::vector<Expr>& roots, const dsl::CheckedSpec&
   out.roots = roots;
   Analyzer an(spec);
   RangeBuilder rb(an, domains, out);
-  std::vector<Expr> int32_conds, small_cast_conds;
+  std::vector<Expr> int32_conds;
   for_each_node(out.roots, [&](const Expr& e) {
-    // float(kv - q) (ALiBi, relative positions) converts an int per score element; within 2^22 a magic-number add
-    // does it exactly on the integer and FMA pipes, leaving the conversion unit to the softmax's exponentials.
-    if (const Cast* c = e.as<Cast>(); c && e.type() == Type::Float && c->a.type() == Type::Int) {
-      auto it = out.ranges.find(c->a.get());
-      if (it != out.ranges.end() && it->second.lo && it->second.hi) {
-        constexpr i128 kSmall = i128{1} << 22;
-        std::vector<Expr> conds;
-        Tri lo_ok = an.require_nonneg(lin_add(an.lin(it->second.lo), lin_const(kSmall), 1), conds);
-        Tri hi_ok = an.require_nonneg(lin_add(lin_const(kSmall), an.lin(it->second.hi), -1), conds);
-        if (lo_ok != Tri::False && hi_ok != Tri::False) {
-          out.small_casts.insert(e.get());
-          small_cast_conds.insert(small_cast_conds.end(), conds.begin(), conds.end());
-        }
-      }
-    }
     if (e.type() == Type::Int) {
       Interval r = rb.finish(rb.compute(e));
       out.ranges.emplace(e.get(), r);
@@ -800,7 +785,6 @@ RangeInfo analyze_ranges(const std::vector<Expr>& roots, const dsl::CheckedSpec&
     out.loads.push_back(std::move(check));
   });
   if (!int32_conds.empty()) out.int32_obligation = conjunction(int32_conds);
-  if (!small_cast_conds.empty()) out.small_cast_obligation = conjunction(small_cast_conds);
   return out;
 }
 

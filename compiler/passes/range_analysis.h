@@ -51,10 +51,6 @@ struct RangeInfo {
   ir::Expr int32_obligation;
   std::unordered_set<const ir::Node*> unbounded_ints;     // Int nodes with no finite range (must stay 64-bit)
   std::unordered_set<const ir::Node*> wide_ints;          // bounded, but provably not always within int32 (stay 64-bit)
-  // Int -> float casts whose operand lies within [-2^22, 2^22] when small_cast_obligation holds at launch (null:
-  // proven statically, or no such cast). Such casts are exact without the I2F unit (fj::small_int_to_float).
-  std::unordered_set<const ir::Node*> small_casts;
-  ir::Expr small_cast_obligation;
 
   const LoadCheck* check_of(const ir::Expr& load) const;  // nullptr if not an analysed load
   std::string describe(const ir::Expr& e) const;          // e.g. "[0, (Skv - 1) // 64]"; "[-inf, +inf]" if unbounded

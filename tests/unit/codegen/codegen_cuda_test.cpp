@@ -56,27 +56,6 @@ TEST_CASE("proven loads are unchecked and hoisted; 64-bit mode widens ints", "[c
   CHECK(wide.find("long long") != std::string::npos);
 }
 
-TEST_CASE("small int -> float casts skip I2F only in the variant that asks for it", "[codegen]") {
-  SpecIR ir = build_spec_ir([] {
-    dsl::Spec s = spec_of("score + slope[h] * (kv - q) + float(w)", "", {"slope: f32[H]"});
-    dsl::Diagnostics d;
-    dsl::add_param(s, "w: int", "test", d);
-    REQUIRE(!d.has_errors());
-    return s;
-  }());
-  VariantOptions vo;
-  vo.fast_int_to_float = true;
-  const std::string fast = generate_cuda_variant(ir, analyze_ir_ranges(ir), vo).code;
-  INFO(fast);
-  CHECK(fast.find("fj::small_int_to_float((int)") != std::string::npos);  // kv - q
-  CHECK(fast.find("(float)") != std::string::npos);                        // w: unbounded, stays I2F
-  vo.fast_int_to_float = false;
-  const std::string plain = generate_cuda_variant(ir, analyze_ir_ranges(ir), vo).code;
-  CHECK(plain.find("small_int_to_float") == std::string::npos);
-  // What `flexjit compile` warms is what a launch at ordinary lengths picks.
-  CHECK(kernels_for_launch(ir, dsl::DType::BF16, 64, "sm_90a").front().source.find("fj::small_int_to_float") != std::string::npos);
-}
-
 TEST_CASE("a buffer-free mask gets an interval block-mask builder, a data-dependent one a dense builder", "[codegen]") {
   std::string causal = source_for("", "q >= kv && q - kv < 100", {});
   CHECK(causal.find("flex_build_block_mask_interval") != std::string::npos);

@@ -155,28 +155,6 @@ TEST_CASE("ranges: int32 obligation", "[compiler][ranges]") {
   CHECK(param.info.unbounded_ints.size() == 1);
 }
 
-TEST_CASE("ranges: small int -> float casts and their obligation", "[compiler][ranges]") {
-  // ALiBi's float(kv - q): kv - q in [-(Sq - 1), Skv - 1], small while both lengths are at most 2^22 + 1.
-  Analysed alibi = analyse("score + slope[h] * (kv - q)", std::nullopt, {"slope: f32[H]"});
-  CHECK(alibi.info.small_casts.size() == 1);
-  REQUIRE(alibi.info.small_cast_obligation);
-  CHECK(holds(alibi.info.small_cast_obligation, alibi.ir, {{"Sq", 4096}, {"Skv", 4096}}));
-  CHECK(holds(alibi.info.small_cast_obligation, alibi.ir, {{"Sq", (1 << 22) + 1}, {"Skv", (1 << 22) + 1}}));
-  CHECK_FALSE(holds(alibi.info.small_cast_obligation, alibi.ir, {{"Sq", 4096}, {"Skv", (1 << 22) + 2}}));
-  CHECK_FALSE(holds(alibi.info.small_cast_obligation, alibi.ir, {{"Sq", (1 << 22) + 2}, {"Skv", 4096}}));
-
-  // A cast whose operand is provably beyond 2^22 keeps I2F; one of a runtime parameter (unbounded) too.
-  Analysed big = analyse("score + float(q + 5000000)", std::nullopt);
-  CHECK(big.info.small_casts.empty());
-  CHECK_FALSE(big.info.small_cast_obligation);
-  Analysed param = analyse("score + float(w)", std::nullopt, {}, {"w: int"});
-  CHECK(param.info.small_casts.empty());
-  // Bounded by constants alone: small, no obligation.
-  Analysed mod = analyse("score + float(kv % 64)", std::nullopt);
-  CHECK(mod.info.small_casts.size() == 1);
-  CHECK_FALSE(mod.info.small_cast_obligation);
-}
-
 TEST_CASE("ranges: interval rules", "[compiler][ranges]") {
   auto describe_int = [](const std::string& text, const std::vector<std::string>& buffers = {}) {
     Analysed a = analyse("float(" + text + ")", std::nullopt, buffers);

@@ -378,7 +378,6 @@ ForwardKernelOptions KernelImpl::forward_options(const runtime::VariantChoice& c
   fo.head_dim = spec().head_dim;
   fo.arch = arch;
   fo.variant.int32 = choice.int32;
-  fo.variant.fast_int_to_float = choice.small_casts;
   fo.variant.checked_loads = choice.checked_loads;
   fo.variant.error_flags = options_.checked;
   fo.tma_describable = choice.tma;

@@ -435,20 +435,8 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
         for (int e = 0; e < 4; ++e) {
           const int q = m0 + nt * 8 + 2 * t4 + (e % 2);
           const int kv = kv_r0 + (e / 2) * 8;
-          const float s = acc_s[nt][e];
-          const float score = s * p.scale;
+          const float score = acc_s[nt][e] * p.scale;
           score_v[nt][e] = score;
-          const float lse2_e = e % 2 ? lse2.y : lse2.x;
-          // The staged terms join the logit: with no score_mod left, scale and log2(e) still fold into one FFMA on
-          // the raw q.k, the terms into its addend.
-          auto exp2_arg = [=](float z) {
-            float col = 0.f;
-            if constexpr (Staged::kCol) col = flex_bwd_staged::unpack<typename Variant::StagedColElement>(st_col[nt][e / 2], e % 2);
-            if constexpr (!Staged::kAny) return Mods::logit2(z, s, scale_log2) - lse2_e;
-            else if constexpr (Variant::kHasScoreMod) return (z + (st_add[e % 2] + col)) * kLog2e - lse2_e;
-            else if constexpr (Staged::kCol) return fmaf(s, scale_log2, fmaf(col, kLog2e, st_base[e % 2]));
-            else return fmaf(s, scale_log2, st_base[e % 2]);
-          };
           bool keep = !kChecked || (q < seqlen_q && kv < seqlen_kv);
           float z = score;
           if (keep) {
@@ -460,7 +448,19 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
               if (cls == 2 && !Mods::mask_mod(vp, rs, cs, ts, b, h, hkv, q, kv, 0)) keep = false;
             }
           }
-          pv[e] = Mods::template prob<kChecked>(keep, exp2_arg(z));
+          float x;  // the exponent of P
+          if constexpr (Staged::kAny) {
+            // The staged terms join the logit: with no score_mod left, scale and log2(e) still fold into one
+            // FFMA on the raw q.k, the terms into its addend.
+            float col = 0.f;
+            if constexpr (Staged::kCol) col = flex_bwd_staged::unpack<typename Variant::StagedColElement>(st_col[nt][e / 2], e % 2);
+            if constexpr (Variant::kHasScoreMod) x = (z + (st_add[e % 2] + col)) * kLog2e - (e % 2 ? lse2.y : lse2.x);
+            else if constexpr (Staged::kCol) x = fmaf(acc_s[nt][e], scale_log2, fmaf(col, kLog2e, st_base[e % 2]));
+            else x = fmaf(acc_s[nt][e], scale_log2, st_base[e % 2]);
+          } else {
+            x = Mods::logit2(z, acc_s[nt][e], scale_log2) - (e % 2 ? lse2.y : lse2.x);
+          }
+          pv[e] = Mods::template prob<kChecked>(keep, x);
           // dS_pre = P d_score (dP - delta) when d_score is folded into P.
           acc_s[nt][e] = kFoldDScore ? Mods::ds_pre(vp, b, h, hkv, q, kv, score, pv[e]) : pv[e];
         }

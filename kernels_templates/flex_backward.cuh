@@ -1,6 +1,7 @@
 // The flash-attention backward templates (FlashAttention-2 style, mma.sync, sm_80+): preprocessing, the
 // KV-major dK/dV/dQ kernel with fused buffer-gradient scatters, dQ conversion and the transposed block mask.
 #pragma once
+#include "flex_backward_mods.cuh"
 #include "flex_backward_params.cuh"
 #include "flex_mma.cuh"
 #include "flex_staged_rows.cuh"
@@ -312,10 +313,10 @@ struct TileScatter {
         const float d = ds_v[nt][e];
         if (!kChecked || d != 0.f) {
           long long off;
-          float coef;
-          Variant::template scatter<I>(vp, b, h, hkv, m0 + nt * 8 + 2 * t4 + (e % 2), kv_r0 + (e / 2) * 8, score_v[nt][e], off, coef);
-          if constexpr (kClass == kScatterQOnly) part[nt][e % 2] += d * coef;
-          else part[nt - e / 2 + 1][e % 2] += d * coef;
+          const float v = BackwardMods<Variant>::template scatter<I, /*kOffset=*/true>(vp, b, h, hkv, m0 + nt * 8 + 2 * t4 + (e % 2),
+                                                                                        kv_r0 + (e / 2) * 8, score_v[nt][e], d, off);
+          if constexpr (kClass == kScatterQOnly) part[nt][e % 2] += v;
+          else part[nt - e / 2 + 1][e % 2] += v;
         }
       }
   }
@@ -446,11 +447,10 @@ __device__ __forceinline__ void scatter_one(const FlexBackwardParams& p, const t
             const int q = m0 + nt * 8 + 2 * t4 + (e % 2);
             const int kv = kv_r0 + (e / 2) * 8;
             long long off;
-            float coef;
-            Variant::template scatter<I>(vp, b, h, hkv, q, kv, score_v[nt][e], off, coef);
-            if constexpr (kClass == kScatterUniform) acc_uniform[I] += d * coef;
-            else if constexpr (kClass == kScatterKvOnly) acc_kvrow[I][e / 2] += d * coef;
-            else accumulate<kDeterministic>(grad, off, d * coef);
+            const float v = BackwardMods<Variant>::template scatter<I, /*kOffset=*/true>(vp, b, h, hkv, q, kv, score_v[nt][e], d, off);
+            if constexpr (kClass == kScatterUniform) acc_uniform[I] += v;
+            else if constexpr (kClass == kScatterKvOnly) acc_kvrow[I][e / 2] += v;
+            else accumulate<kDeterministic>(grad, off, v);
           }
         }
     }
@@ -593,6 +593,7 @@ __device__ __forceinline__ void flex_backward_main(const FlexBackwardParams& p, 
   using Element = typename Traits::Element;
   using Mma = flex::Mma16816<Element>;
   using L = flex_bwd::Loader<Traits>;
+  using Mods = flex_bwd::BackwardMods<Variant>;
   constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
@@ -716,14 +717,15 @@ __device__ __forceinline__ void flex_backward_main(const FlexBackwardParams& p, 
 
     // P^T = exp(score_mod(scale * S) - lse), masked and out-of-range elements 0; then dS^T.
     const bool check_bounds = kv_tail || m0 + kBlockM > seqlen_q;
+    const flex_bwd::KvMajorFragment frag{m0, kv_r0, t4};
     float score_v[kMT][4];
     float ds_v[kMT][4];  // dS (gradient w.r.t. the modified score)
 #pragma unroll
     for (int nt = 0; nt < kMT; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int q = m0 + nt * 8 + 2 * t4 + (e % 2);
-        const int kv = kv_r0 + (e / 2) * 8;
+        const int q = frag.q(nt, e), kv = frag.kv(nt, e);
+        const int c = nt * 8 + 2 * t4 + (e % 2);
         const float score = acc_s[nt][e] * p.scale;
         score_v[nt][e] = score;
         bool keep = !check_bounds || (q < seqlen_q && kv < seqlen_kv);
@@ -732,17 +734,17 @@ __device__ __forceinline__ void flex_backward_main(const FlexBackwardParams& p, 
           typename Variant::Row rs{};
           typename Variant::Col cs{};
           typename Variant::Tile ts{};
-          if constexpr (Variant::kHasScoreMod) z = Variant::score_mod(vp, rs, cs, ts, b, h, hkv, q, kv, 0, score);
+          z = Mods::score_mod(vp, rs, cs, ts, b, h, hkv, q, kv, 0, score);
           if constexpr (Variant::kHasMaskMod) {
-            if (cls == 2 && !Variant::mask_mod(vp, rs, cs, ts, b, h, hkv, q, kv, 0)) keep = false;
+            if (cls == 2 && !Mods::mask_mod(vp, rs, cs, ts, b, h, hkv, q, kv, 0)) keep = false;
           }
         }
-        // Without a score_mod, scale and log2(e) fold into one FFMA on the raw q.k.
-        const float x2 = Variant::kHasScoreMod ? z * kLog2e : acc_s[nt][e] * scale_log2;
-        const float pr = keep ? flex::ex2(x2 - lse_st[nt * 8 + 2 * t4 + (e % 2)]) : 0.f;
+        // exp2 and the load of lse2 for kept elements only: BackwardMods::prob's unconditional exp2 and select
+        // compile differently in this kernel (more registers; 4% more instructions with a kv-bias gradient).
+        const float x2 = Mods::logit2(z, acc_s[nt][e], scale_log2);
+        const float pr = keep ? flex::ex2(x2 - lse_st[c]) : 0.f;
         acc_s[nt][e] = pr;
-        const float dsv = pr * (acc_dp[nt][e] - delta_st[nt * 8 + 2 * t4 + (e % 2)]);
-        ds_v[nt][e] = pr != 0.f ? dsv : 0.f;
+        ds_v[nt][e] = Mods::template ds</*kZeroMasked=*/true>(pr, acc_dp[nt][e], delta_st[c]);
       }
     }
 
@@ -770,18 +772,7 @@ __device__ __forceinline__ void flex_backward_main(const FlexBackwardParams& p, 
     if constexpr (kNumScatters > 0)
       flex_bwd::scatter_one<Traits, Variant, kDeterministic, 0>(p, vp, ds_v, score_v, acc_uniform, acc_kvrow, sh_red, b, h, hkv, m0, n0,
                                                                 kv_r0, warp, lane, ds == 0);
-    if constexpr (!Variant::kDScoreIsOne) {
-#pragma unroll
-      for (int nt = 0; nt < kMT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if (ds_v[nt][e] != 0.f) {
-            const int q = m0 + nt * 8 + 2 * t4 + (e % 2);
-            const int kv = kv_r0 + (e / 2) * 8;
-            ds_v[nt][e] *= Variant::d_score(vp, b, h, hkv, q, kv, score_v[nt][e]);
-          }
-        }
-    }
+    Mods::ds_pre(vp, b, h, hkv, frag, ds_v, score_v);
 
     // dK += dS^T Q; dS^T to shared memory for dQ.
     unsigned* s_ds_u = reinterpret_cast<unsigned*>(flex_smem + Traits::kOffDS);

@@ -107,7 +107,9 @@ __device__ __forceinline__ void scatter_tile(const FlexBackwardParams& p, const 
         const float d = ds[nt][e];
         if (d != 0.f) {
           const int r = e / 2;
-          const float v = d * Variant::template scatter_coef<I>(vp, b, h, hkv, q_r[r], k0 + nt * 8 + 2 * t4 + e % 2, score[nt][e]);
+          long long off;
+          const float v = flex_bwd::BackwardMods<Variant>::template scatter<I, /*kOffset=*/false>(vp, b, h, hkv, q_r[r], k0 + nt * 8 + 2 * t4 + e % 2,
+                                                                                                 score[nt][e], d, off);
           if constexpr (kClass == kRowCol) acc_col[I][r][nt * 2 + e % 2] += v;
           else rsum[r] += v;
         }
@@ -170,6 +172,7 @@ __device__ __forceinline__ void flex_backward_qmajor(const FlexBackwardParams& p
   using Element = typename Traits::Element;
   using Mma = flex::Mma16816<Element>;
   using L = flex_bwd::Loader<Traits>;
+  using Mods = flex_bwd::BackwardMods<Variant>;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kNT = Traits::kNTiles;
@@ -335,17 +338,13 @@ __device__ __forceinline__ void flex_backward_qmajor(const FlexBackwardParams& p
             bool keep = !kChecked || !check_bounds || (q_r[r] < seqlen_q && k0 + j < seqlen_kv);
             float z = score;
             if (keep) {
-              if constexpr (Variant::kHasScoreMod) z = Variant::score_mod(vp, row_st[r], col_st[r][c], tile_st[r], b, h, hkv, q_r[r], k0, j, score);
+              z = Mods::score_mod(vp, row_st[r], col_st[r][c], tile_st[r], b, h, hkv, q_r[r], k0, j, score);
               if constexpr (Variant::kHasMaskMod && kChecked) {
-                if (masked_tile && !Variant::mask_mod(vp, row_st[r], col_st[r][c], tile_st[r], b, h, hkv, q_r[r], k0, j)) keep = false;
+                if (masked_tile && !Mods::mask_mod(vp, row_st[r], col_st[r][c], tile_st[r], b, h, hkv, q_r[r], k0, j)) keep = false;
               }
             }
-            // Without a score_mod, scale and log2(e) fold into one FFMA on the raw q.k.
-            const float x2 = Variant::kHasScoreMod ? z * kLog2e : acc_s[nt][e] * scale_log2;
-            const float ex = flex::ex2(x2 - lse2_r[r]);
-            const float pr = kChecked && !keep ? 0.f : ex;
-            const float dsv = pr * (acc_dp[nt][e] - delta_r[r]);
-            acc_dp[nt][e] = kChecked && pr == 0.f ? 0.f : dsv;  // dS, in place of dP (masked elements exactly 0)
+            const float pr = Mods::template prob<kChecked>(keep, Mods::logit2(z, acc_s[nt][e], scale_log2) - lse2_r[r]);
+            acc_dp[nt][e] = Mods::template ds<kChecked>(pr, acc_dp[nt][e], delta_r[r]);  // dS, in place of dP
           }
       };
       if (check_bounds || masked_tile) p_ds_tile(flex_bwd::BoolTag<true>{});
@@ -353,14 +352,7 @@ __device__ __forceinline__ void flex_backward_qmajor(const FlexBackwardParams& p
 
       if constexpr (Variant::kNumScatters > 0)
         flex_bwdq::scatter_tile<Traits, Variant, kDeterministic, 0, kNS>(p, vp, acc_dp, score_v, acc_col, acc_row, b, h, hkv, q_r, k0, t4);
-      if constexpr (!Variant::kDScoreIsOne) {
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            if (acc_dp[nt][e] != 0.f)
-              acc_dp[nt][e] *= Variant::d_score(vp, b, h, hkv, q_r[e / 2], k0 + nt * 8 + 2 * t4 + e % 2, score_v[nt][e]);
-      }
+      Mods::ds_pre(vp, b, h, hkv, flex_bwd::QMajorFragment{q_r, k0, t4}, acc_dp, score_v);
 
       // dQ (unscaled) += dS_pre K: two n8 accumulator tiles of dS form one 16x16 A fragment, as P in the forward.
 #pragma unroll

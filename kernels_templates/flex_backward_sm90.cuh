@@ -190,6 +190,7 @@ template <class Traits, class Variant, bool kDeterministic, bool kDq = true, boo
 __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams& p, const typename Variant::Params& vp) {
   using Element = typename Traits::Element;
   using Mma = flex::Mma16816<Element>;  // fragment packing only
+  using Mods = flex_bwd::BackwardMods<Variant>;
   using S = flex_bwd_sm90::Smem<Traits, Variant, kDqBulk, kGradGemm>;
   static_assert(!kGradGemm || (Variant::kDScoreIsOne && flex::std_like::is_same<Element, __nv_bfloat16>::value && kDq &&
                                Variant::kStagedTileScatter >= 0),
@@ -439,35 +440,29 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
           bool keep = !kChecked || (q < seqlen_q && kv < seqlen_kv);
           float z = score;
           if (keep) {
-            typename Variant::Row rs{};
-            typename Variant::Col cs{};
-            typename Variant::Tile ts{};
-            if constexpr (Variant::kHasScoreMod) z = Variant::score_mod(vp, rs, cs, ts, b, h, hkv, q, kv, 0, score);
+            const typename Variant::Row rs{};
+            const typename Variant::Col cs{};
+            const typename Variant::Tile ts{};
+            z = Mods::score_mod(vp, rs, cs, ts, b, h, hkv, q, kv, 0, score);
             if constexpr (Variant::kHasMaskMod && kChecked) {
-              if (cls == 2 && !Variant::mask_mod(vp, rs, cs, ts, b, h, hkv, q, kv, 0)) keep = false;
+              if (cls == 2 && !Mods::mask_mod(vp, rs, cs, ts, b, h, hkv, q, kv, 0)) keep = false;
             }
           }
-          float ex;
+          float x;  // the exponent of P
           if constexpr (Staged::kAny) {
             // The staged terms join the logit: with no score_mod left, scale and log2(e) still fold into one
             // FFMA on the raw q.k, the terms into its addend.
             float col = 0.f;
             if constexpr (Staged::kCol) col = flex_bwd_staged::unpack<typename Variant::StagedColElement>(st_col[nt][e / 2], e % 2);
-            if constexpr (Variant::kHasScoreMod) ex = flex::ex2((z + (st_add[e % 2] + col)) * kLog2e - (e % 2 ? lse2.y : lse2.x));
-            else if constexpr (Staged::kCol) ex = flex::ex2(fmaf(acc_s[nt][e], scale_log2, fmaf(col, kLog2e, st_base[e % 2])));
-            else ex = flex::ex2(fmaf(acc_s[nt][e], scale_log2, st_base[e % 2]));
+            if constexpr (Variant::kHasScoreMod) x = (z + (st_add[e % 2] + col)) * kLog2e - (e % 2 ? lse2.y : lse2.x);
+            else if constexpr (Staged::kCol) x = fmaf(acc_s[nt][e], scale_log2, fmaf(col, kLog2e, st_base[e % 2]));
+            else x = fmaf(acc_s[nt][e], scale_log2, st_base[e % 2]);
           } else {
-            // Without a score_mod, scale and log2(e) fold into one FFMA on the raw q.k.
-            const float x2 = Variant::kHasScoreMod ? z * kLog2e : acc_s[nt][e] * scale_log2;
-            ex = flex::ex2(x2 - (e % 2 ? lse2.y : lse2.x));
+            x = Mods::logit2(z, acc_s[nt][e], scale_log2) - (e % 2 ? lse2.y : lse2.x);
           }
-          pv[e] = kChecked && !keep ? 0.f : ex;
-          // dS_pre = P d_score (dP - delta): d_score only where P != 0, so it sees in-range (q, kv) only.
-          float pd = pv[e];
-          if constexpr (kFoldDScore) {
-            if (pv[e] != 0.f) pd = pv[e] * Variant::d_score(vp, b, h, hkv, q, kv, score);
-          }
-          acc_s[nt][e] = pd;
+          pv[e] = Mods::template prob<kChecked>(keep, x);
+          // dS_pre = P d_score (dP - delta) when d_score is folded into P.
+          acc_s[nt][e] = kFoldDScore ? Mods::ds_pre(vp, b, h, hkv, q, kv, score, pv[e]) : pv[e];
         }
         pa[nt / 2][(nt % 2) * 2 + 0] = Mma::pack(pv[0], pv[1]);
         pa[nt / 2][(nt % 2) * 2 + 1] = Mma::pack(pv[2], pv[3]);
@@ -492,11 +487,9 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
         const float2 dl = *reinterpret_cast<const float2*>(delta_st + nt * 8 + 2 * t4);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const float pr = acc_s[nt][e];
-          const float dsv = pr * (acc_dp[nt][e] - (e % 2 ? dl.y : dl.x));
-          // Masked and out-of-range elements stay exactly 0 even where dO holds a non-finite value; interior
-          // full tiles have no such element, so only the tiles that test elements pay for the select.
-          acc_dp[nt][e] = decltype(checked)::value && pr == 0.f ? 0.f : dsv;
+          // Interior full tiles have no masked or out-of-range element, so only the tiles that test elements pay
+          // for the select.
+          acc_dp[nt][e] = Mods::template ds<decltype(checked)::value>(acc_s[nt][e], acc_dp[nt][e], e % 2 ? dl.y : dl.x);
         }
       }
     };
@@ -515,18 +508,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     } else if constexpr (kNumScatters > 0)
       flex_bwd::scatter_one<Traits, Variant, kDeterministic, 0>(p, vp, acc_dp, score_v, acc_uniform, acc_kvrow, sh_red, b, h, hkv, m0, n0,
                                                                 kv_r0, warp, lane, true);
-    if constexpr (!Variant::kDScoreIsOne && !kFoldDScore) {
-#pragma unroll
-      for (int nt = 0; nt < kMT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if (acc_dp[nt][e] != 0.f) {
-            const int q = m0 + nt * 8 + 2 * t4 + (e % 2);
-            const int kv = kv_r0 + (e / 2) * 8;
-            acc_dp[nt][e] *= Variant::d_score(vp, b, h, hkv, q, kv, score_v[nt][e]);
-          }
-        }
-    }
+    if constexpr (!kFoldDScore) Mods::ds_pre(vp, b, h, hkv, flex_bwd::KvMajorFragment{m0, kv_r0, t4}, acc_dp, score_v);
 
     // dK += dS^T Q (A = dS^T from registers, B = Q MN-major); dS^T into shared memory for dQ.
     unsigned da[kBlockM / 16][4];

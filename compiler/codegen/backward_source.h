@@ -1,5 +1,7 @@
 // Assembles the backward kernel module of a spec: the gradient variant spliced into
 // kernels_templates/flex_backward.cuh (and flex_backward_qmajor.cuh) with the extern "C" entry points the runtime launches.
+// flex_backward.cuh includes flex_backward_mods.cuh, where every backward kernel calls the variant's hooks; NVRTC
+// gets every embedded template, so the module source names only the kernels' headers.
 #pragma once
 #include <string>
 #include <vector>

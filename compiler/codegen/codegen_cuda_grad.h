@@ -1,5 +1,6 @@
 // CodeGenCUDA for the backward pass: the variant (score_mod, mask_mod) plus d_score and the scatter functions
 // of each GradScatter of docs/AUTODIFF.md, with each scatter's reduction class for the kernel that computes it.
+// Every backward kernel calls these hooks through flex_bwd::BackwardMods (kernels_templates/flex_backward_mods.cuh).
 #pragma once
 #include <string>
 #include <vector>

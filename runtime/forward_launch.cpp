@@ -19,6 +19,7 @@ void check_tensor(const Tensor& t, const char* name, size_t rank) {
     throw Error(fmt::format("{} has {} strides for {} dimensions", name, t.strides.size(), rank));
   for (size_t i = 0; i < rank; ++i)
     if (t.shape[i] < 1) throw Error(fmt::format("{} dimension {} is {}; every dimension must be at least 1", name, i, t.shape[i]));
+  check_addressable(t, name);
 }
 
 void check_gpu_layout(const Tensor& t, const char* name) {
@@ -32,6 +33,26 @@ void check_gpu_layout(const Tensor& t, const char* name) {
 }
 
 }  // namespace
+
+// Throws when `t`'s elements span more bytes than a pointer offset can hold: such shapes and
+// strides come from a caller's bug, and no launch may compute addresses from them. Other
+// mistakes (ranks, dims below 1, missing data) are the launch's to report.
+void check_addressable(const Tensor& t, const std::string& name) {
+  constexpr __int128 kLimit = __int128{1} << 62;
+  const size_t rank = t.shape.size();
+  if (!t.data || (!t.strides.empty() && t.strides.size() != rank)) return;
+  for (int64_t n : t.shape)
+    if (n < 1) return;
+  __int128 contiguous = 1, reach = 0;
+  for (size_t i = rank; i-- > 0;) {
+    const __int128 s = t.strides.empty() ? contiguous : t.strides[i];
+    reach += (s < 0 ? -s : s) * (t.shape[i] - 1);
+    if (reach > kLimit / 8)
+      throw Error(fmt::format("{} has shape [{}] and strides [{}]: its elements lie further apart than any memory; check them", name,
+                                       fmt::join(t.shape, ", "), t.strides.empty() ? "contiguous" : fmt::format("{}", fmt::join(t.strides, ", "))));
+    contiguous = std::min(contiguous * t.shape[i], kLimit);
+  }
+}
 
 LaunchShape validate_operands(const dsl::Spec& spec, const AttentionArgs& a, bool gpu) {
   check_tensor(a.q, "q", 4);
@@ -99,6 +120,7 @@ std::vector<Tensor> collect_buffers(const dsl::Spec& spec, const AttentionArgs& 
       throw Error(fmt::format("buffer `{}` is declared {} but the given tensor is {}", d.name, d.str(), dsl::dtype_name(out[i].dtype)));
     if (!out[i].strides.empty() && out[i].strides.size() != out[i].shape.size())
       throw Error(fmt::format("buffer `{}` has {} strides for {} dimensions", d.name, out[i].strides.size(), out[i].shape.size()));
+    check_addressable(out[i], fmt::format("buffer `{}`", d.name));
   }
   return out;
 }

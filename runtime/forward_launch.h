@@ -24,6 +24,11 @@ struct LaunchShape {
 // strides that are multiples of 8 elements (the kernel's vector accesses).
 LaunchShape validate_operands(const dsl::Spec& spec, const AttentionArgs& args, bool gpu);
 
+// Throws when `t`'s elements span more bytes than a pointer offset can hold (a stride like INT64_MIN): such shapes
+// and strides come from a caller's bug, and no launch may compute addresses from them. Other mistakes (ranks, dims
+// below 1, missing data) are left to the checks that name them.
+void check_addressable(const Tensor& t, const std::string& name);
+
 // The captured buffers of a launch in spec order: from args, else from `bound` (same order,
 // may hold null data). Throws naming a missing or mistyped buffer.
 std::vector<Tensor> collect_buffers(const dsl::Spec& spec, const AttentionArgs& args, const std::vector<Tensor>& bound);

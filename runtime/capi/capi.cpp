@@ -13,6 +13,7 @@
 #include "dsl/compile_error.h"
 #include "dsl/spec.h"
 #include "runtime/device.h"
+#include "runtime/forward_launch.h"
 #include "runtime/flexjit.hpp"
 
 struct flexjit_runtime {
@@ -127,28 +128,8 @@ flexjit::BackwardArgs backward_args(const flexjit_args& a) {
   return b;
 }
 
-// Throws when `t`'s elements span more bytes than a pointer offset can hold: such shapes and
-// strides come from a caller's bug, and no launch may compute addresses from them. Other
-// mistakes (ranks, dims below 1, missing data) are the launch's to report.
-void check_addressable(const flexjit::Tensor& t, const std::string& name) {
-  constexpr __int128 kLimit = __int128{1} << 62;
-  const size_t rank = t.shape.size();
-  if (!t.data || (!t.strides.empty() && t.strides.size() != rank)) return;
-  for (int64_t n : t.shape)
-    if (n < 1) return;
-  __int128 contiguous = 1, reach = 0;
-  for (size_t i = rank; i-- > 0;) {
-    const __int128 s = t.strides.empty() ? contiguous : t.strides[i];
-    reach += (s < 0 ? -s : s) * (t.shape[i] - 1);
-    if (reach > kLimit / 8)
-      throw flexjit::Error(fmt::format("{} has shape [{}] and strides [{}]: its elements lie further apart than any memory; check them", name,
-                                       fmt::join(t.shape, ", "), t.strides.empty() ? "contiguous" : fmt::format("{}", fmt::join(t.strides, ", "))));
-    contiguous = std::min(contiguous * t.shape[i], kLimit);
-  }
-}
-
 void check_addressable(const std::vector<std::pair<std::string, flexjit::Tensor>>& named) {
-  for (const auto& [name, t] : named) check_addressable(t, "buffer `" + name + "`");
+  for (const auto& [name, t] : named) flexjit::runtime::check_addressable(t, "buffer `" + name + "`");
 }
 
 flexjit::Tensor i32_vector(const int32_t* data, int64_t n) {
@@ -258,7 +239,7 @@ flexjit_status flexjit_forward(flexjit_kernel* k, const flexjit_args* a) {
   if (!k || !a) return invalid("flexjit_forward: NULL kernel or args");
   return guarded([&] {
     flexjit::AttentionArgs f = forward_args(*a);
-    for (auto [t, name] : {std::pair{&f.q, "q"}, {&f.k, "k"}, {&f.v, "v"}, {&f.o, "o"}, {&f.lse, "lse"}}) check_addressable(*t, name);
+    for (auto [t, name] : {std::pair{&f.q, "q"}, {&f.k, "k"}, {&f.v, "v"}, {&f.o, "o"}, {&f.lse, "lse"}}) flexjit::runtime::check_addressable(*t, name);
     check_addressable(f.buffers);
     k->kernel->forward(f);
   });
@@ -297,7 +278,7 @@ flexjit_status flexjit_backward(flexjit_kernel* k, const flexjit_args* a) {
     flexjit::BackwardArgs g = backward_args(*a);
     for (auto [t, name] : {std::pair{&g.q, "q"}, {&g.k, "k"}, {&g.v, "v"}, {&g.o, "o"}, {&g.d_o, "dO"}, {&g.lse, "lse"}, {&g.dq, "dq"},
                            {&g.dk, "dk"}, {&g.dv, "dv"}})
-      check_addressable(*t, name);
+      flexjit::runtime::check_addressable(*t, name);
     check_addressable(g.buffers);
     check_addressable(g.grads);
     k->kernel->backward(g);
@@ -333,7 +314,7 @@ flexjit_status flexjit_forward_varlen(flexjit_kernel* k, const flexjit_args* a) 
     v.cu_seqlens_q = a->cu_seqlens_q, v.cu_seqlens_kv = a->cu_seqlens_kv;
     v.max_seqlen_q = a->max_seqlen_q, v.max_seqlen_kv = a->max_seqlen_kv;
     v.scale = f.scale, v.buffers = f.buffers, v.params = f.params, v.stream = f.stream, v.device = f.device;
-    for (auto [t, name] : {std::pair{&v.q, "q"}, {&v.k, "k"}, {&v.v, "v"}, {&v.o, "o"}, {&v.lse, "lse"}}) check_addressable(*t, name);
+    for (auto [t, name] : {std::pair{&v.q, "q"}, {&v.k, "k"}, {&v.v, "v"}, {&v.o, "o"}, {&v.lse, "lse"}}) flexjit::runtime::check_addressable(*t, name);
     check_addressable(v.buffers);
     k->kernel->forward_varlen(v);
   });
@@ -386,7 +367,7 @@ flexjit_status flexjit_decode(flexjit_kernel* k, const flexjit_decode_plan* plan
     d.page_table = a->page_table, d.kv_lens = a->kv_lens, d.q_lens = a->q_lens;
     d.scale = f.scale, d.buffers = f.buffers, d.params = f.params, d.stream = f.stream;
     for (auto [t, name] : {std::pair{&d.q, "q"}, {&d.k, "k cache"}, {&d.v, "v cache"}, {&d.o, "o"}, {&d.lse, "lse"}, {&d.page_table, "page_table"}})
-      check_addressable(*t, name);
+      flexjit::runtime::check_addressable(*t, name);
     check_addressable(d.buffers);
     k->kernel->decode(*plan->plan, d);
   });

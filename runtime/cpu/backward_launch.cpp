@@ -59,6 +59,7 @@ void check_operand(const Tensor& t, const char* name, const std::vector<int64_t>
   if (!t.strides.empty() && t.strides.size() != t.shape.size())
     throw Error(fmt::format("backward (CPU): `{}` has {} strides for {} dimensions; give one per dimension or none (contiguous)", name,
                             t.strides.size(), t.shape.size()));
+  runtime::check_addressable(t, fmt::format("backward (CPU): `{}`", name));
 }
 
 // The gradient outputs in args.grads order, and for each scatter its output (-1: not wanted).

@@ -10,6 +10,7 @@
 #include "dsl/error.h"
 #include "dsl/spec.h"
 #include "runtime/capi/flexjit.h"
+#include "runtime/forward_launch.h"
 
 using namespace flexjit;
 
@@ -72,6 +73,31 @@ TEST_CASE("the C API refuses strides whose extent no memory can have", "[fuzz][r
   flexjit_runtime_destroy(rt);
 }
 #endif
+
+// The C API's check moved into the launch validation every API shares (docs/FUZZING.md listed the C++ API as open).
+TEST_CASE("launches through the C++ API refuse strides whose extent no memory can have", "[fuzz][regression]") {
+  dsl::Spec spec;
+  spec.dtype = dsl::DType::F32;
+  spec.head_dim = 8;
+  dsl::Diagnostics diags;
+  REQUIRE(dsl::add_buffer(spec, "bias: f32[Skv]", "test", diags));
+  std::vector<float> q(2 * 5 * 8), kv(2 * 7 * 8), o(q.size()), bias(7);
+  AttentionArgs a;
+  a.q = Tensor{q.data(), dsl::DType::F32, {1, 2, 5, 8}, {}};
+  a.k = Tensor{kv.data(), dsl::DType::F32, {1, 2, 7, 8}, {}};
+  a.v = a.k;
+  a.o = Tensor{o.data(), dsl::DType::F32, {1, 2, 5, 8}, {}};
+  a.buffers = {{"bias", Tensor{bias.data(), dsl::DType::F32, {7}, {}}}};
+  CHECK_NOTHROW(runtime::validate_operands(spec, a, /*gpu=*/false));
+  CHECK_NOTHROW(runtime::collect_buffers(spec, a, {}));
+  const int64_t wild = std::numeric_limits<int64_t>::min();
+  AttentionArgs bad_v = a;
+  bad_v.v.strides = {100, wild, 8, 1};
+  CHECK_THROWS_WITH(runtime::validate_operands(spec, bad_v, false), Catch::Contains("v has shape") && Catch::Contains("further apart than any memory"));
+  AttentionArgs bad_buffer = a;
+  bad_buffer.buffers = {{"bias", Tensor{bias.data(), dsl::DType::F32, {7}, {wild}}}};
+  CHECK_THROWS_WITH(runtime::collect_buffers(spec, bad_buffer, {}), Catch::Contains("buffer `bias`") && Catch::Contains("further apart"));
+}
 
 TEST_CASE("a ragged launch with zero KV heads is refused, not divided by", "[fuzz][regression]") {
   flexjit_runtime* rt = nullptr;

@@ -221,7 +221,8 @@ class Workspace {
   size_t backward_bytes_ = 0;
 };
 
-// A checked spec, compiled per architecture on first use and loaded per device.
+// A checked spec, compiled per architecture on first use and loaded per device. Its modules are unloaded when the
+// last reference goes: keep the Kernel alive while its launches run and while a CUDA graph that captured them exists.
 class Kernel {
  public:
   virtual ~Kernel() = default;

@@ -10,8 +10,8 @@ namespace flexjit::runtime {
 // Every Kernel object loads the modules it launches, and a server re-creates kernels (new specs,
 // cache clears) for as long as it runs: without the unload each one kept its code and the
 // driver's host copy for the life of the process (the soak measured about 220 KiB of device and
-// 800 KiB of host memory per re-created kernel). The driver keeps the code alive for work
-// already queued; a CUDA graph that captured a launch must not outlive the Kernel that made it.
+// 800 KiB of host memory per re-created kernel). So a Kernel must outlive the work it queued and
+// the CUDA graphs that captured its launches (runtime/flexjit.hpp says so to its users).
 class LoadedLibrary {
  public:
   LoadedLibrary() = default;

@@ -59,6 +59,7 @@ void check_rank(const Tensor& t, const char* name, size_t rank) {
 }
 
 void check_vector_layout(const Tensor& t, const char* name) {
+  runtime::check_addressable(t, fmt::format("decode: {}", name));
   std::vector<int64_t> s = t.effective_strides();
   if (s.back() != 1) throw Error(fmt::format("decode: {} must be contiguous in its last dimension", name));
   for (size_t i = 0; i + 1 < s.size(); ++i)

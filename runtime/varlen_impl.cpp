@@ -27,6 +27,7 @@ void check_packed(const Tensor& t, const char* name, int64_t heads, int64_t dim,
   if (t.shape[1] != heads || t.shape[2] != dim)
     throw Error(fmt::format("forward_varlen: {} has shape [{}] but must be [total, {}, {}]", name, fmt::join(t.shape, ", "), heads, dim));
   if (t.dtype != dtype) throw Error(fmt::format("forward_varlen: {} must be {} (the spec's dtype)", name, dsl::dtype_name(dtype)));
+  runtime::check_addressable(t, fmt::format("forward_varlen: {}", name));
   std::vector<int64_t> s = t.effective_strides();
   if (s[2] != 1) throw Error(fmt::format("forward_varlen: {} must be contiguous in its last dimension", name));
   if (s[0] % 8 != 0 || s[1] % 8 != 0)

@@ -28,6 +28,7 @@ void check_tensor(const std::string& what, const Tensor& t, const char* name, si
   require(t.shape.size() == rank, what, fmt::format("`{}` has {} dimensions but must have {}", name, t.shape.size(), rank));
   require(t.strides.empty() || t.strides.size() == t.shape.size(), what,
           fmt::format("`{}` has {} strides for {} dimensions; give one per dimension or none (contiguous)", name, t.strides.size(), t.shape.size()));
+  runtime::check_addressable(t, fmt::format("{}: `{}`", what, name));
   require(t.dtype == dtype, what, fmt::format("`{}` is {} but must be {}", name, dsl::dtype_name(t.dtype), dsl::dtype_name(dtype)));
   for (int64_t e : t.shape) require(e >= 0, what, fmt::format("`{}` has a negative extent", name));
 }

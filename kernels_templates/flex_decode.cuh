@@ -619,7 +619,7 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
         const float m_new = jump ? mx : row_max[r];
         const float scaled = m_new * mult;  // as flex_forward.cuh: no max yet, or one past the fp32 range once scaled
         max_scaled[r] = scaled == K::neg_inf() ? 0.f : scaled;
-        alpha[r] = flex::ex2(row_max[r] * mult - max_scaled[r]);
+        alpha[r] = jump ? flex::ex2(row_max[r] * mult - max_scaled[r]) : 1.f;  // exactly 1 unless it jumped (flex::Softmax)
         row_max[r] = m_new;
         row_sum[r] *= alpha[r];
         rescale |= jump;

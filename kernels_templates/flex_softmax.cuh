@@ -41,6 +41,7 @@ struct Softmax {
   float row_sum[kRows];     // this thread's part of the row sums (the quad's lanes are summed in finalize)
   float max_scaled[kRows];  // row_max * mult, what the exponentials subtract
   float mult;
+  float lse_shift[kRows];   // added to a finite LSE: the row's split score terms (Variant::kRowTerms), else 0
 
   __device__ __forceinline__ explicit Softmax(float mult_) : mult(mult_) {
 #pragma unroll
@@ -48,6 +49,7 @@ struct Softmax {
       row_max[r] = kFixedMax ? Variant::kScoreCoreMax : neg_inf();
       row_sum[r] = 0.f;
       max_scaled[r] = kFixedMax ? Variant::kScoreCoreMax * mult : 0.f;
+      lse_shift[r] = 0.f;
     }
   }
 
@@ -81,7 +83,10 @@ struct Softmax {
         // alpha = ex2(-inf - max_scaled) at 0 instead of NaN. A row whose every score is that low ends as fully masked.
         const float scaled = m_new * mult;
         max_scaled[r] = scaled == neg_inf() ? 0.f : scaled;
-        alpha[r] = ex2(row_max[r] * mult - max_scaled[r]);
+        // A row that did not jump keeps alpha = 1 exactly: computed, row_max * mult - max_scaled contracts to an FFMA
+        // whose residual (up to half an ulp of max_scaled, 0.004 near 6e4) would scale the row's sum every tile while
+        // O stays unscaled: over 32k columns of scores near 4e4 (ALiBi with a negative slope) the LSE drifted by 0.3.
+        alpha[r] = jump ? ex2(row_max[r] * mult - max_scaled[r]) : 1.f;
         row_max[r] = m_new;
         row_sum[r] *= alpha[r];
         jumped |= jump;
@@ -131,7 +136,7 @@ struct Softmax {
     pa[3] = Mma::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
   }
 
-  // O = O / l;  LSE = max * score_unit + ln(l). A fully masked row has l = 0: O = 0 and LSE = -inf.
+  // O = O / l;  LSE = max * score_unit + ln(l) + lse_shift. A fully masked row has l = 0: O = 0 and LSE = -inf.
   template <int kDTiles>
   __device__ __forceinline__ void finalize(float (&o)[kMTiles][kDTiles][4], float score_unit, float (&lse)[kRows]) const {
 #pragma unroll
@@ -142,7 +147,7 @@ struct Softmax {
         const float l = quad_sum(row_sum[r]);
         const bool empty = !(l > 0.f);
         const float inv = empty ? 0.f : 1.f / l;
-        lse[r] = empty ? neg_inf() : row_max[r] * score_unit + logf(l);
+        lse[r] = empty ? neg_inf() : row_max[r] * score_unit + logf(l) + lse_shift[r];
 #pragma unroll
         for (int dt = 0; dt < kDTiles; ++dt) {
           o[mt][dt][2 * half] *= inv;

@@ -167,6 +167,7 @@ __device__ __forceinline__ void flex_forward(const FlexForwardParams& p, const t
   mods.hoist_rows(vp, b, h, hkv, m0 + warp * Traits::kRowsPerWarp, lane, seqlen_q, seqlen_kv);
   const flex::ScoreFactors f = flex::ScoreFactors::of<Variant>(vp, p.scale);
   Softmax softmax(f.mult);
+  if constexpr (Variant::kRowTerms) mods.row_terms(vp, b, h, hkv, softmax.lse_shift);
 
   // Per-lane ldmatrix byte offsets (see flex_mma.cuh for the fragment layouts).
   //   Q (A, 16x16): matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15) -> a0..a3.

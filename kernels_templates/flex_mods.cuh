@@ -41,9 +41,11 @@ struct FragmentMods {
   Col col[kRows][kPartCols];
   Tile tile[kRows][kParts];
   int q[kRows];
+  int anchor;  // the row the split score terms are taken relative to (Variant::kRowTerms): the warp's first
 
   // Row and Col state of the thread's rows; row0 is the position of the warp's first row in the sequence.
   __device__ __forceinline__ void hoist_rows(const VParams& vp, int b, int h, int hkv, int row0, int lane, int seqlen_q, int seqlen_kv) {
+    anchor = row0;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       q[r] = min(row0 + Layout::row(lane, r), seqlen_q - 1);
@@ -68,10 +70,16 @@ struct FragmentMods {
     }
   }
 
+  // The row terms of the thread's rows (Variant::kRowTerms), which the LSE takes instead of the scores.
+  __device__ __forceinline__ void row_terms(const VParams& vp, int b, int h, int hkv, float (&t)[kRows]) const {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) t[r] = Variant::score_row_term(vp, b, h, hkv, q[r], anchor);
+  }
+
   // S = mask(score_mod(score_scale * S)) in place for the KV tile at k0 (score_scale: the softmax scale, times the
-  // variant's in scale for a split score_mod, whose core is then applied). kPartial: run mask_mod. kCheckKv: the
-  // tile crosses Skv, so columns past it become -inf without calling the variant. kv_cols: the tile's staged
-  // per-column values (kStagedKvCols), one per column.
+  // variant's in scale for a split score_mod, whose core is then applied), plus the column terms (kColTerms).
+  // kPartial: run mask_mod. kCheckKv: the tile crosses Skv, so columns past it become -inf without calling the
+  // variant. kv_cols: the tile's staged per-column values (kStagedKvCols), one per column.
   template <bool kPartial, bool kCheckKv>
   __device__ __forceinline__ void apply(float (&s)[kMTiles][kNTiles][4], const VParams& vp, int b, int h, int hkv, int k0, int lane,
                                         int seqlen_kv, float score_scale, const KvCol* kv_cols = nullptr) const {
@@ -79,6 +87,16 @@ struct FragmentMods {
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt) {
+        // The column terms of the thread's two columns of this n8 block, shared by its rows.
+        float col_term[2] = {0.f, 0.f};
+        if constexpr (Variant::kColTerms) {
+#pragma unroll
+          for (int cc = 0; cc < 2; ++cc) {
+            const int c = nt * 2 + cc;
+            const int kv = k0 + (c / kPartCols) * kTileCols + Layout::col(lane, c % kPartCols);
+            if (!kCheckKv || kv < seqlen_kv) col_term[cc] = Variant::score_col_term(vp, b, h, hkv, anchor, kv - anchor);
+          }
+        }
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = mt * 2 + e / 2;
@@ -95,6 +113,7 @@ struct FragmentMods {
                 x = Variant::score_mod_core(vp, row[r], col[r][pc], tile[r][part], b, h, hkv, q[r], kp, j, x * score_scale);
               else
                 x = Variant::score_mod(vp, row[r], col[r][pc], tile[r][part], b, h, hkv, q[r], kp, j, x * score_scale);
+              if constexpr (Variant::kColTerms) x += col_term[e % 2];
             }
             if constexpr (kPartial) {
               // FUSION POINT: mask_mod

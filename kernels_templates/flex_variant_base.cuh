@@ -27,6 +27,12 @@ namespace flex {
 //     scale: the forward kernels fold both scales into multiplies of their own.
 //   kFixedMax (with kSplitScore): score_mod_core's values never exceed kScoreCoreMax, and exp2 of the whole range
 //     below it stays a normal number in P's type: the softmax subtracts that bound instead of a running row maximum.
+//   kRowTerms (forward variants only): score_mod's additive terms that depend on the query row alone were split off
+//     (compiler/codegen/row_terms.h): the true score is score_mod + score_row_term(q, a) + score_col_term(a, kv - a)
+//     for any anchor row a. The softmax of a row does not change when the same value is added to each score, so the
+//     forward kernels add score_row_term to the row's LSE only; kColTerms: score_col_term is not zero, and is added
+//     to every score of its column (once per column for a thread's rows). kHasScoreMod then says whether anything
+//     runs per element at all.
 //   kStagedKvCols: mask_mod's work that depends on the KV column alone (a buffer read at kv, such as a document
 //     mask's doc[kv]) as KvCol values, computed once per column (kv_col) and read by mask_mod_staged.
 template <class Derived>
@@ -44,6 +50,8 @@ struct VariantBase {
   static constexpr bool kFixedMax = false;
   static constexpr float kScoreCoreMax = 0.f;
   static constexpr bool kStagedKvCols = false;
+  static constexpr bool kRowTerms = false;
+  static constexpr bool kColTerms = false;
 
   template <class P, class R>
   __device__ static __forceinline__ void row(const P&, R&, int, int, int, int) {}
@@ -71,6 +79,14 @@ struct VariantBase {
   template <class P>
   __device__ static __forceinline__ float score_out_scale(const P&) {
     return 1.f;
+  }
+  template <class P>
+  __device__ static __forceinline__ float score_row_term(const P&, int, int, int, int, int) {
+    return 0.f;
+  }
+  template <class P>
+  __device__ static __forceinline__ float score_col_term(const P&, int, int, int, int, int) {
+    return 0.f;
   }
   template <class P, class K>
   __device__ static __forceinline__ void kv_col(const P&, K&, int, int, int, int, int) {}

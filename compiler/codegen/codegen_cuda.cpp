@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "compiler/codegen/codegen_cuda_interval.h"
+#include "compiler/codegen/row_terms.h"
 #include "compiler/codegen/score_scales.h"
 #include "compiler/ir/ir_mutator.h"
 #include "compiler/ir/ir_printer.h"
@@ -514,7 +515,14 @@ GeneratedVariant generate_cuda_variant(const SpecIR& ir, const RangeInfo& ranges
   so.tile_size = options.tile_size;
   so.hoist = options.hoist;
   so.may_flag = [&](const ir::Expr& original) { return may_flag(ir, ranges, options, original); };
-  StagedMods staged = stage_mods(ir.score_mod, ir.mask_mod, so);
+  // The forward kernels take score_mod's row terms out of the per-element work (compiler/codegen/row_terms.h): the
+  // staged score_mod is then the rest, and the identity when nothing else is left.
+  const RowTerms terms = options.split_row_terms ? split_row_terms(ir.score_mod) : RowTerms{};
+  const Expr score_root = !terms.split ? ir.score_mod : is_var(terms.rest, VarId::Score) ? Expr() : terms.rest;
+  StagedMods staged = stage_mods(score_root, ir.mask_mod, so);
+  staged.origin.insert(terms.origin.begin(), terms.origin.end());
+  out.has_score_mod = static_cast<bool>(score_root) || static_cast<bool>(terms.col);
+  out.row_terms = terms.split;
   out.layout = make_params_layout(ir);
   out.row_values = staged.count(Stage::Row);
   out.col_values = staged.count(Stage::Col);
@@ -532,7 +540,7 @@ GeneratedVariant generate_cuda_variant(const SpecIR& ir, const RangeInfo& ranges
   // The base (kernels_templates/flex_variant_base.cuh) holds every hook's default; only what the spec changes follows.
   code += fmt::format("#include \"flex_variant_base.cuh\"\nstruct {0} : flex::VariantBase<{0}> {{\n", struct_name);
   code += params_struct(out.layout);
-  if (ir.score_mod) code += "  static constexpr bool kHasScoreMod = true;\n";
+  if (out.has_score_mod) code += "  static constexpr bool kHasScoreMod = true;\n";
   if (ir.mask_mod) code += "  static constexpr bool kHasMaskMod = true;\n";
   if (mask_is_data_dependent(ir)) code += "  static constexpr bool kDataDependentMask = true;\n";
   out.tile_aligned = needs_aligned_tiles(staged);
@@ -560,13 +568,29 @@ GeneratedVariant generate_cuda_variant(const SpecIR& ir, const RangeInfo& ranges
   stage_fn(Stage::Col, "col(const Params& p, const Row& row, Col& col, int b, int h, int hkv, int q, int j)");
   stage_fn(Stage::Tile, "tile(const Params& p, const Row& row, Tile& tile, int b, int h, int hkv, int q, int k0)");
   const std::string element_args = "const Params& p, const Row& row, const Col& col, const Tile& tile, int b, int h, int hkv, int q, int k0, int j";
+  if (terms.split) {
+    code += "  // score_mod(score) = score_mod below + score_col_term(kv) + score_row_term(q): the forward kernels add the row\n"
+            "  // terms to the LSE instead of every score of the row (the softmax does not change), the column terms once per\n"
+            "  // column. a: the anchor row (within the thread's rows), kv = k0 + j with k0 = a.\n"
+            "  static constexpr bool kRowTerms = true;\n";
+    em.begin(Stage::Row);  // no hoisted state in scope: the term hooks see neither a row nor a column of the tile
+    em.line(fmt::format("return {};", em.emit(terms.row)));
+    code += fmt::format("{} float score_row_term(const Params& p, int b, int h, int hkv, int q, int k0) {{\n{}  }}\n", attrs, em.body(4));
+    if (terms.col) {
+      code += "  static constexpr bool kColTerms = true;\n";
+      em.begin(Stage::Row);
+      em.line(fmt::format("return {};", em.emit(terms.col)));
+      code += fmt::format("{} float score_col_term(const Params& p, int b, int h, int hkv, int k0, int j) {{\n{}  }}\n", attrs, em.body(4));
+    }
+  }
   if (staged.score_mod) {
     em.begin(Stage::Element);
     em.line(fmt::format("return {};", em.emit(staged.score_mod)));
     code += fmt::format("{} float score_mod({}, float score) {{\n{}  }}\n", attrs, element_args, em.body(4));
     const ScoreScales scales = split_score_scales(staged.score_mod);
     const bool runtime = scales.in.runtime() || scales.out.runtime();
-    if (scales.split && !(runtime && options.runtime_split == RuntimeSplit::Unsplit)) {
+    // Column terms are added in score units after score_mod, which a split would leave in its core's units.
+    if (scales.split && !terms.col && !(runtime && options.runtime_split == RuntimeSplit::Unsplit)) {
       em.begin(Stage::Element);
       em.line(fmt::format("return {};", em.emit(scales.core)));
       code += "  // score_mod(score) = score_out_scale * score_mod_core(score_in_scale * score), score_out_scale > 0: the forward\n"

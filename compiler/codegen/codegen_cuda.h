@@ -24,6 +24,9 @@ struct VariantOptions {
   // Also emit KvCol / kv_col / mask_mod_staged (kernels_templates/flex_variant_base.cuh): mask_mod's loads at the KV
   // column alone, computed once per column of a partial tile by the kernels that stage them.
   bool stage_kv_cols = false;
+  // Split score_mod's row and column terms off (compiler/codegen/row_terms.h; kRowTerms in the variant): for the
+  // forward kernels, which add the row terms to the LSE. Decode and the backward evaluate score_mod whole.
+  bool split_row_terms = false;
   // A score_mod split with runtime factors (compiler/codegen/score_scales.h): what the launch's parameter values allow.
   RuntimeSplit runtime_split = RuntimeSplit::RunningMax;
 };
@@ -47,6 +50,8 @@ struct GeneratedVariant {
   int row_values = 0, col_values = 0, tile_values = 0;
   int kv_col_values = 0;  // fields of KvCol (VariantOptions::stage_kv_cols); 0: no staged forms emitted
   bool tile_aligned = false;  // kTileAligned: the hooks need KV tiles at multiples of the staging tile
+  bool has_score_mod = false;  // kHasScoreMod: score_mod (or its column terms) runs per element
+  bool row_terms = false;      // kRowTerms: score_mod's row terms were split off (VariantOptions::split_row_terms)
 };
 
 // `ranges` must come from analyze_ranges over the same (optimized) score_mod and mask_mod.

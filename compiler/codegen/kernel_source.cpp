@@ -46,9 +46,10 @@ KernelSource forward_module(const SpecIR& ir, const RangeInfo& ranges, const For
   KernelSource ks;
   VariantOptions vo = options.variant;
   vo.tile_size = 64;  // the hooks see 64-column parts of the kernel's KV tiles (flex_variant_base.cuh)
+  vo.split_row_terms = true;
   ks.variant = generate_cuda_variant(ir, ranges, vo, "FlexVariant");
   ks.config = forward_config(options.head_dim, options.arch, options.tma_describable,
-                             FlexVariantFeatures{static_cast<bool>(ir.score_mod), static_cast<bool>(ir.mask_mod), ks.variant.tile_aligned,
+                             FlexVariantFeatures{ks.variant.has_score_mod, static_cast<bool>(ir.mask_mod), ks.variant.tile_aligned,
                                                  mask_is_data_dependent(ir)});
   const char* element = cuda_element_type(options.dtype);
   ks.name = fmt::format("{}_fwd{}_{}_{}", ir.spec().name, varlen ? "_varlen" : "", dsl::dtype_name(options.dtype), ks.config.str());

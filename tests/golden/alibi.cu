@@ -22,19 +22,26 @@ struct FlexVariant : flex::VariantBase<FlexVariant> {
     long long sym_D;
   };
   static constexpr bool kHasScoreMod = true;
-  struct Row { float v0; };  // values constant along a query row
-  __device__ static __forceinline__ void row(const Params& p, Row& row, int b, int h, int hkv, int q) {
+  // score_mod(score) = score_mod below + score_col_term(kv) + score_row_term(q): the forward kernels add the row
+  // terms to the LSE instead of every score of the row (the softmax does not change), the column terms once per
+  // column. a: the anchor row (within the thread's rows), kv = k0 + j with k0 = a.
+  static constexpr bool kRowTerms = true;
+  __device__ static __forceinline__ float score_row_term(const Params& p, int b, int h, int hkv, int q, int k0) {
     // load slope[h]; stage row; unchecked: indices proven in range
     const float t0 = fj::load_f32(p.buf_slope, (long long)h * p.buf_slope_s0);
-    row.v0 = t0;
-  }
-  __device__ static __forceinline__ float score_mod(const Params& p, const Row& row, const Col& col, const Tile& tile, int b, int h, int hkv, int q, int k0, int j, float score) {
-    const int t1 = (k0 + j);
-    const int t2 = (t1 - q);
+    const int t1 = fj::neg((int)q);
+    const int t2 = (t1 + k0);
     const float t3 = (float)t2;
-    const float t4 = (row.v0 * t3);
-    const float t5 = (score + t4);
-    return t5;
+    const float t4 = (t0 * t3);
+    return t4;
+  }
+  static constexpr bool kColTerms = true;
+  __device__ static __forceinline__ float score_col_term(const Params& p, int b, int h, int hkv, int k0, int j) {
+    // load slope[h]; stage row; unchecked: indices proven in range
+    const float t5 = fj::load_f32(p.buf_slope, (long long)h * p.buf_slope_s0);
+    const float t6 = (float)j;
+    const float t7 = (t5 * t6);
+    return t7;
   }
 };
 

@@ -25,18 +25,16 @@ struct FlexVariant : flex::VariantBase<FlexVariant> {
     long long sym_D;
     long long sym_N;
   };
-  static constexpr bool kHasScoreMod = true;
-  struct Row { float v0; };  // values constant along a query row
-  __device__ static __forceinline__ void row(const Params& p, Row& row, int b, int h, int hkv, int q) {
+  // score_mod(score) = score_mod below + score_col_term(kv) + score_row_term(q): the forward kernels add the row
+  // terms to the LSE instead of every score of the row (the softmax does not change), the column terms once per
+  // column. a: the anchor row (within the thread's rows), kv = k0 + j with k0 = a.
+  static constexpr bool kRowTerms = true;
+  __device__ static __forceinline__ float score_row_term(const Params& p, int b, int h, int hkv, int q, int k0) {
     // load offset[q]; stage row; unchecked: indices proven in range
     const int t0 = (int)fj::load_i32(p.buf_offset, (long long)q * p.buf_offset_s0);
     // load bias[offset[q]]; stage row; checked: indices not provably in range
     const float t1 = fj::load_f32(p.buf_bias, fj::checked_index((long long)t0, p.buf_bias_n0, p.error_flags, 2u) * p.buf_bias_s0);
-    row.v0 = t1;
-  }
-  __device__ static __forceinline__ float score_mod(const Params& p, const Row& row, const Col& col, const Tile& tile, int b, int h, int hkv, int q, int k0, int j, float score) {
-    const float t2 = (score + row.v0);
-    return t2;
+    return t1;
   }
 };
 

@@ -294,6 +294,29 @@ TEST_CASE("soft-capping with a runtime cap matches the constant form", "[gpu]") 
   }
 }
 
+TEST_CASE("split score terms: ALiBi and per-row biases on both main loops, and ALiBi over 32k tokens", "[gpu]") {
+  FLEXJIT_REQUIRE_GPU();
+  // The forward kernels add row terms to the LSE and take column terms relative to an anchor row
+  // (compiler/codegen/row_terms.h): O and the LSE must match the whole score_mod's. Head dim 32 runs the mma.sync loop.
+  for (int d : {32, 64, 128}) {
+    INFO("head dim " << d);
+    CaseOptions c;
+    c.Sq = 300;
+    c.Skv = 517;
+    expect_close(run_case(inline_spec("alibi_split", std::string("score + slope[h] * (kv - q)"), "q + 217 >= kv", d, {"slope: f32[H]"}), c));
+    expect_close(run_case(inline_spec("row_bias", std::string("score - 2 * bias[offset[q]] + bias[h]"), std::nullopt, d,
+                                      {"bias: f32[N]", "offset: i32[Sq]"}),
+                          c));
+  }
+  CaseOptions c;
+  c.B = 1;
+  c.H = 2;
+  c.Hkv = 1;
+  c.Sq = c.Skv = 32768;
+  c.sample_rows = 128;
+  expect_close(run_case(inline_spec("alibi_32k", std::string("score + slope[h] * (kv - q)"), "q >= kv", 128, {"slope: f32[H]"}), c), 1e-2);
+}
+
 TEST_CASE("a bounded score_mod's fixed softmax maximum: rows far below the bound, fully masked rows, bf16 and fp16", "[gpu]") {
   FLEXJIT_REQUIRE_GPU();
   // tanh(score - 3) puts every score near -30 while the kernels subtract the bound +30 (bf16): P near 2^-86 must

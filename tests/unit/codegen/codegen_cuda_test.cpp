@@ -120,12 +120,16 @@ TEST_CASE("a split score_mod whose core is bounded declares the bound (the kerne
   CHECK(source_for("40 * tanh(score / 40)", "", {}).find("kFixedMax") == std::string::npos);
   CHECK(source_for("4 * sigmoid(score * 0.25)", "", {}).find("kScoreCoreMax = 1.0f;") != std::string::npos);
   // Split but unbounded: exp grows without limit, and a buffer value has no known range.
-  for (const char* score : {"2 * exp(score * 0.5)", "3 * (tanh(score / 3) + bias[h])"}) {
+  for (const char* score : {"2 * exp(score * 0.5)", "3 * (tanh(score / 3) + bias[q, kv])"}) {
     INFO(score);
-    const std::string src = source_for(score, "", {"bias: f32[H]"});
+    const std::string src = source_for(score, "", {"bias: f32[Sq, Skv]"});
     CHECK(src.find("score_mod_core") != std::string::npos);
     CHECK(src.find("kScoreCoreMax") == std::string::npos);
   }
+  // A term constant along the row leaves for the LSE (kRowTerms), and what remains is bounded again.
+  const std::string biased = source_for("3 * (tanh(score / 3) + bias[h])", "", {"bias: f32[H]"});
+  CHECK(biased.find("kRowTerms = true;") != std::string::npos);
+  CHECK(biased.find("kScoreCoreMax = 1.0f;") != std::string::npos);
 }
 
 TEST_CASE("score_mods not of the form out * core(in * score) are not split", "[codegen]") {

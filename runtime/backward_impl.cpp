@@ -10,6 +10,7 @@
 
 #include "compiler/codegen/backward_source.h"
 #include "compiler/passes/autodiff.h"
+#include "compiler/passes/row_constant_scatters.h"
 #include "dsl/error.h"
 #include "kernels_templates/flex_backward_params.cuh"
 #include "runtime/cpu_executor.h"
@@ -104,6 +105,7 @@ KernelImpl::BackwardState& KernelImpl::backward_state() {
   if (!backward_state_) {
     auto st = std::make_shared<BackwardState>();
     st->grad = differentiate_score_mod(ir_);
+    drop_row_constant_scatters(st->grad);  // their gradient is exactly zero (compiler/passes/row_constant_scatters.h)
     st->ranges = analyze_ranges(backward_roots(st->grad), ir_.checked, VarDomains::forward(ir_.checked));
     backward_state_ = st;
   }

@@ -9,6 +9,7 @@
 #include "compiler/ir/ir_printer.h"
 #include "compiler/passes/autodiff.h"
 #include "compiler/passes/pipeline.h"
+#include "compiler/passes/row_constant_scatters.h"
 #include "compiler/passes/range_analysis.h"
 #include "dsl/ast.h"
 #include "runtime/nvrtc.h"
@@ -34,6 +35,7 @@ struct DumpOptions {
 // is not staged by the Hopper kernel.
 KernelSource backward_module(const SpecIR& ir, const DumpOptions& o) {
   ScoreModGradient grad = differentiate_score_mod(ir);
+  drop_row_constant_scatters(grad);
   RangeInfo ranges = analyze_ranges(backward_roots(grad), ir.checked, VarDomains::forward(ir.checked));
   BackwardKernelOptions bo;
   bo.dtype = ir.spec().dtype;

@@ -6,6 +6,7 @@
 
 #include "compiler/codegen/kernel_source.h"
 #include "compiler/passes/dependence.h"
+#include "compiler/passes/row_constant_scatters.h"
 #include "dsl/builtins.h"
 #include "dsl/error.h"
 #include "runtime/cpu/backward_cpu.h"
@@ -122,6 +123,7 @@ std::string backward_cache_key(const SpecIR& ir) {
 std::shared_ptr<const BackwardSpec> make_backward_spec(const SpecIR& ir) {
   auto bs = std::make_shared<BackwardSpec>();
   bs->gradient = differentiate_score_mod(ir);
+  drop_row_constant_scatters(bs->gradient);  // their gradient is exactly zero (compiler/passes/row_constant_scatters.h)
   // The generator emits each node once per function: give it the programs the derivative
   // expressions were CSE'd with, so shared values (tanh(score / cap), a loaded bias) are the
   // same nodes.

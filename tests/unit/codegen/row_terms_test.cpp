@@ -9,6 +9,8 @@
 #include "compiler/codegen/row_terms.h"
 #include "compiler/frontend.h"
 #include "compiler/ir_report.h"
+#include "compiler/passes/autodiff.h"
+#include "compiler/passes/row_constant_scatters.h"
 #include "unit/compiler/spec_fixture.h"
 
 using namespace flexjit;
@@ -100,4 +102,24 @@ TEST_CASE("row terms: the forward variant drops them from the per-element score_
   // Decode and the backward evaluate score_mod whole.
   const SpecIR ir = optimized_spec("score + slope[h] * (kv - q)", {"slope: f32[H]"});
   CHECK(!has(generate_cuda_variant(ir, analyze_ir_ranges(ir), VariantOptions{}).code, "kRowTerms"));
+}
+
+TEST_CASE("row-constant scatters are dropped: their gradient is rowsum(dS) = 0 times a row constant", "[codegen]") {
+  auto kept = [](const std::string& score, const std::vector<std::string>& buffers) {
+    dsl::Spec spec;
+    spec.score_mod = score;
+    dsl::Diagnostics d;
+    for (const auto& b : buffers) dsl::add_buffer(spec, b, "test", d);
+    for (dsl::BufferDecl& b : spec.buffers) b.requires_grad = b.dtype == dsl::DType::F32;
+    REQUIRE(!d.has_errors());
+    ScoreModGradient g = differentiate_score_mod(build_spec_ir(spec));
+    drop_row_constant_scatters(g);
+    std::vector<int> out;
+    for (const GradScatter& s : g.scatters) out.push_back(s.buffer);
+    return out;
+  };
+  CHECK(kept("score + bias[offset[q]]", {"bias: f32[N]", "offset: i32[Sq]"}).empty());
+  CHECK(kept("score + 3 * bias[h] + slope[h] * (kv - q)", {"bias: f32[H]", "slope: f32[H]"}) == std::vector<int>{1});
+  CHECK(kept("score * bias[q]", {"bias: f32[Sq]"}) == std::vector<int>{0});      // the coefficient is the score
+  CHECK(kept("score + bias[q, kv % 4]", {"bias: f32[Sq, 4]"}) == std::vector<int>{0});  // the index moves along the row
 }

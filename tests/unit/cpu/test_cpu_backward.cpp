@@ -297,9 +297,12 @@ TEST_CASE("CPU backward: learnable buffers, GQA, head dims and odd lengths", "[c
   SECTION("SAM rel_h / rel_w (bf16 buffers, f32 gradients) over several KV tiles") {
     run_and_check(make_problem(test::load_spec(test::gallery_dir() / "sam_relpos_d80.json"), {1, 2, 2, 70, 200, 80}, seed++));
   }
-  SECTION("bias[offset[q]]: the gradient goes to bias only") {
+  SECTION("bias[offset[q]]: the gradient goes to bias only, and is an exact zero (each row's dS sums to 0)") {
     Problem p = make_problem(test::load_spec(test::gallery_dir() / "offset_bias.json"), {1, 2, 2, 33, 65, 64}, seed++, DType::F32, {"bias"});
-    run_and_check(p);
+    Result r = run_cpu(p);
+    check(p, r, reference(p, r), describe(p));
+    for (size_t i = 0; i < p.spec.buffers.size(); ++i)
+      if (p.spec.buffers[i].name == "bias") CHECK(std::all_of(r.grads[i].begin(), r.grads[i].end(), [](float g) { return g == 0.f; }));
   }
   SECTION("softcap and a scaled score: d_score is not 1") {
     dsl::Spec spec = inline_spec("softcap_w", "20.0 * tanh(score * w[h] / 20.0) + bias[h, q - kv + Skv - 1]", "q + 3 >= kv",

@@ -12,6 +12,7 @@
 
 #include "compiler/interpreter.h"
 #include "compiler/passes/autodiff.h"
+#include "compiler/passes/row_constant_scatters.h"
 #include "compiler/spec_ir.h"
 #include "support/attention_reference.h"
 
@@ -45,7 +46,10 @@ inline int64_t resolve_load_offset(const std::vector<int64_t>& shape, const std:
 inline RefBackward reference_backward(const SpecIR& ir, const RefShape& s, const std::vector<float>& q, const std::vector<float>& k,
                                       const std::vector<float>& v, const std::vector<float>& d_o, const std::vector<double>& o,
                                       const std::vector<double>& lse, const EvalEnv& base_env, double scale) {
-  const ScoreModGradient grad = differentiate_score_mod(ir);
+  ScoreModGradient grad = differentiate_score_mod(ir);
+  // A scatter constant along the row adds c(q) * rowsum(dS), which is exactly 0: with the o given here (a kernel's
+  // bf16 output) the loops below would add the cancellation noise of D = dO.o instead (row_constant_scatters.h).
+  drop_row_constant_scatters(grad);
   const size_t nbuf = ir.spec().buffers.size();
   RefBackward r;
   r.dq.assign(static_cast<size_t>(s.B * s.H * s.Sq * s.D), 0.0);

@@ -137,6 +137,8 @@ struct Softmax {
   }
 
   // O = O / l;  LSE = max * score_unit + ln(l) + lse_shift. A fully masked row has l = 0: O = 0 and LSE = -inf.
+  // lse_shift stands for a term of every score of the row, so a row shifted by -inf is fully masked as well, and one
+  // shifted by +inf or NaN has NaN scores: O = NaN (LSE +inf or NaN), as if the term had been added to each score.
   template <int kDTiles>
   __device__ __forceinline__ void finalize(float (&o)[kMTiles][kDTiles][4], float score_unit, float (&lse)[kRows]) const {
 #pragma unroll
@@ -145,8 +147,9 @@ struct Softmax {
       for (int half = 0; half < 2; ++half) {
         const int r = mt * 2 + half;
         const float l = quad_sum(row_sum[r]);
-        const bool empty = !(l > 0.f);
-        const float inv = empty ? 0.f : 1.f / l;
+        const float shift = lse_shift[r];
+        const bool empty = !(l > 0.f) || shift == neg_inf();
+        const float inv = empty ? 0.f : isfinite(shift) ? 1.f / l : __int_as_float(0x7fffffff);
         lse[r] = empty ? neg_inf() : row_max[r] * score_unit + logf(l) + lse_shift[r];
 #pragma unroll
         for (int dt = 0; dt < kDTiles; ++dt) {

@@ -1,8 +1,10 @@
 // GPU forward tests (label gpu): every case runs through Runtime::compile + Kernel::forward
 // and is compared element by element with the float64 reference; outputs are poisoned first.
 #include <catch2/catch.hpp>
+
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "gpu/gpu_harness.h"
 
@@ -308,6 +310,15 @@ TEST_CASE("split score terms: ALiBi and per-row biases on both main loops, and A
                                       {"bias: f32[N]", "offset: i32[Sq]"}),
                           c));
   }
+  // A row term of -inf masks its row fully (O = 0, LSE = -inf), as it does when added to each score.
+  CaseOptions padded;
+  padded.edit_buffer = [](const std::string& name, NpyArray& h) {
+    if (name != "pad") return;
+    for (int64_t i = 3; i < h.numel(); i += 7) h.as<float>()[i] = -std::numeric_limits<float>::infinity();
+  };
+  const CaseResult pr = run_case(inline_spec("row_pad", std::string("score + pad[q]"), "q >= kv", 128, {"pad: f32[Sq]"}), padded);
+  expect_close(pr);
+  CHECK(pr.lse.bad == 0);
   CaseOptions c;
   c.B = 1;
   c.H = 2;

@@ -517,7 +517,8 @@ GeneratedVariant generate_cuda_variant(const SpecIR& ir, const RangeInfo& ranges
   so.may_flag = [&](const ir::Expr& original) { return may_flag(ir, ranges, options, original); };
   // The forward kernels take score_mod's row terms out of the per-element work (compiler/codegen/row_terms.h): the
   // staged score_mod is then the rest, and the identity when nothing else is left.
-  const RowTerms terms = options.split_row_terms ? split_row_terms(ir.score_mod) : RowTerms{};
+  const RowTerms terms = options.split_row_terms ? split_row_terms(ir.score_mod, [&](const Expr& e) { return !ranges.unbounded_ints.count(e.get()); })
+                                                 : RowTerms{};
   const Expr score_root = !terms.split ? ir.score_mod : is_var(terms.rest, VarId::Score) ? Expr() : terms.rest;
   StagedMods staged = stage_mods(score_root, ir.mask_mod, so);
   staged.origin.insert(terms.origin.begin(), terms.origin.end());

@@ -1,5 +1,6 @@
 #include "compiler/codegen/row_terms.h"
 
+#include <functional>
 #include <vector>
 
 #include "compiler/passes/dependence.h"
@@ -29,7 +30,7 @@ Expr sum_of(const std::vector<Term>& terms, std::vector<Expr>* made = nullptr) {
 
 class Splitter {
  public:
-  explicit Splitter(const Expr& root) : deps_({root}) {}
+  Splitter(const Expr& root, const std::function<bool(const Expr&)>& bounded) : deps_({root}), bounded_(bounded) {}
 
   // Sorts the float expression e, times `factor` (null: 1) and negated when `negative`, into the three sums.
   void collect(const Expr& e, bool negative, const Expr& factor) {
@@ -93,13 +94,17 @@ class Splitter {
       else if (q) q_terms.push_back(t);
       else n_terms.push_back(t);
     }
-    if (kv_sign == 0) return false;
+    // A sum without a finite range may wrap, which its parts would not do alike.
+    if (kv_sign == 0 || (bounded_ && !bounded_(sum))) return false;
+    // The parts of the plain distance (kv - q: j and k0 - q) are as narrow as the sum; others are left 64-bit.
+    const bool plain = n_terms.empty() && q_terms.size() <= 1 && (q_terms.empty() || is_var(q_terms[0].value, VarId::Q));
     std::vector<Term> col_int{Term{Var::make(VarId::TileCol), kv_sign < 0}};
     col_int.insert(col_int.end(), n_terms.begin(), n_terms.end());
     q_terms.push_back(Term{Var::make(VarId::TileStart), kv_sign < 0});
     std::vector<Expr> made;
     const Expr col = sum_of(col_int, &made), row = sum_of(q_terms, &made);
-    for (const Expr& m : made) origin_.emplace(m.get(), sum);
+    if (plain)
+      for (const Expr& m : made) origin_.emplace(m.get(), sum);
     col_.push_back(Term{times(factor, Cast::make(Type::Float, col)), negative});
     row_.push_back(Term{times(factor, Cast::make(Type::Float, row)), negative});
     return true;
@@ -117,15 +122,16 @@ class Splitter {
   }
 
   DependenceInfo deps_;
+  std::function<bool(const Expr&)> bounded_;
   std::vector<Term> rest_, col_, row_;
   std::unordered_map<const Node*, Expr> origin_;
 };
 
 }  // namespace
 
-RowTerms split_row_terms(const Expr& score_mod) {
+RowTerms split_row_terms(const Expr& score_mod, const std::function<bool(const Expr&)>& bounded) {
   if (!score_mod) return {};
-  Splitter s(score_mod);
+  Splitter s(score_mod, bounded);
   s.collect(score_mod, false, Expr());
   return s.result();
 }

@@ -8,6 +8,7 @@
 // anchor row a, which the kernels take within 32 rows of q (the first row of the warp's rows), so both parts stay as
 // small as kv - q itself near the diagonal and keep its precision.
 #pragma once
+#include <functional>
 #include <unordered_map>
 
 #include "compiler/ir/ir.h"
@@ -21,14 +22,15 @@ struct RowTerms {
   // with k0 = a and j = kv - a, so kv prints as (k0 + j).
   ir::Expr col;
   ir::Expr row;  // the sum of the row terms, over q and k0, where k0 stands for the anchor a
-  // New integer nodes (the two sides of a split conversion) -> the node they were cut from: the same magnitude within
-  // the anchor's rows, so the range analysis' verdict on 32-bit arithmetic carries over.
+  // New integer nodes of a split kv - q (j and k0 - q) -> the sum they were cut from: the same magnitude within the
+  // anchor's rows, so the range analysis' verdict on 32-bit arithmetic carries over. Other parts stay 64-bit.
   std::unordered_map<const ir::Node*, ir::Expr> origin;
 };
 
 // The split of a score_mod expression (IR after the optimisation passes, before staging). Not split when no additive
 // term (through +, -, negation, multiplication by a factor without q, kv and score, and conversions of integer sums
-// with a single +-kv term) depends on q without kv and score, or on neither.
-RowTerms split_row_terms(const ir::Expr& score_mod);
+// with a single +-kv term) depends on q without kv and score, or on neither. `bounded` (when given) says whether an
+// integer node has a finite range (RangeInfo): a conversion is split only then.
+RowTerms split_row_terms(const ir::Expr& score_mod, const std::function<bool(const ir::Expr&)>& bounded = nullptr);
 
 }  // namespace flexjit

@@ -123,3 +123,17 @@ TEST_CASE("row-constant scatters are dropped: their gradient is rowsum(dS) = 0 t
   CHECK(kept("score * bias[q]", {"bias: f32[Sq]"}) == std::vector<int>{0});      // the coefficient is the score
   CHECK(kept("score + bias[q, kv % 4]", {"bias: f32[Sq, 4]"}) == std::vector<int>{0});  // the index moves along the row
 }
+
+TEST_CASE("row terms: a conversion is split only where its integer sum has a finite range, and stays 64-bit off kv - q", "[codegen]") {
+  dsl::Spec spec;
+  spec.score_mod = "score + slope[h] * (kv - q + shift)";
+  dsl::Diagnostics d;
+  dsl::add_buffer(spec, "slope: f32[H]", "test", d);
+  dsl::add_param(spec, "shift: int", "test", d);
+  REQUIRE(!d.has_errors());
+  CHECK(!has(forward_variant(build_spec_ir(spec)), "kRowTerms"));  // an int parameter has no bound: the sum may wrap
+  const std::string offset = forward_variant(optimized_spec("score + slope[h] * (kv - q + 3)", {"slope: f32[H]"}));
+  INFO(offset);
+  CHECK(has(offset, "kColTerms = true;"));
+  CHECK(has(offset, "fj::add((long long)j, (long long)3)"));
+}

@@ -84,8 +84,8 @@ struct Softmax {
         const float scaled = m_new * mult;
         max_scaled[r] = scaled == neg_inf() ? 0.f : scaled;
         // A row that did not jump keeps alpha = 1 exactly: computed, row_max * mult - max_scaled contracts to an FFMA
-        // whose residual (up to half an ulp of max_scaled, 0.004 near 6e4) would scale the row's sum every tile while
-        // O stays unscaled: over 32k columns of scores near 4e4 (ALiBi with a negative slope) the LSE drifted by 0.3.
+        // whose residual (up to half an ulp of max_scaled) would scale the row's sum every tile while O stays
+        // unscaled, a drift that grows with the scores' magnitude and the number of tiles.
         alpha[r] = jump ? ex2(row_max[r] * mult - max_scaled[r]) : 1.f;
         row_max[r] = m_new;
         row_sum[r] *= alpha[r];
@@ -150,7 +150,7 @@ struct Softmax {
         const float shift = lse_shift[r];
         const bool empty = !(l > 0.f) || shift == neg_inf();
         const float inv = empty ? 0.f : isfinite(shift) ? 1.f / l : __int_as_float(0x7fffffff);
-        lse[r] = empty ? neg_inf() : row_max[r] * score_unit + logf(l) + lse_shift[r];
+        lse[r] = empty ? neg_inf() : row_max[r] * score_unit + logf(l) + shift;
 #pragma unroll
         for (int dt = 0; dt < kDTiles; ++dt) {
           o[mt][dt][2 * half] *= inv;

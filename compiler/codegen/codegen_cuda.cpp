@@ -523,7 +523,6 @@ GeneratedVariant generate_cuda_variant(const SpecIR& ir, const RangeInfo& ranges
   StagedMods staged = stage_mods(score_root, ir.mask_mod, so);
   staged.origin.insert(terms.origin.begin(), terms.origin.end());
   out.has_score_mod = static_cast<bool>(score_root) || static_cast<bool>(terms.col);
-  out.row_terms = terms.split;
   out.layout = make_params_layout(ir);
   out.row_values = staged.count(Stage::Row);
   out.col_values = staged.count(Stage::Col);

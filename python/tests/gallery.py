@@ -28,14 +28,17 @@ def launch(case, api, q, k, v):
     return fjt.flex_attention(q, k, v, score_mod=case.score_mod, block_mask=bm)
 
 
-def gallery(B, H, S, device, dtype=torch.float32, seed=0, requires_grad=False):
+def gallery(B, H, S, device, dtype=torch.float32, seed=0, requires_grad=False, exact=False):
     """Cases for q [B, H, S, D] and k, v [B, H, S, D]; S must be a square (SAM's token grid).
     requires_grad: the float buffers a case lists in `grads` require grad (the callables capture
-    the same tensors as the text's buffers)."""
+    the same tensors as the text's buffers).
+    exact: the float buffers hold the same values (rounded to `dtype`) in float64, for a reference:
+    torch computes `slope[h] * (kv - q)` in the buffer's dtype, flexjit in fp32 at least."""
     g = torch.Generator(device="cpu").manual_seed(seed)
 
     def randn(*shape):
-        return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
+        values = torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
+        return values.double() if exact else values
 
     W = int(round(S ** 0.5))
     assert W * W == S, "S must be a square"

@@ -97,6 +97,17 @@ def main():
                   (f"decode softcap {L}", L, 0, softcap_f, {}, softcap, None, False)]
     cases += [(f"paged ps{ps} 32768", 32768, ps, plain, {}, None, None, False) for ps in (1, 64, 256)]
     cases += [("paged ps16 window 1024 over 32768", 32768, 16, window_f, {}, None, lambda L: (lambda b, h, q, kv: (L - 1 - kv) < W), False)]
+    # Masks whose kept tiles are not one range: attention sinks + a window (StreamingLLM), and documents of 2048
+    # positions (the current one included) over a paged cache. FlexDecoding's query row is q_idx 0: its masks use L - 1.
+    sinks_f = ["--mask", "kv < 4 || q - kv < 1024", "--name", "sinks_window"]
+    doc_f = ["--mask", "doc[b, kv] == doc[b, q]", "--buffer", "doc: i32[B, Skv]", "--name", "document"]
+    doc = (torch.arange(32768, dtype=torch.int32) // 2048).expand(B, 32768).contiguous()
+    np.save(f"{tmp}/doc.npy", doc.numpy())
+    doc_dev = doc.to(dev)
+    cases += [("paged ps16 sinks 4 + window 1024 over 32768", 32768, 16, sinks_f, {}, None,
+               lambda L: (lambda b, h, q, kv: (kv < 4) | ((L - 1 - kv) < W)), False),
+              ("paged ps16 document (current 2048) over 32768", 32768, 16, doc_f, {"doc": f"{tmp}/doc.npy"}, None,
+               lambda L: (lambda b, h, q, kv: doc_dev[b, kv] == doc_dev[b, L - 1]), False)]
     rows = []
     for (name, L, ps, flags, loads, score_mod, mask_factory, sdpa) in cases:
         r = {"case": name, "flexjit": run_flexjit(args.flexjit, flags, L, ps, loads, [])}

@@ -20,8 +20,9 @@
 //   tiles or, with kAlternate, as 128 rows of K and 128 rows of V in turn (see FlexDecodeTraits). The page ids
 //   of the next load are fetched while the current one is consumed, so the dependent page-table load never
 //   stalls the copy issue.
-// - Split s of a (sequence, KV head) visits tiles [begin + s * n, min(end, begin + (s + 1) * n)), n =
-//   ceil((end - begin) / num_splits), [begin, end) = the sequence's tile window. With num_splits == 1 the CTA
+// - Split s of a (sequence, KV head) visits entries [s * n, min(count, (s + 1) * n)) of the sequence's tile list
+//   (FlexDecodeTiles: the tiles its mask keeps, ascending; without a list, every tile), n = ceil(count /
+//   num_splits), so the splits share the kept tiles evenly however they are spread. With num_splits == 1 the CTA
 //   writes O and LSE itself; otherwise fp32 partials (O divided by the split's own sum, and its LSE) go to the
 //   workspace and they are merged: by the last split CTA of each (sequence, KV head, row block) to finish when
 //   p.split_counters is set (fused combine, no second launch), else by flex_decode_combine.
@@ -141,6 +142,7 @@ struct DecodeKernel {
   static constexpr int kRowsPerThread = Traits::kRowsPerThread;
   static constexpr int kColsPerThread = Traits::kColsPerThread;
   static constexpr int kLoadRows = Traits::kLoadRows;
+  static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kPasses = Traits::kPasses;
   static constexpr int kRowsPerPass = Traits::kRowsPerPass;
 
@@ -155,20 +157,24 @@ struct DecodeKernel {
   }
 
   // Where the thread's KV rows of one load live: page id (or the sequence index when contiguous) and the slot
-  // within it; slot < 0 marks a row at or past `lim` (zero-filled, nothing read).
+  // within it; slot < 0 marks a row past the KV length or past the split's tiles (zero-filled, nothing read).
   struct RowLoc {
     int page[kPasses];
     int slot[kPasses];
   };
 
-  // Page lookups of the load starting at position pos0 for the rows this thread copies (row r0 + i * kRowsPerPass).
+  // Page lookups of the load of split entries e0, e0 + 1, ... (kBlockN rows each) for the rows this thread copies
+  // (row r0 + i * kRowsPerPass); tile_of(e) is the entry's tile, or -1 past the split's entries.
+  template <class TileOf>
   static __device__ __forceinline__ void locate(RowLoc& loc, const FlexDecodeParams& p, const int* page_row, int b,
-                                                int pos0, int r0, int lim) {
+                                                TileOf tile_of, int e0, int r0, int kv_len) {
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) {
       const int row = r0 + i * kRowsPerPass;
-      const int pos = pos0 + row;
-      const bool valid = (kLoadRows % kRowsPerPass == 0 || row < kLoadRows) && pos < lim;
+      const bool in_load = kLoadRows % kRowsPerPass == 0 || row < kLoadRows;
+      const int t = in_load ? tile_of(e0 + row / kBlockN) : -1;
+      const int pos = t * kBlockN + row % kBlockN;
+      const bool valid = t >= 0 && pos < kv_len;
       if (page_row == nullptr) {
         loc.page[i] = b;
         loc.slot[i] = valid ? pos : -1;
@@ -423,27 +429,22 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
     return R < n_rows && i < q_len;
   };
 
-  // This split's tiles.
+  // This split's tiles: entries [e_begin, e_begin + n_tiles) of the sequence's tile list (FlexDecodeTiles), or of
+  // every tile when there is no list; the listed tiles are divided evenly between the splits.
   const int n_kv_tiles = (kv_len + kBlockN - 1) / kBlockN;
-  int t_begin = 0, t_end = n_kv_tiles, f_begin = 0, f_end = 0;
-  {
-    const FlexDecodeTiles& tw = p.tiles;
-    const long long off = b * tw.stride_b + hkv * tw.stride_h;
-    if (tw.begin != nullptr) t_begin = max(tw.begin[off], 0);
-    if (tw.end != nullptr) t_end = min(tw.end[off], n_kv_tiles);
-    if (tw.full_begin != nullptr) {
-      f_begin = tw.full_begin[off];
-      f_end = tw.full_end[off];
-    }
+  const int* list = nullptr;
+  int n_listed = n_kv_tiles;
+  if (p.tiles.list != nullptr) {
+    const long long off = b * p.tiles.stride_b + hkv * p.tiles.stride_h;
+    list = p.tiles.list + off * p.tiles.capacity;
+    n_listed = min(p.tiles.count[off], n_kv_tiles);
   }
-  const int n_window = max(t_end - t_begin, 0);
-  const int per_split = (n_window + p.num_splits - 1) / p.num_splits;
-  const int my_begin = t_begin + split * per_split;
-  const int n_tiles = max(0, min(t_end - my_begin, per_split));
-  const int my_end = my_begin + n_tiles;
-  // Rows at or past kv_lim are neither read nor scored: the KV length, or the end of the split's last tile (a
-  // 128-row load may reach one tile past it).
-  const int kv_lim = min(kv_len, my_end * kBlockN);
+  const int per_split = (n_listed + p.num_splits - 1) / p.num_splits;
+  const int e_begin = split * per_split;
+  const int n_tiles = max(0, min(n_listed - e_begin, per_split));
+  // Entry e of this split (e < n_tiles; a 128-row load may reach one entry past the split, which is not visited).
+  auto tile_of = [&](int e) { return e < n_tiles ? (list != nullptr ? list[e_begin + e] & ~kFlexDecodeFullTile : e_begin + e) : -1; };
+  auto full_at = [&](int e) { return list != nullptr && e < n_tiles && list[e_begin + e] < 0; };
   const int n_loads = (n_tiles + kTilesPerLoad - 1) / kTilesPerLoad;
 
   // Shared memory: Q [kBlockM][kSmemStride], then kStages x (K, V) [kBlockN][kSmemStride] (alternating: K
@@ -480,7 +481,7 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
   typename K::RowLoc loc;
   const bool evict_first = p.kv_evict_first != 0;
   const unsigned long long policy = evict_first ? flex::kv_evict_first_policy() : 0ull;
-  auto locate = [&](int load) { K::locate(loc, p, page_row, b, (my_begin + load * kTilesPerLoad) * kBlockN, r0, kv_lim); };
+  auto locate = [&](int load) { K::locate(loc, p, page_row, b, tile_of, load * kTilesPerLoad, r0, kv_len); };
   // One matrix (K or V) of an alternating load, as one commit group.
   auto issue_one = [&](const Element* head, unsigned dst) {
     if (copier) K::template issue<1>(loc, p, {head}, {dst}, r0, cc, policy, evict_first);
@@ -561,10 +562,14 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
   // fragments of the warp's P @ V k-steps) into pa, O rescaled when the max jumps.
   unsigned pa[kMTiles][kKSteps][4];
   auto scores_softmax = [&](int it, unsigned k_stage) {
-    const int t = my_begin + it * kTilesPerLoad + warp / Traits::kWarpsPerTile;  // the warp's 64-row tile
-    const int k0 = t * kBlockN;
+    const int e = it * kTilesPerLoad + warp / Traits::kWarpsPerTile;  // the warp's 64-row tile: entry e of the split
+    const int t = tile_of(e);
+    const bool full = full_at(e);
+    // Columns at or past kv_lim are -inf: the KV length, or all of them when the entry is past the split.
+    const int kv_lim = t >= 0 ? kv_len : 0;
+    const int k0 = max(t, 0) * kBlockN;
     typename Variant::Tile tile_st[kRowsPerThread];
-    if (t < my_end) {
+    if (t >= 0) {
 #pragma unroll
       for (int r = 0; r < kRowsPerThread; ++r)
         if (row_ok[r]) Variant::tile(vp, row_st[r], tile_st[r], b, head[r], hkv, qpos[r], k0);
@@ -595,7 +600,7 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
     }
 
     // S = mask(score_mod(scale * S)); -inf for padding rows and kv >= kv_lim.
-    if (Variant::kHasMaskMod && !(t >= f_begin && t < f_end))
+    if (Variant::kHasMaskMod && !full)
       K::template apply_mods<true>(acc_s, vp, row_st, col_st, tile_st, row_ok, head, qpos, b, hkv, warp, lane, k0,
                                    kv_lim, p.scale);
     else

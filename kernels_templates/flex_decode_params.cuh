@@ -24,19 +24,21 @@ constexpr bool flex_decode_alternate(int head_dim, int m_tiles, int stages) {
   return head_dim == 128 && m_tiles == 1 && stages == 2;
 }
 
-// Which KV tiles (of kFlexDecodeBlockN rows, tile t = rows [64 t, 64 t + 64)) one sequence visits.
-// Tiles outside [begin, end) are never read: a sliding window or a document reads only its pages. Tiles in
-// [full_begin, full_end) are "full": mask_mod is not called there (the host proved it true everywhere);
-// every other visited tile runs mask_mod per element. All pointers null: every tile below the KV length is
-// visited, and all are partial when the variant has a mask_mod.
+// Which KV tiles (of kFlexDecodeBlockN rows, tile t = rows [64 t, 64 t + 64)) one sequence visits: a list of
+// tile indices in ascending order, each with the sign bit set when the tile is "full" (the mask keeps every element
+// of it, so mask_mod is not called there); every other listed tile runs mask_mod per element. Tiles not listed are
+// never read: a sliding window, attention sinks plus a window, or a document reads only its own pages, and split-KV
+// divides the listed tiles, not the raw range. list == null: every tile below the KV length is visited, and all
+// are partial when the variant has a mask_mod.
 struct FlexDecodeTiles {
-  const int* begin;       // [B, Hkv] first tile to visit (null = 0)
-  const int* end;         // [B, Hkv] one past the last tile (null = ceil(kv_len / 64)); clamped to that
-  const int* full_begin;  // [B, Hkv] first full tile (null = no full tiles)
-  const int* full_end;    // [B, Hkv] one past the last full tile
-  long long stride_b;     // element stride of the four arrays over sequences (usually 1 or Hkv)
-  long long stride_h;     // element stride over KV heads (0 = one range for every KV head)
+  const int* list;        // [B, Hkv][capacity] tile entries (tile | kFlexDecodeFullTile), the first count[] valid
+  const int* count;       // [B, Hkv] listed tiles
+  int capacity;           // entries per (sequence, KV head) list: ceil(max_seqlen_kv / 64)
+  long long stride_b;     // element stride of count (and, times capacity, of list) over sequences (1 or Hkv)
+  long long stride_h;     // element stride over KV heads (0 = one list for every KV head)
 };
+
+constexpr int kFlexDecodeFullTile = (int)0x80000000u;  // flag of a listed tile that needs no mask_mod
 
 // Everything the decode kernel and its combine kernel need besides the variant's own parameters.
 //
@@ -104,24 +106,27 @@ struct FlexDecodeParams {
   int* split_counters;
 };
 
-// Where the window kernel writes FlexDecodeTiles' four arrays, and what it classifies.
-// grid = (windows_per_seq, B), kFlexDecodeWindowThreads threads. windows_per_seq = kv_heads when the mask
-// depends on h (one window per KV head, over that KV head's query heads), else 1 (every head).
+// Where the tile-list kernel writes FlexDecodeTiles' arrays, and what it classifies.
+// grid = (lists_per_seq, B), kFlexDecodeWindowThreads threads. lists_per_seq = kv_heads when the mask depends on h
+// (one list per KV head, over that KV head's query heads), else 1 (every head).
 struct FlexDecodeWindowParams {
-  int* begin;        // [B, windows_per_seq] first tile with any visible element
-  int* end;          // one past the last such tile (begin = end = 0: nothing visible)
-  int* full_begin;   // the first run of full tiles, [full_begin, full_end) (empty run: 0, 0)
-  int* full_end;
+  int* list;           // [B, lists_per_seq][capacity]
+  int* count;          // [B, lists_per_seq]
+  int capacity;        // tiles a list holds; tiles past it (a KV length above the plan's bound) are not listed
   const int* kv_lens;  // [B] (null = kv_len)
   const int* q_lens;   // [B] (null = max_q_len)
   int kv_len;
   int max_q_len;
   int heads;
   int kv_heads;
-  int per_head;      // nonzero: grid.x = kv_heads, one window per KV head
+  int per_head;        // nonzero: grid.x = kv_heads, one list per KV head
 };
 
-constexpr int kFlexDecodeWindowThreads = 128;
+// Threads of the tile-list kernel: one block classifies and lists 1024 tiles (65536 positions) per pass.
+constexpr int kFlexDecodeWindowThreads = 1024;
+// A data-dependent mask is evaluated per element only where a list serves at most this many query rows (query
+// heads x rows of the sequence); wider lists keep such tiles partial (exact, just not skipped).
+constexpr int kFlexDecodeDenseMaxRows = 16;
 
 // Bytes of workspace a launch with these sizes needs (0 when num_splits == 1).
 inline long long flex_decode_workspace_bytes(int batch, int heads, int max_q_len, int head_dim, int num_splits) {

@@ -39,6 +39,13 @@ class GpuDecodePlan : public DecodePlan {
  public:
   const DecodePlanOptions& options() const override { return options_; }
   int num_splits() const override { return num_splits_; }
+  std::vector<int> listed_tiles() const override {
+    if (lists_per_seq == 0) return {};
+    std::vector<int> counts(size_t(options_.batch) * lists_per_seq);
+    runtime::ScopedDevice scope(device);
+    memory.download(counts.data(), counts.size() * sizeof(int));  // the counts lead the allocation
+    return counts;
+  }
 
   DecodePlanOptions options_;
   const void* owner = nullptr;  // the KernelImpl that made the plan
@@ -47,8 +54,10 @@ class GpuDecodePlan : public DecodePlan {
   int num_splits_ = 1;
   bool evict_first = false;
   bool fused_combine = false;  // the decode kernel's last split CTA merges (no combine launch)
+  int lists_per_seq = 0;      // tile lists per sequence: Hkv when the mask reads h, 1, or 0 without a mask
+  int list_capacity = 0;      // tiles per list: ceil(max_seqlen_kv / 64)
   runtime::DeviceBuffer memory;
-  size_t ws_o_offset = 0, ws_lse_offset = 0, window_offset = 0, counters_offset = 0;
+  size_t list_offset = 0, ws_o_offset = 0, ws_lse_offset = 0, counters_offset = 0;
 };
 
 void check_rank(const Tensor& t, const char* name, size_t rank) {
@@ -80,13 +89,13 @@ void check_i32_vector(const Tensor& t, const char* name, int64_t min_len) {
 // One compiled decode module and its kernels per device.
 struct KernelImpl::DecodeModule {
   VariantState var;  // source, artefact and library (forward_fn holds the decode kernel)
-  std::map<int, CUfunction> combine_fn, window_fn;
+  std::map<int, CUfunction> combine_fn, tiles_fn;
 };
 
 // Decode modules of this kernel, keyed by variant choice, architecture and configuration.
 struct KernelImpl::DecodeState {
   RangeInfo ranges;  // over decode_var_domains
-  bool window = false;
+  bool tile_list = false;
   std::map<std::string, std::unique_ptr<DecodeModule>> modules;
 };
 
@@ -160,7 +169,7 @@ std::unique_ptr<DecodePlan> KernelImpl::plan_decode(const DecodePlanOptions& o) 
   // evict_first keeps other data in L2 and measured faster for caches up to ~256 MB and for tile windows
   // (docs/notes/DECODE_NOTES.md), 1.4% slower for 1 GB caches. FLEXJIT_DECODE_EVICT_FIRST=0/1 overrides.
   const double kv_bytes = 4.0 * o.batch * o.kv_heads * double(o.max_seqlen_kv) * D;
-  plan->evict_first = kv_bytes <= 512e6 || decode_state_->window;
+  plan->evict_first = kv_bytes <= 512e6 || decode_state_->tile_list;
   if (const char* e = std::getenv("FLEXJIT_DECODE_EVICT_FIRST")) plan->evict_first = std::atoi(e) != 0;
 
   // The last split CTA of each row block merges the partials in the decode kernel (fused combine): saves the
@@ -168,18 +177,21 @@ std::unique_ptr<DecodePlan> KernelImpl::plan_decode(const DecodePlanOptions& o) 
   plan->fused_combine = true;
   if (const char* e = std::getenv("FLEXJIT_DECODE_FUSED_COMBINE")) plan->fused_combine = std::atoi(e) != 0;
 
-  // One allocation: [window arrays: 4 x B x Hkv ints][ws_o][ws_lse][split counters: B x Hkv x row_blocks ints],
-  // 256-byte aligned pieces.
+  // One allocation: [tile counts: B x lists ints][tile lists: B x lists x capacity ints][ws_o][ws_lse]
+  // [split counters: B x Hkv x row_blocks ints], 256-byte aligned pieces.
   auto align = [](size_t x) { return (x + 255) / 256 * 256; };
-  const size_t window_bytes = align(size_t(4) * o.batch * o.kv_heads * 4);
+  plan->lists_per_seq = decode_state_->tile_list ? (mask_uses_h_ ? o.kv_heads : 1) : 0;
+  plan->list_capacity = (o.max_seqlen_kv + kFlexDecodeBlockN - 1) / kFlexDecodeBlockN;
+  const size_t lists = size_t(o.batch) * plan->lists_per_seq;
+  plan->list_offset = align(lists * 4);
+  const size_t tiles_bytes = plan->list_offset + align(lists * plan->list_capacity * 4);
   const long long ws = flex_decode_workspace_bytes(o.batch, o.heads, o.max_seqlen_q, D, plan->num_splits_);
   const size_t rows = size_t(o.batch) * o.heads * o.max_seqlen_q * plan->num_splits_;
   const size_t counters = size_t(o.batch) * o.kv_heads * row_blocks;
-  plan->window_offset = 0;
-  plan->ws_o_offset = window_bytes;
-  plan->ws_lse_offset = window_bytes + align(rows * D * 4);
+  plan->ws_o_offset = tiles_bytes;
+  plan->ws_lse_offset = tiles_bytes + align(rows * D * 4);
   plan->counters_offset = plan->ws_lse_offset + align(rows * 4);
-  size_t total = ws > 0 ? plan->counters_offset + align(counters * 4) : window_bytes;
+  size_t total = std::max<size_t>(ws > 0 ? plan->counters_offset + align(counters * 4) : tiles_bytes, 256);
   plan->memory = runtime::DeviceBuffer(device, total);
   if (ws > 0) {
     // The counters start at zero; every launch leaves them at zero again (the last CTA resets its counter).
@@ -203,7 +215,7 @@ KernelImpl::DecodeModule& KernelImpl::decode_module(const runtime::VariantChoice
   if (!decode_state_) {
     decode_state_ = std::make_shared<DecodeState>();
     decode_state_->ranges = analyze_decode_ranges(ir_);
-    decode_state_->window = decode_has_window(ir_);
+    decode_state_->tile_list = decode_has_tile_list(ir_);
   }
   auto& slot = decode_state_->modules[fmt::format("{}_{}_{}", choice.key(), info.arch, cfg.str())];
   if (!slot) {
@@ -233,7 +245,7 @@ KernelImpl::DecodeModule& KernelImpl::decode_module(const runtime::VariantChoice
     check_cu(d.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, cfg.shared_bytes()),
              "setting the decode kernel's shared memory");
     m.combine_fn[device] = get(kDecodeCombineEntry);
-    if (decode_state_->window) m.window_fn[device] = get(kDecodeWindowEntry);
+    if (decode_state_->tile_list) m.tiles_fn[device] = get(kDecodeTilesEntry);
     m.var.forward_fn[device] = f;
   }
   return m;
@@ -375,15 +387,12 @@ void KernelImpl::decode(const DecodePlan& plan_base, const DecodeArgs& a) {
   p.scale = a.scale > 0 ? a.scale : default_softmax_scale(static_cast<int>(D));
 
   const runtime::CudaDriver& d = require_driver();
-  if (decode_state_->window) {
+  if (plan->lists_per_seq > 0) {
     FlexDecodeWindowParams wp{};
-    const int windows = mask_uses_h_ ? static_cast<int>(Hkv) : 1;
-    int* w = reinterpret_cast<int*>(base + plan->window_offset);
-    const size_t n = size_t(o.batch) * o.kv_heads;
-    wp.begin = w;
-    wp.end = w + n;
-    wp.full_begin = w + 2 * n;
-    wp.full_end = w + 3 * n;
+    const int lists = plan->lists_per_seq;
+    wp.count = reinterpret_cast<int*>(base);
+    wp.list = reinterpret_cast<int*>(base + plan->list_offset);
+    wp.capacity = plan->list_capacity;
     wp.kv_lens = p.kv_lens;
     wp.q_lens = p.q_lens;
     wp.kv_len = p.kv_len;
@@ -392,14 +401,13 @@ void KernelImpl::decode(const DecodePlan& plan_base, const DecodeArgs& a) {
     wp.kv_heads = p.kv_heads;
     wp.per_head = mask_uses_h_ ? 1 : 0;
     void* wargs[] = {&wp, vparams.data()};
-    check_cu(d.cuLaunchKernel(m.window_fn.at(device), static_cast<unsigned>(windows), static_cast<unsigned>(B), 1, kFlexDecodeWindowThreads, 1,
+    check_cu(d.cuLaunchKernel(m.tiles_fn.at(device), static_cast<unsigned>(lists), static_cast<unsigned>(B), 1, kFlexDecodeWindowThreads, 1,
                               1, 0, a.stream, wargs, nullptr),
-             "launching the decode tile-window kernel");
-    p.tiles.begin = wp.begin;
-    p.tiles.end = wp.end;
-    p.tiles.full_begin = wp.full_begin;
-    p.tiles.full_end = wp.full_end;
-    p.tiles.stride_b = windows;
+             "launching the decode tile-list kernel");
+    p.tiles.list = wp.list;
+    p.tiles.count = wp.count;
+    p.tiles.capacity = wp.capacity;
+    p.tiles.stride_b = lists;
     p.tiles.stride_h = mask_uses_h_ ? 1 : 0;
   }
   void* args[] = {&p, vparams.data()};

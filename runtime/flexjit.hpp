@@ -162,6 +162,10 @@ class DecodePlan {
   virtual ~DecodePlan() = default;
   virtual const DecodePlanOptions& options() const = 0;
   virtual int num_splits() const = 0;  // 1 on the CPU
+  // For tests and diagnostics: how many KV tiles (of 64 positions) the last run visits per sequence and tile list
+  // ([B][Hkv] when the mask reads the head, else [B]), read back from the device (synchronous). Empty when every
+  // tile below the KV length is visited (no mask_mod, or the CPU backend).
+  virtual std::vector<int> listed_tiles() const { return {}; }
 };
 
 // Per-(b, h, query tile) lists of partial and full KV tiles, on one device. Immutable once

@@ -19,7 +19,7 @@ RangeInfo analyze_decode_ranges(const SpecIR& ir) {
   return analyze_ranges(roots, ir.checked, decode_var_domains(ir.checked));
 }
 
-bool decode_has_window(const SpecIR& ir) { return ir.mask_mod && mask_is_interval_classifiable(ir); }
+bool decode_has_tile_list(const SpecIR& ir) { return static_cast<bool>(ir.mask_mod); }
 
 KernelSource decode_kernel_source(const SpecIR& ir, const RangeInfo& ranges, const DecodeKernelOptions& options) {
   const DecodeConfig& c = options.config;
@@ -32,14 +32,16 @@ KernelSource decode_kernel_source(const SpecIR& ir, const RangeInfo& ranges, con
   const char* element = cuda_element_type(options.dtype);
   ks.name = fmt::format("{}_decode_{}_{}", ir.spec().name, dsl::dtype_name(options.dtype), c.str());
   ks.entries = {kDecodeEntry, kDecodeCombineEntry};
-  std::string window;
-  if (decode_has_window(ir)) {
-    ks.entries.push_back(kDecodeWindowEntry);
-    window = generate_cuda_interval_classifier(ir, "FlexVariant", "FlexMaskBox") +
-             fmt::format("\nextern \"C\" __global__ void __launch_bounds__(kFlexDecodeWindowThreads)\n"
-                         "{}(const FlexDecodeWindowParams p, const FlexVariant::Params vp) {{\n"
-                         "  flex_decode_window<FlexVariant, FlexMaskBox>(p, vp);\n}}\n",
-                         kDecodeWindowEntry);
+  std::string tiles;
+  if (decode_has_tile_list(ir)) {
+    ks.entries.push_back(kDecodeTilesEntry);
+    const bool interval = mask_is_interval_classifiable(ir);
+    tiles = (interval ? generate_cuda_interval_classifier(ir, "FlexVariant", "FlexMaskBox") : std::string()) +
+            fmt::format("\nextern \"C\" __global__ void __launch_bounds__(kFlexDecodeWindowThreads)\n"
+                        "{}(const FlexDecodeWindowParams p, const FlexVariant::Params vp) {{\n"
+                        "  {};\n}}\n",
+                        kDecodeTilesEntry,
+                        interval ? "flex_decode_tiles_interval<FlexVariant, FlexMaskBox>(p, vp)" : "flex_decode_tiles_dense<FlexVariant>(p, vp)");
   }
   ks.source = fmt::format(
       "// flexjit decode kernels for spec `{}`: {} packed query rows x 64 KV rows per tile, {}, head dim {}, {}.\n"
@@ -58,12 +60,12 @@ KernelSource decode_kernel_source(const SpecIR& ir, const RangeInfo& ranges, con
       "  flex_decode_combine<{}, {}>(p);\n"
       "}}\n{}",
       ir.spec().name, c.block_m(), c.alternate ? "128-row K and V loads in turn" : fmt::format("{} stages", c.stages), c.head_dim, element,
-      window.empty() ? "" : "#include \"flex_decode_window.cuh\"\n", ks.variant.code, c.head_dim, c.m_tiles, c.stages, element,
+      tiles.empty() ? "" : "#include \"flex_decode_tiles.cuh\"\n", ks.variant.code, c.head_dim, c.m_tiles, c.stages, element,
       c.alternate ? "true" : "false", c.shared_bytes(), kDecodeEntry, kDecodeCombineEntry, c.head_dim,
-      element, window);
-  ks.key_text = fmt::format("kind=decode\ndtype={}\nconfig={}\nint32={}\nchecked_loads={:x}\nerror_flags={}\nhoist={}\nfast_tanh={}\nwindow={}\n",
+      element, tiles);
+  ks.key_text = fmt::format("kind=decode\ndtype={}\nconfig={}\nint32={}\nchecked_loads={:x}\nerror_flags={}\nhoist={}\nfast_tanh={}\ntiles={}\n",
                             dsl::dtype_name(options.dtype), c.str(), vo.int32, vo.checked_loads, vo.error_flags, vo.hoist, vo.fast_tanh,
-                            window.empty() ? 0 : 1);
+                            tiles.empty() ? 0 : 1);
   return ks;
 }
 

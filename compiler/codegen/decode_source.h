@@ -1,5 +1,5 @@
 // Assembles the decode module of a spec: the generated variant spliced into flex_decode.cuh, with the
-// split-KV decode kernel, its LSE combine and (for buffer-free masks) the per-sequence tile-window kernel.
+// split-KV decode kernel, its LSE combine and (for masked specs) the per-sequence tile-list kernel.
 #pragma once
 #include "compiler/codegen/kernel_source.h"
 
@@ -8,7 +8,7 @@ namespace flexjit {
 // Entry points of a decode module.
 inline constexpr const char* kDecodeEntry = "flexjit_decode";
 inline constexpr const char* kDecodeCombineEntry = "flexjit_decode_combine";
-inline constexpr const char* kDecodeWindowEntry = "flexjit_decode_window";  // only when decode_has_window()
+inline constexpr const char* kDecodeTilesEntry = "flexjit_decode_tiles";  // only when decode_has_tile_list()
 
 struct DecodeKernelOptions {
   dsl::DType dtype = dsl::DType::BF16;
@@ -24,11 +24,11 @@ VarDomains decode_var_domains(const dsl::CheckedSpec& spec);
 // analyze_ranges over the spec's mods with decode_var_domains.
 RangeInfo analyze_decode_ranges(const SpecIR& ir);
 
-// Whether the module holds the tile-window kernel: the spec has a mask_mod that interval arithmetic can
-// classify (it loads no buffer). Other masks visit every tile below the KV length, all as partial tiles.
-bool decode_has_window(const SpecIR& ir);
+// Whether the module holds the tile-list kernel (kernels_templates/flex_decode_tiles.cuh): the spec has a mask_mod.
+// It classifies tiles by interval arithmetic when the mask loads no buffer, else by evaluating it per element.
+bool decode_has_tile_list(const SpecIR& ir);
 
-// One module: decode + combine (+ window). `ranges` must come from analyze_decode_ranges.
+// One module: decode + combine (+ tile list). `ranges` must come from analyze_decode_ranges.
 KernelSource decode_kernel_source(const SpecIR& ir, const RangeInfo& ranges, const DecodeKernelOptions& options);
 
 }  // namespace flexjit

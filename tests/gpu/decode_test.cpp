@@ -213,16 +213,12 @@ struct DecodeProblem {
     dlse.fill_bytes(0xff);
   }
 
-  // Compares every valid row (i < q_len(b)) with the float64 reference.
-  std::pair<Comparison, Comparison> check() {
-    std::vector<uint16_t> raw(q.size());
-    dout.download(raw.data(), raw.size() * 2);
-    std::vector<float> lse_dev(size_t(B) * c.H * c.Sq);
-    dlse.download(lse_dev.data(), lse_dev.size() * 4);
+  // The interpreter's environment of the case: symbols (Sq, Skv = the plan's bounds), params and buffers.
+  EvalEnv eval_env() const {
     EvalEnv base;
-    std::map<std::string, int64_t> sym = {{"B", B}, {"H", c.H}, {"Hkv", c.Hkv}, {"Sq", c.Sq}, {"Skv", max_kv}, {"D", D}};
+    const std::map<std::string, int64_t> sym = {{"B", B}, {"H", c.H}, {"Hkv", c.Hkv}, {"Sq", c.Sq}, {"Skv", max_kv}, {"D", D}};
     base.symbols.resize(ir.checked.symbols.size());
-    for (size_t i = 0; i < ir.checked.symbols.size(); ++i) base.symbols[i] = sym.count(ir.checked.symbols[i]) ? sym[ir.checked.symbols[i]] : 1;
+    for (size_t i = 0; i < ir.checked.symbols.size(); ++i) base.symbols[i] = sym.count(ir.checked.symbols[i]) ? sym.at(ir.checked.symbols[i]) : 1;
     base.params.resize(c.spec.params.size());
     for (size_t i = 0; i < c.spec.params.size(); ++i) {
       const dsl::ParamDecl& p = c.spec.params[i];
@@ -240,6 +236,45 @@ struct DecodeProblem {
       if (bd.name == "doc") base.buffers.push_back(BufferView{dsl::DType::I32, doc.data(), {B, max_kv}, {max_kv, 1}});
       if (bd.name == "slope") base.buffers.push_back(BufferView{dsl::DType::F32, slope.data(), {c.H}, {1}});
     }
+    return base;
+  }
+
+  // The KV tiles (64 positions) of each list that some of its rows keep: [B][Hkv] when the mask reads the head,
+  // else [B], as DecodePlan::listed_tiles() reports them.
+  std::vector<int> expected_listed_tiles(bool per_head) const {
+    EvalEnv env = eval_env();
+    const int G = c.H / c.Hkv, lists = per_head ? c.Hkv : 1;
+    std::vector<int> counts;
+    for (int b = 0; b < B; ++b)
+      for (int w = 0; w < lists; ++w) {
+        const int L = c.kv_lens[b], ql = c.q_lens.empty() ? c.Sq : c.q_lens[b];
+        int kept_tiles = 0;
+        for (int t = 0; t * 64 < L; ++t) {
+          bool kept = false;
+          for (int h = per_head ? w * G : 0; h < (per_head ? w * G + G : c.H) && !kept; ++h)
+            for (int i = 0; i < ql && !kept; ++i)
+              for (int kv = t * 64; kv < std::min(L, t * 64 + 64) && !kept; ++kv) {
+                env.vars[int(dsl::VarId::B)] = b;
+                env.vars[int(dsl::VarId::H)] = h;
+                env.vars[int(dsl::VarId::KvHead)] = h / G;
+                env.vars[int(dsl::VarId::Q)] = L - ql + i;
+                env.vars[int(dsl::VarId::KV)] = kv;
+                kept = evaluate(ir.mask_mod, env).b;
+              }
+          kept_tiles += kept;
+        }
+        counts.push_back(kept_tiles);
+      }
+    return counts;
+  }
+
+  // Compares every valid row (i < q_len(b)) with the float64 reference.
+  std::pair<Comparison, Comparison> check() {
+    std::vector<uint16_t> raw(q.size());
+    dout.download(raw.data(), raw.size() * 2);
+    std::vector<float> lse_dev(size_t(B) * c.H * c.Sq);
+    dlse.download(lse_dev.data(), lse_dev.size() * 4);
+    const EvalEnv base = eval_env();
     const double scale = 1.0 / std::sqrt(double(D));
     const int G = c.H / c.Hkv;
     std::vector<int> rows;  // (b * H + h) * Sq + i of valid rows
@@ -305,7 +340,9 @@ struct DecodeProblem {
   }
 };
 
-void run_and_expect(DecodeCase c, const std::string& what) {
+// Runs a case and checks every valid row against the float64 reference. listed: the tile counts the run must
+// report (DecodePlan::listed_tiles); by default, for a masked spec, exactly the tiles its mask keeps.
+void run_and_expect(DecodeCase c, const std::string& what, std::optional<std::vector<int>> listed = std::nullopt) {
   DecodeProblem p(std::move(c));
   p.set_kv_lens(p.c.kv_lens);
   p.poison();
@@ -313,6 +350,10 @@ void run_and_expect(DecodeCase c, const std::string& what) {
   p.kernel->check_errors(0, nullptr);
   auto [o, l] = p.check();
   INFO(what << ": splits " << p.plan->num_splits());
+  if (p.ir.mask_mod) {
+    const std::vector<int> got = p.plan->listed_tiles();
+    CHECK(got == listed.value_or(p.expected_listed_tiles(got.size() == size_t(p.B) * p.c.Hkv && p.c.Hkv > 1)));
+  }
   INFO("O: rel_l2 " << o.rel_l2 << " max_abs " << o.max_abs << " bad " << o.bad << " (first " << o.first_bad << ")");
   INFO("LSE: rel_l2 " << l.rel_l2 << " max_abs " << l.max_abs << " bad " << l.bad << " (first " << l.first_bad << ")");
   CHECK(o.bad == 0);
@@ -415,6 +456,67 @@ TEST_CASE("decode: mods see logical positions (causal, window, ALiBi, softcap, d
     c.page_size = 16;
     c.num_splits = 8;
     run_and_expect(c, "scores near -3e38 in the first tile");
+  }
+}
+
+TEST_CASE("decode: only the tiles a mask keeps are read (sinks + window, dilated window, documents over pages)", "[gpu][decode]") {
+  FLEXJIT_REQUIRE_GPU();
+  const std::vector<int> lens = {1, 4, 63, 64, 65, 1030, 5000, 32768};
+  const dsl::Spec sinks = make_spec("sinks_window", std::nullopt, "kv < sinks || q - kv < window", 128, {}, {"sinks: int = 4", "window: int = 1024"});
+  for (int ps : {1, 16, 256})
+    for (int g : {1, 4, 8}) {
+      DecodeCase c = with_spec(sinks);
+      c.kv_lens = lens;
+      c.H = 2 * g;
+      c.page_size = ps;
+      c.seed = 300 + ps + g;
+      run_and_expect(c, "sinks + window, page size " + std::to_string(ps) + ", GQA " + std::to_string(g));
+    }
+  {
+    DecodeCase c = with_spec(sinks);
+    c.kv_lens = lens;
+    c.Sq = 3;
+    c.q_lens = {1, 2, 3, 3, 1, 2, 3, 2};
+    c.page_size = 16;
+    c.params = {{"sinks", 70}, {"window", 100}};
+    run_and_expect(c, "sinks 70 + window 100, up to 3 rows");
+  }
+  {
+    DecodeCase c = with_spec(make_spec("dilated", std::nullopt, "q - kv < 8192 && kv // 256 % 2 == q // 256 % 2"));
+    c.kv_lens = lens;
+    c.page_size = 16;
+    run_and_expect(c, "dilated window");
+  }
+  {
+    DecodeCase c = with_spec(make_spec("per_head_window", std::nullopt, "q - kv < 200 * (h + 1) || kv < 1"));
+    c.kv_lens = lens;
+    c.H = 8;
+    c.page_size = 16;
+    run_and_expect(c, "a window per query head (a list per KV head)");
+  }
+  const dsl::Spec doc = make_spec("doc_lists", std::nullopt, "doc[b, kv] == doc[b, q] && doc[b, kv] >= 0", 128, {"doc: i32[B, Skv]"});
+  for (int ps : {1, 16, 256})
+    for (int g : {1, 4, 8}) {
+      DecodeCase c = with_spec(doc);
+      c.kv_lens = lens;
+      c.H = 2 * g;
+      c.page_size = ps;
+      c.doc_len = 2048;
+      c.masked_doc_seq = 5;  // every row of sequence 5 is masked: nothing listed, O = 0, LSE = -inf
+      c.num_splits = ps == 16 ? 16 : 0;
+      c.seed = 400 + ps + g;
+      run_and_expect(c, "documents, page size " + std::to_string(ps) + ", GQA " + std::to_string(g));
+    }
+  {
+    // A mask that reads the head, 4 heads x 8 rows per list: more rows than the per-element classification
+    // takes, so every tile below the KV length is listed, as partial.
+    DecodeCase c = with_spec(make_spec("doc_heads", std::nullopt, "doc[b, kv] == doc[b, q] || h > 100", 128, {"doc: i32[B, Skv]"}));
+    c.kv_lens = {3000, 9000};
+    c.H = 8;
+    c.Sq = 8;
+    c.page_size = 16;
+    c.doc_len = 700;
+    run_and_expect(c, "documents, 32 rows per list", std::vector<int>{47, 47, 141, 141});
   }
 }
 

@@ -1,6 +1,7 @@
-// The decode module (decode + combine, + tile window for buffer-free masks) of every gallery spec compiles
-// through NVRTC, without a GPU, and the decode kernel does not spill: sm_90a for all, sm_80, the two-m-tile
-// configuration and the non-default pipeline for a few (CI time). Also the host's choice of pipeline and splits.
+// The decode module (decode + combine, + tile list for masked specs) of every gallery spec compiles through NVRTC,
+// without a GPU, and neither the decode kernel nor the tile-list kernel spills: sm_90a for all, sm_80, the
+// two-m-tile configuration and the non-default pipeline for a few (CI time). Also the host's choice of pipeline
+// and splits.
 #include <catch2/catch.hpp>
 
 #include <cstdio>
@@ -18,7 +19,7 @@ namespace {
 void compile_decode(const SpecIR& ir, const DecodeKernelOptions& o, const char* arch) {
   KernelSource ks = decode_kernel_source(ir, analyze_decode_ranges(ir), o);
   INFO(ks.name << " for " << arch);
-  CHECK((ks.source.find(kDecodeWindowEntry) != std::string::npos) == decode_has_window(ir));
+  CHECK((ks.source.find(kDecodeTilesEntry) != std::string::npos) == decode_has_tile_list(ir));
   runtime::CacheLookup r = runtime::compile_kernel(ks, canonical_ir_text(ir), arch);
   REQUIRE(r.artefact);
   REQUIRE(r.artefact->binary.size() > 1000);
@@ -28,6 +29,11 @@ void compile_decode(const SpecIR& ir, const DecodeKernelOptions& o, const char* 
   const nlohmann::json& v = res[kDecodeEntry];
   std::printf("%-40s %-7s regs %3d spill %3d\n", ks.name.c_str(), arch, v.value("registers", -1), v.value("spill_store_bytes", -1));
   CHECK(v.value("spill_store_bytes", -1) == 0);
+  if (res.contains(kDecodeTilesEntry)) {
+    const nlohmann::json& t = res[kDecodeTilesEntry];
+    std::printf("%-40s %-7s tile list: regs %3d spill %3d\n", ks.name.c_str(), arch, t.value("registers", -1), t.value("spill_store_bytes", -1));
+    CHECK(t.value("spill_store_bytes", -1) == 0);
+  }
 }
 
 }  // namespace

@@ -118,7 +118,8 @@ def main():
         rows.append(r)
         print(json.dumps(r), flush=True)
     json.dump(rows, open(f"{args.out}/decode.json", "w"), indent=1)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown"
+    commit = os.environ.get("FLEXJIT_COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                                                text=True).stdout.strip() or "unknown"
     gpu = torch.cuda.get_device_name()
     lines = [f"\n### Decode, {datetime.date.today()}, {gpu}, commit {commit}, torch {torch.__version__}\n",
              "B8, 32 query heads / 8 KV heads, D128, bf16, one query token; L2 flushed before every timing; "

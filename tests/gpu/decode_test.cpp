@@ -550,6 +550,7 @@ TEST_CASE("decode captured in a CUDA graph replays while the sequences grow", "[
     runtime::check_cu(d.cuStreamSynchronize(stream), "sync");
     auto [o, l] = p.check();
     INFO("step " << step << " O rel_l2 " << o.rel_l2 << " bad " << o.bad << "; LSE max_abs " << l.max_abs << " bad " << l.bad);
+    CHECK(p.plan->listed_tiles() == p.expected_listed_tiles(false));  // the replay listed the grown windows' tiles
     CHECK(o.bad == 0);
     CHECK(l.bad == 0);
     CHECK(o.rel_l2 < 1.5e-2);

@@ -2,6 +2,7 @@
 #pragma once
 #include "flex_decode_params.cuh"
 #include "flex_mma.cuh"
+#include "flex_softmax.cuh"
 
 // Decode: 1..16 query rows per sequence against a long KV cache. Memory-bound (every K/V byte is used by only
 // group * q_len query rows), so the design goal is DRAM bandwidth, not tensor throughput:
@@ -404,7 +405,6 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
   constexpr bool kAlternate = Traits::kAlternate;
   constexpr float kLog2e = 1.4426950408889634f;
   constexpr float kLn2 = 0.6931471805599453f;
-  constexpr float kRescaleLog2 = 8.f;  // lazy rescaling threshold, as in flex_forward.cuh
 
   extern __shared__ __align__(128) unsigned char flex_smem[];
 
@@ -548,15 +548,10 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
     for (int dt = 0; dt < kDTiles; ++dt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] = 0.f;
-  float row_max[kRowsPerThread];
-  float row_sum[kRowsPerThread];
-#pragma unroll
-  for (int r = 0; r < kRowsPerThread; ++r) {
-    row_max[r] = K::neg_inf();
-    row_sum[r] = 0.f;
-  }
-  // exp(score - max) = exp2((x - max) * mult); without score_mod x is the raw q.k (see flex_forward.cuh).
+  // exp(score - max) = exp2((x - max) * mult); without score_mod x is the raw q.k (see flex_forward.cuh). The scores
+  // here are score_mod's whole value, not a split variant's core, so the fixed-maximum softmax does not apply.
   const float mult = Variant::kHasScoreMod ? kLog2e : p.scale * kLog2e;
+  flex::Softmax<Variant, Element, kMTiles, kNTiles, /*kFixedMaxAllowed=*/false> softmax(mult);
 
   // S = mods(Q @ K^T) over the warp's KV rows of load `it`, then the online softmax update: P (as the A
   // fragments of the warp's P @ V k-steps) into pa, O rescaled when the max jumps.
@@ -607,62 +602,17 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
       K::template apply_mods<false>(acc_s, vp, row_st, col_st, tile_st, row_ok, head, qpos, b, hkv, warp, lane, k0,
                                     kv_lim, p.scale);
 
-    // Online softmax in base 2 with lazy rescaling, per warp over its columns (see flex_forward.cuh).
-    bool rescale = false;
+    // Online softmax (flex::Softmax), per warp over its columns; P as the A fragments of the warp's P @ V k-steps.
     float alpha[kRowsPerThread];
-    float max_scaled[kRowsPerThread];
+    const bool jumped = softmax.update_max(acc_s, alpha);
+    softmax.rescale_o(acc_o, alpha, jumped);
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int r = mt * 2 + half;
-        float t4 = fmaxf(acc_s[mt][0][2 * half], acc_s[mt][0][2 * half + 1]);
-#pragma unroll
-        for (int nt = 1; nt < kNTiles; ++nt) t4 = fmaxf(t4, fmaxf(acc_s[mt][nt][2 * half], acc_s[mt][nt][2 * half + 1]));
-        const float mx = flex::quad_max(fmaxf(row_max[r], t4));
-        const bool jump = (mx - row_max[r]) * mult > kRescaleLog2;
-        const float m_new = jump ? mx : row_max[r];
-        const float scaled = m_new * mult;  // as flex_forward.cuh: no max yet, or one past the fp32 range once scaled
-        max_scaled[r] = scaled == K::neg_inf() ? 0.f : scaled;
-        alpha[r] = jump ? flex::ex2(row_max[r] * mult - max_scaled[r]) : 1.f;  // exactly 1 unless it jumped (flex::Softmax)
-        row_max[r] = m_new;
-        row_sum[r] *= alpha[r];
-        rescale |= jump;
-      }
-    }
-    if (__any_sync(0xffffffffu, rescale)) {
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] *= alpha[mt * 2 + e / 2];
-    }
-
-    // P: each 16 columns of the warp are one 16x16 A fragment, straight from the S accumulators.
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
-      float pr[kNTiles][4];
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) pr[nt][e] = flex::ex2(fmaf(acc_s[mt][nt][e], mult, -max_scaled[mt * 2 + e / 2]));
-      float sum_lo = 0.f, sum_hi = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt) {
-        sum_lo += pr[nt][0] + pr[nt][1];
-        sum_hi += pr[nt][2] + pr[nt][3];
-      }
-      row_sum[mt * 2] += sum_lo;
-      row_sum[mt * 2 + 1] += sum_hi;
+    for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ++ks) {
-        pa[mt][ks][0] = Mma::pack(pr[2 * ks][0], pr[2 * ks][1]);
-        pa[mt][ks][1] = Mma::pack(pr[2 * ks][2], pr[2 * ks][3]);
-        pa[mt][ks][2] = Mma::pack(pr[2 * ks + 1][0], pr[2 * ks + 1][1]);
-        pa[mt][ks][3] = Mma::pack(pr[2 * ks + 1][2], pr[2 * ks + 1][3]);
+        softmax.exp_kstep(acc_s, mt, ks);
+        softmax.pack_kstep(acc_s, mt, ks, pa[mt][ks]);
       }
-    }
   };
   // O += P @ V over the warp's KV rows.
   auto accumulate_pv = [&](unsigned v_stage) {
@@ -724,8 +674,8 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
   float m_own[kRowsPerThread];
 #pragma unroll
   for (int r = 0; r < kRowsPerThread; ++r) {
-    const float l = flex::quad_sum(row_sum[r]);
-    m_own[r] = row_max[r] == K::neg_inf() ? K::neg_inf() : row_max[r] * mult;
+    const float l = flex::quad_sum(softmax.row_sum[r]);
+    m_own[r] = softmax.row_max[r] == K::neg_inf() ? K::neg_inf() : softmax.row_max[r] * mult;
     if (lane % 4 == 0) {
       const int tr = K::row_in_tile(lane, r);
       s_m[warp * kBlockM + tr] = m_own[r];

@@ -1,4 +1,4 @@
-// The online softmax of the forward kernels over one thread's rows of the S accumulator (any loop whose accumulators
+// The online softmax of the forward and decode kernels over one thread's rows of the S accumulator (any loop whose accumulators
 // use the m16n8 C layout: mma.sync, and wgmma, which repeats it per warp).
 #pragma once
 #include "flex_mma.cuh"
@@ -30,11 +30,12 @@ __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u);
 //
 // kFixedMax (Variant::kFixedMax): the variant's score_mod_core is bounded by kScoreCoreMax, so the softmax subtracts
 // that bound instead of each row's running maximum: no max reduction, no shuffles, no rescale of the sums and of O,
-// and each exp2 waits on its own S element only. bf16 P only (fp16 would flush the smallest P to 0).
-template <class Variant, class Element, int kMTiles, int kNTiles>
+// and each exp2 waits on its own S element only. bf16 P only (fp16 would flush the smallest P to 0). A kernel whose S
+// holds score_mod's whole value rather than a split variant's core (decode) passes kFixedMaxAllowed = false.
+template <class Variant, class Element, int kMTiles, int kNTiles, bool kFixedMaxAllowed = true>
 struct Softmax {
   static constexpr int kRows = 2 * kMTiles;
-  static constexpr bool kFixedMax = Variant::kFixedMax && HasFp32ExponentRange<Element>::value;
+  static constexpr bool kFixedMax = kFixedMaxAllowed && Variant::kFixedMax && HasFp32ExponentRange<Element>::value;
   static constexpr float kRescaleLog2 = 8.f;
 
   float row_max[kRows];     // in S units

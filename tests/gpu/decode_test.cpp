@@ -463,15 +463,20 @@ TEST_CASE("decode: only the tiles a mask keeps are read (sinks + window, dilated
   FLEXJIT_REQUIRE_GPU();
   const std::vector<int> lens = {1, 4, 63, 64, 65, 1030, 5000, 32768};
   const dsl::Spec sinks = make_spec("sinks_window", std::nullopt, "kv < sinks || q - kv < window", 128, {}, {"sinks: int = 4", "window: int = 1024"});
-  for (int ps : {1, 16, 256})
-    for (int g : {1, 4, 8}) {
-      DecodeCase c = with_spec(sinks);
-      c.kv_lens = lens;
-      c.H = 2 * g;
-      c.page_size = ps;
-      c.seed = 300 + ps + g;
-      run_and_expect(c, "sinks + window, page size " + std::to_string(ps) + ", GQA " + std::to_string(g));
-    }
+  // Each case over page sizes 1, 16 and 256 and GQA groups 1, 4 and 8 (two KV heads).
+  auto over_pages_and_groups = [&](const dsl::Spec& spec, const std::string& what, unsigned seed, auto&& adjust) {
+    for (int ps : {1, 16, 256})
+      for (int g : {1, 4, 8}) {
+        DecodeCase c = with_spec(spec);
+        c.kv_lens = lens;
+        c.H = 2 * g;
+        c.page_size = ps;
+        c.seed = seed + ps + g;
+        adjust(c);
+        run_and_expect(c, what + ", page size " + std::to_string(ps) + ", GQA " + std::to_string(g));
+      }
+  };
+  over_pages_and_groups(sinks, "sinks + window", 300, [](DecodeCase&) {});
   {
     DecodeCase c = with_spec(sinks);
     c.kv_lens = lens;
@@ -495,18 +500,11 @@ TEST_CASE("decode: only the tiles a mask keeps are read (sinks + window, dilated
     run_and_expect(c, "a window per query head (a list per KV head)");
   }
   const dsl::Spec doc = make_spec("doc_lists", std::nullopt, "doc[b, kv] == doc[b, q] && doc[b, kv] >= 0", 128, {"doc: i32[B, Skv]"});
-  for (int ps : {1, 16, 256})
-    for (int g : {1, 4, 8}) {
-      DecodeCase c = with_spec(doc);
-      c.kv_lens = lens;
-      c.H = 2 * g;
-      c.page_size = ps;
-      c.doc_len = 2048;
-      c.masked_doc_seq = 5;  // every row of sequence 5 is masked: nothing listed, O = 0, LSE = -inf
-      c.num_splits = ps == 16 ? 16 : 0;
-      c.seed = 400 + ps + g;
-      run_and_expect(c, "documents, page size " + std::to_string(ps) + ", GQA " + std::to_string(g));
-    }
+  over_pages_and_groups(doc, "documents", 400, [](DecodeCase& c) {
+    c.doc_len = 2048;
+    c.masked_doc_seq = 5;  // every row of sequence 5 is masked: nothing listed, O = 0, LSE = -inf
+    c.num_splits = c.page_size == 16 ? 16 : 0;
+  });
   {
     // A mask that reads the head, 4 heads x 8 rows per list: more rows than the per-element classification
     // takes, so every tile below the KV length is listed, as partial.

@@ -49,6 +49,8 @@ __device__ __forceinline__ void list_tiles(int n_tiles, int* list, int* count, P
   if (tid == 0) *count = s_listed;
 }
 
+// One block per (list, sequence): grid (lists per sequence, B). A KV length past the plan's bound is listed only up to
+// the list's capacity, so the block never writes past its list.
 template <class F>
 __device__ __forceinline__ void run(const FlexDecodeWindowParams& p, F body) {
   const int w = blockIdx.x;

@@ -107,9 +107,9 @@ struct FlexDecodeParams {
 };
 
 // Where the tile-list kernel writes FlexDecodeTiles' arrays, and what it classifies.
-// grid = (lists_per_seq, B), kFlexDecodeWindowThreads threads. lists_per_seq = kv_heads when the mask depends on h
+// grid = (lists_per_seq, B), kFlexDecodeTileListThreads threads. lists_per_seq = kv_heads when the mask depends on h
 // (one list per KV head, over that KV head's query heads), else 1 (every head).
-struct FlexDecodeWindowParams {
+struct FlexDecodeTileListParams {
   int* list;           // [B, lists_per_seq][capacity]
   int* count;          // [B, lists_per_seq]
   int capacity;        // tiles a list holds; tiles past it (a KV length above the plan's bound) are not listed
@@ -123,7 +123,7 @@ struct FlexDecodeWindowParams {
 };
 
 // Threads of the tile-list kernel: one block classifies and lists 1024 tiles (65536 positions) per pass.
-constexpr int kFlexDecodeWindowThreads = 1024;
+constexpr int kFlexDecodeTileListThreads = 1024;
 // A data-dependent mask is evaluated per element only where a list serves at most this many query rows (query
 // heads x rows of the sequence); wider lists keep such tiles partial (exact, just not skipped).
 constexpr int kFlexDecodeDenseMaxRows = 16;

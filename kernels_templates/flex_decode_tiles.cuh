@@ -13,21 +13,21 @@ enum : int { kEmpty = 0, kFull = 1, kPartial = 2 };
 
 // The rows a list serves: this sequence's query rows [kv_len - q_len, kv_len - 1] for the query heads of one KV head
 // (per_head) or for head 0 standing for every head (a mask that does not read h).
-struct Window {
+struct ListRows {
   int b, kv_len, q_len, h0, n_heads, hkv;
 };
 
-// Lists the kept tiles of one window in ascending order, kFlexDecodeWindowThreads tiles per pass: prepare(base) (all
+// Lists the kept tiles of one (sequence, list) in ascending order, kFlexDecodeTileListThreads tiles per pass: prepare(base) (all
 // threads, then a barrier) may stage the pass's classes, then thread i classifies tile base + i by classify(t, base)
 // and the kept ones are compacted.
 template <class Prepare, class Classify>
 __device__ __forceinline__ void list_tiles(int n_tiles, int* list, int* count, Prepare prepare, Classify classify) {
-  constexpr int kWarps = kFlexDecodeWindowThreads / 32;
+  constexpr int kWarps = kFlexDecodeTileListThreads / 32;
   __shared__ int s_warp_kept[kWarps];
   __shared__ int s_listed;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   if (tid == 0) s_listed = 0;
-  for (int base = 0; base < n_tiles; base += kFlexDecodeWindowThreads) {
+  for (int base = 0; base < n_tiles; base += kFlexDecodeTileListThreads) {
     prepare(base);
     __syncthreads();
     const int t = base + tid;
@@ -52,7 +52,7 @@ __device__ __forceinline__ void list_tiles(int n_tiles, int* list, int* count, P
 // One block per (list, sequence): grid (lists per sequence, B). A KV length past the plan's bound is listed only up to
 // the list's capacity, so the block never writes past its list.
 template <class F>
-__device__ __forceinline__ void run(const FlexDecodeWindowParams& p, F body) {
+__device__ __forceinline__ void run(const FlexDecodeTileListParams& p, F body) {
   const int w = blockIdx.x;
   const int b = blockIdx.y;
   const int kv_len = p.kv_lens != nullptr ? p.kv_lens[b] : p.kv_len;
@@ -60,7 +60,7 @@ __device__ __forceinline__ void run(const FlexDecodeWindowParams& p, F body) {
   const int group = p.heads / p.kv_heads;
   const int n_tiles = min((kv_len + kFlexDecodeBlockN - 1) / kFlexDecodeBlockN, p.capacity);
   const long long off = (long long)b * gridDim.x + w;
-  const Window win{b, kv_len, q_len, p.per_head ? w * group : 0, p.per_head ? group : 1, p.per_head ? w : 0};
+  const ListRows win{b, kv_len, q_len, p.per_head ? w * group : 0, p.per_head ? group : 1, p.per_head ? w : 0};
   body(win, n_tiles, p.list + off * p.capacity, p.count + off);
 }
 
@@ -71,8 +71,8 @@ __device__ __forceinline__ void run(const FlexDecodeWindowParams& p, F body) {
 // sequence, the query heads of the list, query positions [kv_len - q_len, kv_len - 1], kv in
 // [64 t, min(kv_len, 64 t + 64) - 1].
 template <class Variant, class Box>
-__device__ void flex_decode_tiles_interval(const FlexDecodeWindowParams& p, const typename Variant::Params& vp) {
-  flex_decode_tiles::run(p, [&](const flex_decode_tiles::Window& win, int n_tiles, int* list, int* count) {
+__device__ void flex_decode_tiles_interval(const FlexDecodeTileListParams& p, const typename Variant::Params& vp) {
+  flex_decode_tiles::run(p, [&](const flex_decode_tiles::ListRows& win, int n_tiles, int* list, int* count) {
     const fji::I bi = fji::pt((long long)win.b);
     const fji::I hi = p.per_head ? fji::I{(long long)win.h0, (long long)win.h0 + win.n_heads - 1} : fji::I{0, p.heads - 1ll};
     const fji::I hkv = p.per_head ? fji::pt((long long)win.hkv) : fji::I{0, p.kv_heads - 1ll};
@@ -90,17 +90,17 @@ __device__ void flex_decode_tiles_interval(const FlexDecodeWindowParams& p, cons
 // the decode kernel hoists for them (row, col, tile); the classes are staged in shared memory for the compaction.
 // Lists serving more than kFlexDecodeDenseMaxRows rows keep every tile below the KV length, as partial.
 template <class Variant>
-__device__ void flex_decode_tiles_dense(const FlexDecodeWindowParams& p, const typename Variant::Params& vp) {
-  constexpr int kWarps = kFlexDecodeWindowThreads / 32;
+__device__ void flex_decode_tiles_dense(const FlexDecodeTileListParams& p, const typename Variant::Params& vp) {
+  constexpr int kWarps = kFlexDecodeTileListThreads / 32;
   constexpr int kUnroll = 4;
-  __shared__ unsigned char s_cls[kFlexDecodeWindowThreads];
-  flex_decode_tiles::run(p, [&](const flex_decode_tiles::Window& win, int n_tiles, int* list, int* count) {
+  __shared__ unsigned char s_cls[kFlexDecodeTileListThreads];
+  flex_decode_tiles::run(p, [&](const flex_decode_tiles::ListRows& win, int n_tiles, int* list, int* count) {
     const bool dense = win.n_heads * win.q_len <= kFlexDecodeDenseMaxRows;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int hkv = p.per_head ? win.hkv : 0;
     auto prepare = [&](int base) {
       if (!dense) return;
-      const int n = min(n_tiles - base, kFlexDecodeWindowThreads);
+      const int n = min(n_tiles - base, kFlexDecodeTileListThreads);
       // Tiles base + i0 + u * kWarps (u < kUnroll) of this warp; bounds are warp-uniform.
       for (int i0 = warp; i0 < n; i0 += kWarps * kUnroll) {
         bool any_true[kUnroll], any_false[kUnroll];

@@ -191,6 +191,7 @@ std::unique_ptr<DecodePlan> KernelImpl::plan_decode(const DecodePlanOptions& o) 
   plan->ws_o_offset = tiles_bytes;
   plan->ws_lse_offset = tiles_bytes + align(rows * D * 4);
   plan->counters_offset = plan->ws_lse_offset + align(rows * 4);
+  // At least one aligned piece: a plan without a mask or splits still owns (empty) memory.
   size_t total = std::max<size_t>(ws > 0 ? plan->counters_offset + align(counters * 4) : tiles_bytes, 256);
   plan->memory = runtime::DeviceBuffer(device, total);
   if (ws > 0) {
@@ -388,7 +389,7 @@ void KernelImpl::decode(const DecodePlan& plan_base, const DecodeArgs& a) {
 
   const runtime::CudaDriver& d = require_driver();
   if (plan->lists_per_seq > 0) {
-    FlexDecodeWindowParams wp{};
+    FlexDecodeTileListParams wp{};
     const int lists = plan->lists_per_seq;
     wp.count = reinterpret_cast<int*>(base);
     wp.list = reinterpret_cast<int*>(base + plan->list_offset);
@@ -401,7 +402,7 @@ void KernelImpl::decode(const DecodePlan& plan_base, const DecodeArgs& a) {
     wp.kv_heads = p.kv_heads;
     wp.per_head = mask_uses_h_ ? 1 : 0;
     void* wargs[] = {&wp, vparams.data()};
-    check_cu(d.cuLaunchKernel(m.tiles_fn.at(device), static_cast<unsigned>(lists), static_cast<unsigned>(B), 1, kFlexDecodeWindowThreads, 1,
+    check_cu(d.cuLaunchKernel(m.tiles_fn.at(device), static_cast<unsigned>(lists), static_cast<unsigned>(B), 1, kFlexDecodeTileListThreads, 1,
                               1, 0, a.stream, wargs, nullptr),
              "launching the decode tile-list kernel");
     p.tiles.list = wp.list;

@@ -37,8 +37,8 @@ KernelSource decode_kernel_source(const SpecIR& ir, const RangeInfo& ranges, con
     ks.entries.push_back(kDecodeTilesEntry);
     const bool interval = mask_is_interval_classifiable(ir);
     tiles = (interval ? generate_cuda_interval_classifier(ir, "FlexVariant", "FlexMaskBox") : std::string()) +
-            fmt::format("\nextern \"C\" __global__ void __launch_bounds__(kFlexDecodeWindowThreads)\n"
-                        "{}(const FlexDecodeWindowParams p, const FlexVariant::Params vp) {{\n"
+            fmt::format("\nextern \"C\" __global__ void __launch_bounds__(kFlexDecodeTileListThreads)\n"
+                        "{}(const FlexDecodeTileListParams p, const FlexVariant::Params vp) {{\n"
                         "  {};\n}}\n",
                         kDecodeTilesEntry,
                         interval ? "flex_decode_tiles_interval<FlexVariant, FlexMaskBox>(p, vp)" : "flex_decode_tiles_dense<FlexVariant>(p, vp)");

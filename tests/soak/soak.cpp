@@ -234,10 +234,13 @@ constexpr double kForwardTolerance = 1.5e-2;  // bf16 output against float64 (te
 
 // One worker of phase 1: its spec, device and stream, until `stop`.
 // After `stop` it parks, still holding its kernel and memory, until `release`, so the phase's
-// last memory sample sees the state its first one did.
+// last memory sample sees the state its first one did. The baseline is taken the same way: the
+// workers hold still (`pause`) between launches, each with its kernel and workspace. Sampled
+// while they run, a worker recompiling after a cache clear has freed its workspace (about
+// 100 MiB), so the baseline could miss one and the end look like a leak.
 struct Phase {
-  std::atomic<bool> stop{false}, release{false};
-  std::atomic<int> warm{0}, parked{0};
+  std::atomic<bool> stop{false}, release{false}, pause{false};
+  std::atomic<int> warm{0}, parked{0}, paused{0};
 };
 
 void launch_worker(const dsl::Spec& spec, int device, unsigned seed, Phase& phase, PhaseStats& st, Errors& errors) {
@@ -267,6 +270,12 @@ void launch_worker(const dsl::Spec& spec, int device, unsigned seed, Phase& phas
     std::unique_ptr<Workspace> ws = kernel->make_backward_workspace(device, 2, 16, 2048, 2048);
     bool counted = false;
     for (int64_t i = 0; !stop.load(); ++i) {
+      if (phase.pause.load()) {
+        runtime::check_cu(drv().cuStreamSynchronize(stream), "cuStreamSynchronize");
+        ++phase.paused;
+        while (phase.pause.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        --phase.paused;
+      }
       if (i % 24 == 23) {
         // A new kernel object loads its modules again: from memory, the disk, or NVRTC after a clear.
         runtime::check_cu(drv().cuStreamSynchronize(stream), "cuStreamSynchronize");
@@ -347,7 +356,10 @@ std::string run_launch_phase(int threads, double seconds, const std::vector<int>
   const int64_t recreated = st.recreated.load();
   while (st.recreated.load() < recreated + threads && seconds_since(start) < seconds) std::this_thread::sleep_for(std::chrono::milliseconds(200));
   const double warm_seconds = seconds_since(start);
+  phase.pause = true;  // a worker that failed is parked, and holds still too
+  while (phase.paused.load() + phase.parked.load() < threads) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   mem.baseline();
+  phase.pause = false;
   auto last_clear = Clock::now();
   while (seconds_since(start) < seconds) {
     std::this_thread::sleep_for(std::chrono::milliseconds(500));

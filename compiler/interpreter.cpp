@@ -182,6 +182,8 @@ class Interpreter {
       case DType::I64: return Scalar::of_int(read_as<int64_t>(view.data, offset));
       case DType::U8: return Scalar::of_int(read_as<uint8_t>(view.data, offset));
       case DType::Bool: return Scalar::of_bool(read_as<uint8_t>(view.data, offset) != 0);
+      case DType::F8E4M3:
+      case DType::F8E5M2: break;  // a KV-cache type, never a buffer's
     }
     throw std::logic_error("flexjit internal error: unknown dtype");
   }

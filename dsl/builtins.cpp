@@ -60,6 +60,8 @@ const char* dtype_name(DType t) {
     case DType::I64: return "i64";
     case DType::U8: return "u8";
     case DType::Bool: return "bool";
+    case DType::F8E4M3: return "f8e4m3";
+    case DType::F8E5M2: return "f8e5m2";
   }
   return "?";
 }
@@ -75,12 +77,20 @@ std::optional<DType> parse_dtype(std::string_view s) {
   return std::nullopt;
 }
 
+std::optional<DType> parse_kv_cache_dtype(std::string_view s) {
+  if (s == "fp8" || s == "f8e4m3" || s == "e4m3" || s == "float8_e4m3fn") return DType::F8E4M3;
+  if (s == "f8e5m2" || s == "e5m2" || s == "float8_e5m2") return DType::F8E5M2;
+  std::optional<DType> t = parse_dtype(s);
+  if (t && (*t == DType::BF16 || *t == DType::F16)) return t;
+  return std::nullopt;
+}
+
 int dtype_size(DType t) {
   switch (t) {
     case DType::F32: case DType::I32: return 4;
     case DType::F16: case DType::BF16: return 2;
     case DType::I64: return 8;
-    case DType::U8: case DType::Bool: return 1;
+    case DType::U8: case DType::Bool: case DType::F8E4M3: case DType::F8E5M2: return 1;
   }
   return 1;
 }

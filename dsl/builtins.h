@@ -31,9 +31,13 @@ std::optional<FuncInfo> lookup_function(std::string_view);
 const std::vector<std::string>& standard_symbols();  // B H Hkv Sq Skv D
 
 // Element types of captured buffers.
-enum class DType { F32, F16, BF16, I32, I64, U8, Bool };
+// F8E4M3 and F8E5M2 are storage types of a decode KV cache only (DecodePlanOptions::kv_dtype): parse_dtype does
+// not return them, so no buffer or spec can be declared with them.
+enum class DType { F32, F16, BF16, I32, I64, U8, Bool, F8E4M3, F8E5M2 };
 const char* dtype_name(DType);
 std::optional<DType> parse_dtype(std::string_view);
+// A KV cache's element type: bf16 / f16, or fp8 (= f8e4m3, e4m3) and f8e5m2 (e5m2).
+std::optional<DType> parse_kv_cache_dtype(std::string_view);
 int dtype_size(DType);
 bool dtype_is_float(DType);
 

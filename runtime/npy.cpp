@@ -59,6 +59,35 @@ uint16_t float_to_half(float f) {
   return static_cast<uint16_t>(half);
 }
 
+float fp8_to_float(uint8_t bits, dsl::DType t) {
+  const bool e4m3 = t == dsl::DType::F8E4M3;
+  const int mant_bits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15;
+  const int exp = (bits & 0x7f) >> mant_bits, mant = bits & ((1 << mant_bits) - 1);
+  const float sign = bits & 0x80 ? -1.f : 1.f;
+  if (e4m3 && (bits & 0x7f) == 0x7f) return std::nanf("");
+  if (!e4m3 && exp == 0x1f) return mant ? std::nanf("") : sign * INFINITY;
+  if (exp == 0) return sign * std::ldexp(static_cast<float>(mant), 1 - bias - mant_bits);
+  return sign * std::ldexp(static_cast<float>(mant | (1 << mant_bits)), exp - bias - mant_bits);
+}
+
+uint8_t float_to_fp8(float f, dsl::DType t) {
+  const bool e4m3 = t == dsl::DType::F8E4M3;
+  if (std::isnan(f)) return 0x7f;  // a NaN code of both formats
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  const float a = std::fabs(f);
+  // The nearest of the 127 non-negative finite codes, ties to the even code (codes ascend with their values).
+  const int top = e4m3 ? 0x7e : 0x7b;
+  int lo = 0, hi = top;
+  if (a >= fp8_to_float(static_cast<uint8_t>(top), t)) return static_cast<uint8_t>(sign | top);
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    (fp8_to_float(static_cast<uint8_t>(mid), t) <= a ? lo : hi) = mid;
+  }
+  const float dl = a - fp8_to_float(static_cast<uint8_t>(lo), t), dh = fp8_to_float(static_cast<uint8_t>(hi), t) - a;
+  const int code = dl < dh || (dl == dh && (lo & 1) == 0) ? lo : hi;
+  return static_cast<uint8_t>(sign | code);
+}
+
 float half_to_float(uint16_t h) {
   uint32_t sign = (h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1f;
@@ -94,6 +123,8 @@ double NpyArray::get(int64_t i) const {
     case dsl::DType::I64: return static_cast<double>(as<int64_t>()[i]);
     case dsl::DType::U8: return as<uint8_t>()[i];
     case dsl::DType::Bool: return as<uint8_t>()[i] != 0;
+    case dsl::DType::F8E4M3:
+    case dsl::DType::F8E5M2: return fp8_to_float(as<uint8_t>()[i], dtype);
   }
   return 0;
 }
@@ -209,6 +240,8 @@ void write_npy(const std::string& path, const NpyArray& a) {
     case dsl::DType::I64: descr = "<i8"; break;
     case dsl::DType::U8: descr = "|u1"; break;
     case dsl::DType::Bool: descr = "|b1"; break;
+    case dsl::DType::F8E4M3:
+    case dsl::DType::F8E5M2: descr = "|u1"; break;  // numpy has no FP8: the raw bytes, as bf16 is written
   }
   std::string shape = "(";
   for (size_t i = 0; i < a.shape.size(); ++i) shape += std::to_string(a.shape[i]) + (a.shape.size() == 1 || i + 1 < a.shape.size() ? "," : "");

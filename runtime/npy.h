@@ -40,5 +40,9 @@ uint16_t float_to_bf16(float f);
 float bf16_to_float(uint16_t b);
 uint16_t float_to_half(float f);
 float half_to_float(uint16_t h);
+// FP8 (OCP e4m3 / e5m2; t is DType::F8E4M3 or F8E5M2) <-> fp32. float_to_fp8 rounds to nearest even and saturates
+// to the largest finite value (448 / 57344), as FP8 KV caches are quantised; NaN stays NaN.
+float fp8_to_float(uint8_t bits, dsl::DType t);
+uint8_t float_to_fp8(float f, dsl::DType t);
 
 }  // namespace flexjit

@@ -62,6 +62,8 @@ NpyArray random_array(dsl::DType dtype, std::vector<int64_t> shape, std::mt19937
       case dsl::DType::I64: a.as<int64_t>()[i] = ints(rng); break;
       case dsl::DType::U8: a.as<uint8_t>()[i] = static_cast<uint8_t>(ints(rng)); break;
       case dsl::DType::Bool: a.as<uint8_t>()[i] = static_cast<uint8_t>(ints(rng) & 1); break;
+      case dsl::DType::F8E4M3:
+      case dsl::DType::F8E5M2: a.as<uint8_t>()[i] = float_to_fp8(normal(rng), dtype); break;
     }
   }
   return a;

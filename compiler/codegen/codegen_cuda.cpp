@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <stdexcept>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -392,6 +393,8 @@ class CudaEmitter {
       case dsl::DType::I64: value = fmt::format("fj::load_i64(p.{}, {})", f, off); break;
       case dsl::DType::U8: value = fmt::format("fj::load_u8(p.{}, {})", f, off); break;
       case dsl::DType::Bool: value = fmt::format("fj::load_bool(p.{}, {})", f, off); break;
+      case dsl::DType::F8E4M3:
+      case dsl::DType::F8E5M2: throw std::logic_error("internal error: FP8 is a KV-cache type, never a buffer's");
     }
     if (e.type() == Type::Int && !wide(e)) value = "(int)" + value;
     return value;

@@ -717,6 +717,7 @@ class FnEmitter {
       case dsl::DType::I64: return elem(i64_);
       case dsl::DType::U8: return body_.CreateZExt(elem(i8_), i64_);
       case dsl::DType::Bool: return body_.CreateICmpNE(elem(i8_), llvm::ConstantInt::get(i8_, 0));
+      case dsl::DType::F8E4M3: case dsl::DType::F8E5M2: break;  // KV-cache types, never a buffer's
     }
     throw std::logic_error("flexjit internal error: unknown buffer dtype");
   }

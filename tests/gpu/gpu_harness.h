@@ -139,6 +139,8 @@ inline std::vector<HostDeviceBuffer> make_buffers(const dsl::Spec& spec, const s
         case dsl::DType::I64: a.as<int64_t>()[i] = ui(rng); break;
         case dsl::DType::U8: a.as<uint8_t>()[i] = static_cast<uint8_t>(ui(rng)); break;
         case dsl::DType::Bool: a.as<uint8_t>()[i] = static_cast<uint8_t>(ui(rng) & 1); break;
+        case dsl::DType::F8E4M3:
+        case dsl::DType::F8E5M2: a.as<uint8_t>()[i] = float_to_fp8(nd(rng), b.dtype); break;
       }
     }
     if (b.shape.size() == 1 && b.dtype == dsl::DType::I32) std::sort(a.as<int32_t>(), a.as<int32_t>() + n);

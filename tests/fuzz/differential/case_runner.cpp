@@ -147,6 +147,8 @@ HostBuffer make_buffer(const dsl::BufferDecl& decl, const LaunchSizes& s, int64_
       }
       case DType::U8: *p = static_cast<uint8_t>(std::uniform_int_distribution<int>(0, 255)(rng)); break;
       case DType::Bool: *p = static_cast<uint8_t>(std::uniform_int_distribution<int>(0, 1)(rng)); break;
+      case DType::F8E4M3:
+      case DType::F8E5M2: break;  // KV-cache types, never a buffer's
     }
   }
   return b;

@@ -116,6 +116,8 @@ inline std::vector<HostBuffer> make_buffers(const dsl::Spec& spec, const Sizes& 
         }
         case dsl::DType::U8: *p = static_cast<unsigned char>(std::uniform_int_distribution<int>(0, 255)(rng)); break;
         case dsl::DType::Bool: *p = static_cast<unsigned char>(std::uniform_int_distribution<int>(0, 1)(rng)); break;
+        case dsl::DType::F8E4M3:
+        case dsl::DType::F8E5M2: break;  // KV-cache types, never a buffer's
       }
     }
     if (d.name == "doc" && d.dtype == dsl::DType::I32) {

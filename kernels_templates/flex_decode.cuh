@@ -1,6 +1,7 @@
 // Split-KV flash-decoding template (mma.sync, sm_80+) over a paged or contiguous KV cache, and its exact LSE combine.
 #pragma once
 #include "flex_decode_params.cuh"
+#include "flex_fp8.cuh"
 #include "flex_mma.cuh"
 #include "flex_softmax.cuh"
 
@@ -50,14 +51,22 @@
 //   (measured 0.6-1.4% faster on the H100, docs/notes/DECODE_NOTES.md run 4); each warp owns 32 KV rows of the 128, its
 //   half of one 64-row tile, so mask_mod and score_mod still see 64-wide tiles. Off: kStages stages of 64-row
 //   K and V tiles, each warp owning 16 rows of every tile.
+// KvElement: the cache's element type, Element or an FP8 tag (flex_fp8.cuh). FP8 rows are copied as they are into
+//   kStages staging tiles; each thread widens the chunks it copied into one Element tile of K and V, which the
+//   warps then read exactly as they read a bf16/fp16 cache (so Q, P and the mma stay 16-bit and the softmax fp32).
+//   Two barriers per tile instead of one: the widened tile is single-buffered so that two CTAs fit per SM with
+//   3 stages (D128), keeping 64 KB of copies in flight per SM. The stage pipeline only (not kAlternate).
 template <int kHeadDim_, int kMTiles_, int kStages_, class Element_,
-          bool kAlternate_ = flex_decode_alternate(kHeadDim_, kMTiles_, kStages_)>
+          bool kAlternate_ = flex_decode_alternate(kHeadDim_, kMTiles_, kStages_), class KvElement_ = Element_>
 struct FlexDecodeTraits {
   using Element = Element_;
+  using KvElement = KvElement_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kMTiles = kMTiles_;
   static constexpr int kStages = kStages_;
   static constexpr bool kAlternate = kAlternate_;
+  static constexpr bool kKvFp8 = flex::IsFp8<KvElement>::value;
+  static constexpr int kKvBytes = (int)sizeof(KvElement);
   static constexpr int kBlockM = 16 * kMTiles;
   static constexpr int kBlockN = kFlexDecodeBlockN;
   // KV rows of one K (or V) load: one tile per stage, or the whole buffer when alternating.
@@ -72,11 +81,13 @@ struct FlexDecodeTraits {
   static constexpr int kDTiles = kHeadDim / 8;
   static constexpr int kRowsPerThread = 2 * kMTiles;
   static constexpr int kColsPerThread = 2 * kNTiles;     // n8 tiles x 2 elements
-  static constexpr int kChunksPerRow = kHeadDim / 8;     // 16-byte chunks of one row
+  static constexpr int kChunksPerRow = kHeadDim / 8;     // 16-byte chunks of one Element row (Q, O, K/V tiles)
+  static constexpr int kKvChunksPerRow = kHeadDim * kKvBytes / 16;  // ... of one cache row
+  static constexpr int kKvElemsPerChunk = 16 / kKvBytes;
   // cp.async mapping: each thread copies kCopyChunks chunks (kThreadsPerRow apart) of kPasses rows, so an
   // alternating 128-row load needs as few page-table lookups per thread (8 at D128) as a 64-row tile.
-  static constexpr int kCopyChunks = !kAlternate ? 1 : (kChunksPerRow % 4 == 0 && kChunksPerRow >= 32 ? 4 : 2);
-  static constexpr int kThreadsPerRow = kChunksPerRow / kCopyChunks;
+  static constexpr int kCopyChunks = !kAlternate ? 1 : (kKvChunksPerRow % 4 == 0 && kKvChunksPerRow >= 32 ? 4 : 2);
+  static constexpr int kThreadsPerRow = kKvChunksPerRow / kCopyChunks;
   static constexpr int kRowsPerPass = kNThreads / kThreadsPerRow;
   static constexpr int kPasses = (kLoadRows + kRowsPerPass - 1) / kRowsPerPass;
   // Rows padded by 16 bytes: odd number of 16-byte chunks per row, so ldmatrix and cp.async are conflict-free.
@@ -84,13 +95,17 @@ struct FlexDecodeTraits {
   static constexpr int kSmemQBytes = kBlockM * kSmemStride * 2;
   static constexpr int kSmemTileBytes = kBlockN * kSmemStride * 2;
   static constexpr int kSmemLoadBytes = kLoadRows * kSmemStride * 2;
-  static constexpr int kSmemStageBytes = 2 * kSmemTileBytes;  // K then V
+  // Bytes between the rows a load copies into: Element tiles, or FP8 staging rows padded by 16 bytes too.
+  static constexpr int kKvSmemRowBytes = kKvFp8 ? kHeadDim + 16 : kSmemStride * 2;
+  static constexpr int kSmemStageBytes = 2 * kBlockN * kKvSmemRowBytes;  // K then V
+  static constexpr int kSmemWideBytes = kKvFp8 ? 2 * kSmemTileBytes : 0;  // FP8: the widened K and V tile
   // End-of-CTA merge of the warps (reuses the stages): O [kNWarps][kBlockM][kOStride] fp32, then row max and sum.
   // kOStride = D + 8 floats: the float2 stores of a half-warp (rows g, columns 2t) hit distinct banks.
   static constexpr int kOStride = kHeadDim + 8;
   static constexpr int kSmemMergeBytes = kNWarps * kBlockM * (kOStride + 2) * 4;
-  static constexpr int kSmemBodyBytes =
-      kStages * kSmemStageBytes > kSmemMergeBytes ? kStages * kSmemStageBytes : kSmemMergeBytes;
+  static constexpr int kSmemBodyBytes = kStages * kSmemStageBytes + kSmemWideBytes > kSmemMergeBytes
+                                             ? kStages * kSmemStageBytes + kSmemWideBytes
+                                             : kSmemMergeBytes;
   static constexpr int kSmemBytes = kSmemQBytes + kSmemBodyBytes;
 
   static_assert(sizeof(Element) == 2, "FlexDecodeTraits: Element must be __nv_bfloat16 or __half");
@@ -100,6 +115,8 @@ struct FlexDecodeTraits {
   static_assert(kHeadDim <= 128 || kMTiles == 1, "FlexDecodeTraits: D > 128 allows only kMTiles = 1 (register budget)");
   static_assert(kStages >= 2 && kStages <= 4, "FlexDecodeTraits: kStages must be in [2, 4]");
   static_assert(!kAlternate || kStages == 2, "FlexDecodeTraits: the alternating pipeline loads 128 rows (kStages = 2)");
+  static_assert(!kAlternate || !kKvFp8, "FlexDecodeTraits: FP8 caches use the stage pipeline");
+  static_assert(kKvFp8 || sizeof(KvElement) == sizeof(Element), "FlexDecodeTraits: KvElement must be Element or an FP8 tag");
   static_assert(kBlockN == 64 && kColsPerWarp % 16 == 0, "FlexDecodeTraits: the warp layout assumes 64-row tiles over 4 warps");
   static_assert(kRowsPerPass >= 1, "FlexDecodeTraits: need at least one thread per 16-byte chunk of a row");
   static_assert(kSmemBytes <= 232448, "FlexDecodeTraits: shared memory exceeds the 227 KB an sm_90 block may use; lower kStages");
@@ -133,6 +150,7 @@ __device__ __forceinline__ void cp_async_16_kv(unsigned dst, const void* src, bo
 template <class Traits, class Variant>
 struct DecodeKernel {
   using Element = typename Traits::Element;
+  using KvElement = typename Traits::KvElement;
   using VParams = typename Variant::Params;
   using Row = typename Variant::Row;
   using Col = typename Variant::Col;
@@ -205,7 +223,7 @@ struct DecodeKernel {
   // one of them); src[m] already points at the thread's first chunk of the KV head.
   template <bool kEvictFirst, int kMats>
   static __device__ __forceinline__ void issue_hinted(const RowLoc& loc, const FlexDecodeParams& p,
-                                                      const Element* const (&src)[kMats], const unsigned (&dst)[kMats],
+                                                      const KvElement* const (&src)[kMats], const unsigned (&dst)[kMats],
                                                       int r0, int c0, unsigned long long policy) {
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) {
@@ -215,21 +233,48 @@ struct DecodeKernel {
         const long long off = row_offset(loc, p, i);
 #pragma unroll
         for (int k = 0; k < Traits::kCopyChunks; ++k) {
-          const unsigned d = (row * Traits::kSmemStride + (c0 + k * Traits::kThreadsPerRow) * 8) * 2;
+          // In 2-byte units, as the byte offset row * kKvSmemRowBytes + chunk * 16 (kKvSmemRowBytes is even).
+          const unsigned d = (row * (Traits::kKvSmemRowBytes / 2) + (c0 + k * Traits::kThreadsPerRow) * 8) * 2;
 #pragma unroll
           for (int m = 0; m < kMats; ++m)
-            cp_async_16_kv<kEvictFirst>(dst[m] + d, src[m] + off + k * Traits::kThreadsPerRow * 8, valid, policy);
+            cp_async_16_kv<kEvictFirst>(dst[m] + d, src[m] + off + k * Traits::kThreadsPerRow * Traits::kKvElemsPerChunk, valid,
+                                        policy);
         }
       }
     }
   }
   // The cache policy is launch-uniform: one branch per load, not per copy.
   template <int kMats>
-  static __device__ __forceinline__ void issue(const RowLoc& loc, const FlexDecodeParams& p, const Element* const (&src)[kMats],
+  static __device__ __forceinline__ void issue(const RowLoc& loc, const FlexDecodeParams& p, const KvElement* const (&src)[kMats],
                                                const unsigned (&dst)[kMats], int r0, int c0, unsigned long long policy,
                                                bool evict_first) {
     if (evict_first) issue_hinted<true, kMats>(loc, p, src, dst, r0, c0, policy);
     else issue_hinted<false, kMats>(loc, p, src, dst, r0, c0, policy);
+  }
+
+  // FP8: widens the chunks this thread copied of one staged K and V tile (stage_k, stage_v: generic shared
+  // pointers) into the Element tile (wide_k, wide_v). Only the copying thread touches a staged chunk, so it needs
+  // no barrier of its own. The two 16-byte stores of a chunk go out in an order that alternates every four
+  // chunks: the eight threads of a store phase then cover all 32 banks once.
+  static __device__ __forceinline__ void widen(const unsigned char* stage_k, const unsigned char* stage_v, unsigned char* wide_k,
+                                               unsigned char* wide_v, int r0, int c0) {
+    const bool swap = (c0 >> 2) & 1;
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      const int row = r0 + i * kRowsPerPass;
+      if (kLoadRows % kRowsPerPass == 0 || row < kLoadRows) {
+        const int src = row * Traits::kKvSmemRowBytes + c0 * 16;
+        const int dst = row * Traits::kSmemStride * 2 + c0 * 32;
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          uint4 lo, hi;
+          widen_fp8_chunk<KvElement, Element>(*reinterpret_cast<const uint4*>((m ? stage_v : stage_k) + src), lo, hi);
+          unsigned char* out = (m ? wide_v : wide_k) + dst;
+          *reinterpret_cast<uint4*>(out + (swap ? 16 : 0)) = swap ? hi : lo;
+          *reinterpret_cast<uint4*>(out + (swap ? 0 : 16)) = swap ? lo : hi;
+        }
+      }
+    }
   }
 
   // Score modification, masking and bounds of one warp's S tile, in place: elements of padding rows or at
@@ -386,6 +431,7 @@ template <class Traits, class Variant>
 __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typename Variant::Params& vp) {
   using K = flex::DecodeKernel<Traits, Variant>;
   using Element = typename Traits::Element;
+  using KvElement = typename Traits::KvElement;
   using Mma = flex::Mma16816<Element>;
   constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kBlockM = Traits::kBlockM;
@@ -403,6 +449,7 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
   constexpr int kNWarps = Traits::kNWarps;
   constexpr int kNThreads = Traits::kNThreads;
   constexpr bool kAlternate = Traits::kAlternate;
+  constexpr bool kKvFp8 = Traits::kKvFp8;
   constexpr float kLog2e = 1.4426950408889634f;
   constexpr float kLn2 = 0.6931471805599453f;
 
@@ -448,14 +495,16 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
   const int n_loads = (n_tiles + kTilesPerLoad - 1) / kTilesPerLoad;
 
   // Shared memory: Q [kBlockM][kSmemStride], then kStages x (K, V) [kBlockN][kSmemStride] (alternating: K
-  // [kLoadRows][kSmemStride], then V).
+  // [kLoadRows][kSmemStride], then V; FP8: the stages hold [kBlockN][kKvSmemRowBytes] bytes each, and one widened
+  // K and V tile [kBlockN][kSmemStride] follows them).
   const unsigned s_q = flex::smem_addr(flex_smem);
   const unsigned s_body = s_q + Traits::kSmemQBytes;
+  const unsigned s_wide = s_body + kStages * Traits::kSmemStageBytes;
   auto k_buf = [&](int it) -> unsigned {
     return kAlternate ? s_body : s_body + (it % kStages) * Traits::kSmemStageBytes;
   };
   auto v_buf = [&](int it) -> unsigned {
-    return kAlternate ? s_body + Traits::kSmemLoadBytes : k_buf(it) + Traits::kSmemTileBytes;
+    return kAlternate ? s_body + Traits::kSmemLoadBytes : k_buf(it) + Traits::kSmemStageBytes / 2;
   };
 
   // Packed rows of Q.
@@ -476,14 +525,14 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
   const int cc = tid % Traits::kThreadsPerRow;
   const bool copier = r0 < Traits::kRowsPerPass;  // D = 80, 96, ...: the last few threads copy nothing
   const int* page_row = p.page_table != nullptr ? p.page_table + b * p.page_table_stride : nullptr;
-  const Element* k_head = static_cast<const Element*>(p.k) + hkv * p.kv_stride_head + cc * 8;
-  const Element* v_head = static_cast<const Element*>(p.v) + hkv * p.kv_stride_head + cc * 8;
+  const KvElement* k_head = static_cast<const KvElement*>(p.k) + hkv * p.kv_stride_head + cc * Traits::kKvElemsPerChunk;
+  const KvElement* v_head = static_cast<const KvElement*>(p.v) + hkv * p.kv_stride_head + cc * Traits::kKvElemsPerChunk;
   typename K::RowLoc loc;
   const bool evict_first = p.kv_evict_first != 0;
   const unsigned long long policy = evict_first ? flex::kv_evict_first_policy() : 0ull;
   auto locate = [&](int load) { K::locate(loc, p, page_row, b, tile_of, load * kTilesPerLoad, r0, kv_len); };
   // One matrix (K or V) of an alternating load, as one commit group.
-  auto issue_one = [&](const Element* head, unsigned dst) {
+  auto issue_one = [&](const KvElement* head, unsigned dst) {
     if (copier) K::template issue<1>(loc, p, {head}, {dst}, r0, cc, policy, evict_first);
     flex::cp_async_commit();
   };
@@ -550,7 +599,13 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
       for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] = 0.f;
   // exp(score - max) = exp2((x - max) * mult); without score_mod x is the raw q.k (see flex_forward.cuh). The scores
   // here are score_mod's whole value, not a split variant's core, so the fixed-maximum softmax does not apply.
-  const float mult = Variant::kHasScoreMod ? kLog2e : p.scale * kLog2e;
+  // An FP8 cache's k scale joins the softmax scale (S = scale * k_scale * q.k8), its v scale O's final scaling.
+  float qk_scale = p.scale, v_scale = 1.f;
+  if constexpr (kKvFp8) {
+    if (p.k_scale != nullptr) qk_scale *= p.k_scale[hkv * p.kv_scale_stride];
+    if (p.v_scale != nullptr) v_scale = p.v_scale[hkv * p.kv_scale_stride];
+  }
+  const float mult = Variant::kHasScoreMod ? kLog2e : qk_scale * kLog2e;
   flex::Softmax<Variant, Element, kMTiles, kNTiles, /*kFixedMaxAllowed=*/false> softmax(mult);
 
   // S = mods(Q @ K^T) over the warp's KV rows of load `it`, then the online softmax update: P (as the A
@@ -597,10 +652,10 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
     // S = mask(score_mod(scale * S)); -inf for padding rows and kv >= kv_lim.
     if (Variant::kHasMaskMod && !full)
       K::template apply_mods<true>(acc_s, vp, row_st, col_st, tile_st, row_ok, head, qpos, b, hkv, warp, lane, k0,
-                                   kv_lim, p.scale);
+                                   kv_lim, qk_scale);
     else
       K::template apply_mods<false>(acc_s, vp, row_st, col_st, tile_st, row_ok, head, qpos, b, hkv, warp, lane, k0,
-                                    kv_lim, p.scale);
+                                    kv_lim, qk_scale);
 
     // Online softmax (flex::Softmax), per warp over its columns; P as the A fragments of the warp's P @ V k-steps.
     float alpha[kRowsPerThread];
@@ -645,6 +700,24 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
       __syncthreads();
       if (it + 1 < n_loads) issue_one(k_head, k_buf(it + 1));
       accumulate_pv(v_buf(it));
+    }
+  } else if constexpr (kKvFp8) {
+    unsigned char* wide_k = flex_smem + (s_wide - s_q);
+    unsigned char* wide_v = wide_k + Traits::kSmemTileBytes;
+    for (int it = 0; it < n_tiles; ++it) {
+      flex::cp_async_wait<kStages - 2>();  // this thread's copies of tile it have landed
+      // Refill the stage of tile it - 1 (this thread widened its own chunks of it last iteration).
+      if (copier && it + kStages - 1 < n_tiles) {
+        const int nx = it + kStages - 1;
+        K::template issue<2>(loc, p, {k_head, v_head}, {k_buf(nx), v_buf(nx)}, r0, cc, policy, evict_first);
+        if (it + kStages < n_tiles) locate(it + kStages);
+      }
+      flex::cp_async_commit();
+      __syncthreads();  // every warp is done with the widened tile it - 1
+      if (copier) K::widen(flex_smem + (k_buf(it) - s_q), flex_smem + (v_buf(it) - s_q), wide_k, wide_v, r0, cc);
+      __syncthreads();  // the widened tile it is complete
+      scores_softmax(it, s_wide);
+      accumulate_pv(s_wide + Traits::kSmemTileBytes);
     }
   } else {
     for (int it = 0; it < n_tiles; ++it) {
@@ -704,7 +777,7 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
       float m_all, l_all;
       merged(tr, m_all, l_all);
       const float factor = m_own[r] == K::neg_inf() ? 0.f : flex::ex2(m_own[r] - m_all);
-      const float sc = l_all > 0.f ? factor / l_all : 0.f;
+      const float sc = l_all > 0.f ? factor / l_all * v_scale : 0.f;
       float* dst = s_o + (warp * kBlockM + tr) * Traits::kOStride + 2 * (lane % 4);
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt)

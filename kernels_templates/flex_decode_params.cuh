@@ -104,6 +104,11 @@ struct FlexDecodeParams {
   // counter to zero (so the next launch, or a graph replay, finds zeros again); no combine launch then.
   // Null: the separate flex_decode_combine launch merges.
   int* split_counters;
+  // FP8 caches: the stored values times these scales are K and V ([Hkv] floats when kv_scale_stride is 1, one float
+  // when 0; null = 1). The k scale multiplies `scale`, the v scale O; bf16/fp16 caches ignore them.
+  const float* k_scale;
+  const float* v_scale;
+  long long kv_scale_stride;
 };
 
 // Where the tile-list kernel writes FlexDecodeTiles' arrays, and what it classifies.
@@ -139,10 +144,10 @@ inline long long flex_decode_workspace_bytes(int batch, int heads, int max_q_len
 // Resident CTAs per SM worth filling with splits (the ctas_per_sm argument of flex_decode_num_splits): the
 // memory system is saturated once about 64 KB of K/V copies are in flight per SM (kStages - 1 tiles of K and V per
 // CTA; the alternating pipeline's one 128-row K or V load is the same bytes as its two stages' one K+V tile);
-// more resident CTAs only add partials to merge. Measured on the H100 (docs/notes/DECODE_NOTES.md): D128 with 2
+// more resident CTAs only add partials to merge. kv_bytes: bytes per cache element (1 for FP8). Measured on the H100 (docs/notes/DECODE_NOTES.md): D128 with 2
 // stages, 2 of its 3 resident CTAs per SM (4 splits for B8 Hkv8): as fast as 6 splits at KV 32768, 3% faster at 8192.
-inline int flex_decode_bandwidth_ctas(int ctas_per_sm, int head_dim, int stages) {
-  const long long in_flight = (long long)(stages - 1) * 2 * kFlexDecodeBlockN * (head_dim + 8) * 2;
+inline int flex_decode_bandwidth_ctas(int ctas_per_sm, int head_dim, int stages, int kv_bytes = 2) {
+  const long long in_flight = (long long)(stages - 1) * 2 * kFlexDecodeBlockN * (head_dim * kv_bytes + 16);
   const long long need = in_flight > 0 ? (65536 + in_flight - 1) / in_flight : 1;
   int n = need < ctas_per_sm ? (int)need : ctas_per_sm;
   return n < 1 ? 1 : n;

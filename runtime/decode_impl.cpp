@@ -71,9 +71,10 @@ void check_vector_layout(const Tensor& t, const char* name) {
   runtime::check_addressable(t, fmt::format("decode: {}", name));
   std::vector<int64_t> s = t.effective_strides();
   if (s.back() != 1) throw Error(fmt::format("decode: {} must be contiguous in its last dimension", name));
+  const int per16 = 16 / dsl::dtype_size(t.dtype);  // elements per 16-byte copy
   for (size_t i = 0; i + 1 < s.size(); ++i)
-    if (s[i] % 8 != 0)
-      throw Error(fmt::format("decode: {} stride {} is {} elements; the GPU kernel needs multiples of 8 elements (16 bytes)", name, i, s[i]));
+    if (s[i] % per16 != 0)
+      throw Error(fmt::format("decode: {} stride {} is {} elements; the GPU kernel needs multiples of {} elements (16 bytes)", name, i, s[i], per16));
   if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) throw Error(fmt::format("decode: {} must be 16-byte aligned", name));
 }
 
@@ -82,6 +83,27 @@ void check_i32_vector(const Tensor& t, const char* name, int64_t min_len) {
   if (t.shape.size() != 1 || t.shape[0] < min_len)
     throw Error(fmt::format("decode: {} must be a 1-d i32 tensor of at least {} entries", name, min_len));
   if (!t.strides.empty() && t.strides[0] != 1) throw Error(fmt::format("decode: {} must be contiguous", name));
+}
+
+bool is_fp8(DType t) { return t == DType::F8E4M3 || t == DType::F8E5M2; }
+
+// The plan's cache element type: an FP8 type, or the spec's dtype (also when kv_dtype names it).
+DType plan_kv_dtype(const DecodePlanOptions& o, DType spec_dtype) {
+  if (!o.kv_dtype) return spec_dtype;
+  if (is_fp8(*o.kv_dtype) || *o.kv_dtype == spec_dtype) return *o.kv_dtype;
+  throw Error(fmt::format("plan_decode: kv_dtype {} is not supported for a {} spec; use {} (the spec's dtype), f8e4m3 or f8e5m2",
+                          dsl::dtype_name(*o.kv_dtype), dsl::dtype_name(spec_dtype), dsl::dtype_name(spec_dtype)));
+}
+
+// An FP8 cache's optional dequantisation scale: f32 [Hkv] or [1] on `device`. Returns its stride over KV heads.
+int64_t check_kv_scale(const Tensor& t, const char* name, int64_t kv_heads, int device) {
+  if (t.dtype != DType::F32 || t.shape.size() != 1 || (t.shape[0] != kv_heads && t.shape[0] != 1))
+    throw Error(fmt::format("decode: {} must be an f32 tensor of shape [{}] (one scale per KV head) or [1], got {} [{}]", name, kv_heads,
+                            dsl::dtype_name(t.dtype), fmt::join(t.shape, ", ")));
+  if (!t.strides.empty() && t.shape[0] > 1 && t.strides[0] != 1) throw Error(fmt::format("decode: {} must be contiguous", name));
+  if (device >= 0 && runtime::pointer_device(t.data) != device)
+    throw Error(fmt::format("decode: {} is not memory of cuda:{} (the plan's device)", name, device));
+  return t.shape[0] == 1 ? 0 : 1;
 }
 
 }  // namespace
@@ -100,7 +122,10 @@ struct KernelImpl::DecodeState {
 };
 
 std::unique_ptr<DecodePlan> KernelImpl::plan_decode(const DecodePlanOptions& o) {
-  if (o.device.kind == Device::Kind::Cpu) return std::make_unique<CpuDecodePlan>(o);
+  if (o.device.kind == Device::Kind::Cpu) {
+    plan_kv_dtype(o, spec().dtype);  // the same kv_dtype rule as the GPU's, checked at plan time
+    return std::make_unique<CpuDecodePlan>(o);
+  }
   const int D = spec().head_dim;
   if (spec().value_head_dim() != D) throw Error("decode on the GPU needs the value head dim to equal the head dim");
   if (o.batch < 1 || o.heads < 1 || o.kv_heads < 1)
@@ -126,19 +151,21 @@ std::unique_ptr<DecodePlan> KernelImpl::plan_decode(const DecodePlanOptions& o) 
   plan->owner = this;
   plan->device = device;
   const int group = o.heads / o.kv_heads;
-  plan->config = decode_config(D, group * o.max_seqlen_q);
+  const DType kv_dtype = plan_kv_dtype(o, spec().dtype);
+  plan->config = decode_config(D, group * o.max_seqlen_q, is_fp8(kv_dtype) ? std::optional<DType>(kv_dtype) : std::nullopt);
   // For comparisons (docs/notes/DECODE_NOTES.md): FLEXJIT_DECODE_STAGES=2..4 overrides the stage count (the default
   // pipeline choice follows it), FLEXJIT_DECODE_ALTERNATE=0/1 the pipeline (1 needs two stages).
   if (const char* e = std::getenv("FLEXJIT_DECODE_STAGES")) {
     const int st = std::atoi(e);
     if (st < 2 || st > 4) throw Error(fmt::format("FLEXJIT_DECODE_STAGES must be 2, 3 or 4, got `{}`", e));
     plan->config.stages = st;
-    plan->config.alternate = flex_decode_alternate(D, plan->config.m_tiles, st);
+    plan->config.alternate = !plan->config.kv_fp8 && flex_decode_alternate(D, plan->config.m_tiles, st);
   }
   if (const char* e = std::getenv("FLEXJIT_DECODE_ALTERNATE")) {
     plan->config.alternate = std::atoi(e) != 0;
     if (plan->config.alternate && plan->config.stages != 2)
       throw Error(fmt::format("FLEXJIT_DECODE_ALTERNATE=1 needs two stages, but FLEXJIT_DECODE_STAGES is {}", plan->config.stages));
+    if (plan->config.alternate && plan->config.kv_fp8) throw Error("FLEXJIT_DECODE_ALTERNATE=1 is not available for FP8 caches");
   }
   if (plan->config.shared_bytes() > info.max_shared_optin)
     throw Error(fmt::format("decode with head dim {} needs {} bytes of shared memory per block, but {} allows {}", D, plan->config.shared_bytes(),
@@ -157,7 +184,7 @@ std::unique_ptr<DecodePlan> KernelImpl::plan_decode(const DecodePlanOptions& o) 
     const int max_tiles = (o.max_seqlen_kv + kFlexDecodeBlockN - 1) / kFlexDecodeBlockN;
     // The alternating D128 kernel has 2 resident CTAs per SM (registers), the pairs 3; bandwidth wants 2 in both,
     // so on an H100 (132 SMs) B8 x Hkv 8 gets 4 splits (256 CTAs in one wave of 264 slots) either way.
-    const int ctas = flex_decode_bandwidth_ctas(ctas_per_sm, D, plan->config.stages);
+    const int ctas = flex_decode_bandwidth_ctas(ctas_per_sm, D, plan->config.stages, plan->config.kv_bytes());
     plan->num_splits_ = flex_decode_num_splits(info.sm_count, ctas, o.batch * o.kv_heads * row_blocks, max_tiles);
   }
   // FLEXJIT_DECODE_NUM_SPLITS=n overrides the automatic count (for comparisons; an explicit num_splits wins).
@@ -168,7 +195,7 @@ std::unique_ptr<DecodePlan> KernelImpl::plan_decode(const DecodePlanOptions& o) 
   }
   // evict_first keeps other data in L2 and measured faster for caches up to ~256 MB and for tile windows
   // (docs/notes/DECODE_NOTES.md), 1.4% slower for 1 GB caches. FLEXJIT_DECODE_EVICT_FIRST=0/1 overrides.
-  const double kv_bytes = 4.0 * o.batch * o.kv_heads * double(o.max_seqlen_kv) * D;
+  const double kv_bytes = 2.0 * plan->config.kv_bytes() * o.batch * o.kv_heads * double(o.max_seqlen_kv) * D;
   plan->evict_first = kv_bytes <= 512e6 || decode_state_->tile_list;
   if (const char* e = std::getenv("FLEXJIT_DECODE_EVICT_FIRST")) plan->evict_first = std::atoi(e) != 0;
 
@@ -296,8 +323,23 @@ void KernelImpl::decode(const DecodePlan& plan_base, const DecodeArgs& a) {
       throw Error(fmt::format("decode: the contiguous cache holds {} positions but the plan's max_seqlen_kv is {}", a.k.shape[2],
                               o.max_seqlen_kv));
   }
-  for (const Tensor* t : {&a.q, &a.k, &a.v, &a.o})
-    if (t->dtype != spec().dtype) throw Error(fmt::format("decode: q, k, v and o must all be {} (the spec's dtype)", dsl::dtype_name(spec().dtype)));
+  for (const Tensor* t : {&a.q, &a.o})
+    if (t->dtype != spec().dtype) throw Error(fmt::format("decode: q and o must be {} (the spec's dtype)", dsl::dtype_name(spec().dtype)));
+  const DType kv_dtype = plan_kv_dtype(o, spec().dtype);
+  for (const Tensor* t : {&a.k, &a.v})
+    if (t->dtype != kv_dtype)
+      throw Error(fmt::format("decode: k and v must be {} (the plan's kv_dtype), but {} is {}", dsl::dtype_name(kv_dtype), t == &a.k ? "k" : "v",
+                              dsl::dtype_name(t->dtype)));
+  int64_t kv_scale_stride = 0;
+  for (const Tensor* t : {&a.k_scale, &a.v_scale}) {
+    if (!t->data) continue;
+    const char* name = t == &a.k_scale ? "k_scale" : "v_scale";
+    if (!is_fp8(kv_dtype)) throw Error(fmt::format("decode: {} is only for FP8 caches (plan with kv_dtype f8e4m3 or f8e5m2)", name));
+    const int64_t stride = check_kv_scale(*t, name, o.kv_heads, device);
+    if (a.k_scale.data && a.v_scale.data && a.k_scale.shape != a.v_scale.shape)
+      throw Error("decode: k_scale and v_scale must have the same shape ([Hkv] or [1])");
+    kv_scale_stride = stride;
+  }
   check_vector_layout(a.q, "q");
   check_vector_layout(a.o, "o");
   check_vector_layout(a.k, "k");
@@ -386,6 +428,9 @@ void KernelImpl::decode(const DecodePlan& plan_base, const DecodeArgs& a) {
   p.row_blocks = static_cast<int>((group * Sq + plan->config.block_m() - 1) / plan->config.block_m());
   p.kv_evict_first = plan->evict_first ? 1 : 0;
   p.scale = a.scale > 0 ? a.scale : default_softmax_scale(static_cast<int>(D));
+  p.k_scale = static_cast<const float*>(a.k_scale.data);
+  p.v_scale = static_cast<const float*>(a.v_scale.data);
+  p.kv_scale_stride = kv_scale_stride;
 
   const runtime::CudaDriver& d = require_driver();
   if (plan->lists_per_seq > 0) {

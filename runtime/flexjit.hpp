@@ -12,6 +12,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -134,6 +135,9 @@ struct DecodePlanOptions {
   int page_size = 0;      // 0: contiguous KV cache; 1..256: paged
   bool head_major_pages = false;  // pages are [num_pages, Hkv, page_size, D] instead of [num_pages, page_size, Hkv, D]
   int num_splits = 0;     // 0: chosen from the device's SM count, the batch and max_seqlen_kv
+  // The KV cache's element type: the spec's dtype (bf16 / f16; the default), or FP8, DType::F8E4M3 or F8E5M2,
+  // whose values times DecodeArgs::k_scale / v_scale are K and V (Q, O and the softmax keep their precision).
+  std::optional<DType> kv_dtype;
 };
 
 // Decoding with a KV cache. The KV lengths and page tables live on the device, so a CUDA
@@ -149,6 +153,9 @@ struct DecodeArgs {
   Tensor q_lens;      // optional I32 [B]: query rows of each sequence, 1..Sq (absent: Sq)
   Tensor o;           // [B, H, Sq, Dv], written (rows past q_len(b) are left alone)
   Tensor lse;         // optional [B, H, Sq] f32
+  // FP8 caches only (optional; absent = 1): f32 dequantisation scales on the plan's device (on the host for the
+  // CPU backend), [Hkv] (one per KV head) or [1] (one for the cache). K = k_scale * stored value, V likewise.
+  Tensor k_scale, v_scale;
   float scale = 0;
   std::vector<std::pair<std::string, Tensor>> buffers;
   std::vector<std::pair<std::string, double>> params;

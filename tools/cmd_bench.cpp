@@ -36,6 +36,7 @@ struct BenchOptions {
   bool decode = false;
   int page_size = 0;        // 0: contiguous cache
   int splits = 0;           // 0: the plan's heuristic
+  std::string kv_dtype;     // --decode: the cache's element type (empty: the spec's dtype)
   bool no_flush = false;    // keep L2 warm between timed launches (default: flush 256 MB first, like triton's do_bench)
 };
 
@@ -80,14 +81,31 @@ int run_bench_decode(const BenchOptions& o, dsl::Spec spec, const std::vector<in
   DecodeArgs args;
   args.scale = o.scale;
   args.q = add(random_array(spec.dtype, {B, H, Sq, D}, rng, 0, 1));
+  dsl::DType kv = spec.dtype;
+  if (!o.kv_dtype.empty()) {
+    std::optional<dsl::DType> t = dsl::parse_kv_cache_dtype(o.kv_dtype);
+    if (!t) throw Error(fmt::format("--kv-dtype `{}` is not a KV cache type; use bf16, f16, fp8 (e4m3) or e5m2", o.kv_dtype));
+    kv = *t;
+  }
+  const bool fp8 = dsl::dtype_size(kv) == 1;
+  if (fp8) {
+    // Normal values quantised as they are, and per-KV-head scales of 1 (the scales' loads are timed too).
+    NpyArray ones;
+    ones.dtype = dsl::DType::F32;
+    ones.shape = {Hkv};
+    ones.data.resize(size_t(Hkv) * 4);
+    std::fill(ones.as<float>(), ones.as<float>() + Hkv, 1.f);
+    args.k_scale = add(ones);
+    args.v_scale = add(ones);
+  }
   const int ps = o.page_size;
   if (ps == 0) {
-    args.k = add(random_array(spec.dtype, {B, Hkv, Skv, D}, rng, 0, 1));
-    args.v = add(random_array(spec.dtype, {B, Hkv, Skv, D}, rng, 0, 1));
+    args.k = add(random_array(kv, {B, Hkv, Skv, D}, rng, 0, 1));
+    args.v = add(random_array(kv, {B, Hkv, Skv, D}, rng, 0, 1));
   } else {
     const int64_t per_seq = (Skv + ps - 1) / ps, pages = B * per_seq;
-    args.k = add(random_array(spec.dtype, {pages, ps, Hkv, D}, rng, 0, 1));
-    args.v = add(random_array(spec.dtype, {pages, ps, Hkv, D}, rng, 0, 1));
+    args.k = add(random_array(kv, {pages, ps, Hkv, D}, rng, 0, 1));
+    args.v = add(random_array(kv, {pages, ps, Hkv, D}, rng, 0, 1));
     NpyArray table;
     table.dtype = dsl::DType::I32;
     table.shape = {B, per_seq};
@@ -135,6 +153,7 @@ int run_bench_decode(const BenchOptions& o, dsl::Spec spec, const std::vector<in
   po.max_seqlen_kv = static_cast<int>(Skv);
   po.page_size = ps;
   po.num_splits = o.splits;
+  if (kv != spec.dtype) po.kv_dtype = kv;
   auto t0 = std::chrono::steady_clock::now();
   auto plan = kernel->plan_decode(po);
   kernel->decode(*plan, args);
@@ -146,16 +165,16 @@ int run_bench_decode(const BenchOptions& o, dsl::Spec spec, const std::vector<in
   runtime::check_cu(drv->cuCtxSynchronize(), "synchronise");
   kernel->check_errors(device.index, nullptr);
   const double med = median_ms(ms);
-  const double gbs = 4.0 * B * Hkv * Skv * D / (med * 1e-3) / 1e9;  // K and V once, bf16/fp16
+  const double gbs = 2.0 * dsl::dtype_size(kv) * B * Hkv * Skv * D / (med * 1e-3) / 1e9;  // K and V once
   const runtime::DeviceInfo& info = runtime::device_info(device.index);
   if (o.json) {
     fmt::print("{{\"spec\": \"{}\", \"mode\": \"decode\", \"gpu\": \"{}\", \"B\": {}, \"H\": {}, \"Hkv\": {}, \"Sq\": {}, \"Skv\": {}, "
-               "\"D\": {}, \"page_size\": {}, \"splits\": {}, \"ms\": {:.4f}, \"kv_gbs\": {:.1f}, \"launch_us\": {:.2f}, \"first_call_s\": {:.3f}}}\n",
-               spec.name, info.name, B, H, Hkv, Sq, Skv, D, ps, plan->num_splits(), med, gbs, host, first_call_s);
+               "\"D\": {}, \"kv_dtype\": \"{}\", \"page_size\": {}, \"splits\": {}, \"ms\": {:.4f}, \"kv_gbs\": {:.1f}, \"launch_us\": {:.2f}, \"first_call_s\": {:.3f}}}\n",
+               spec.name, info.name, B, H, Hkv, Sq, Skv, D, dsl::dtype_name(kv), ps, plan->num_splits(), med, gbs, host, first_call_s);
   } else {
-    fmt::print("{} decode on {}: B{} H{} Hkv{} Sq{} Skv{} D{} page size {} splits {}: {:.4f} ms, KV {:.1f} GB/s; host launch {:.2f} us; "
+    fmt::print("{} decode on {}: B{} H{} Hkv{} Sq{} Skv{} D{} {} cache, page size {} splits {}: {:.4f} ms, KV {:.1f} GB/s; host launch {:.2f} us; "
                "first call {:.3f} s\n",
-               spec.name, info.name, B, H, Hkv, Sq, Skv, D, ps, plan->num_splits(), med, gbs, host, first_call_s);
+               spec.name, info.name, B, H, Hkv, Sq, Skv, D, dsl::dtype_name(kv), ps, plan->num_splits(), med, gbs, host, first_call_s);
   }
   return 0;
 }
@@ -287,6 +306,8 @@ void add_bench_command(CLI::App& app, Action& action) {
   cmd->add_flag("--decode", o->decode, "Time Kernel::decode: Sq = query rows per sequence (1..16), Skv = every sequence's KV length");
   cmd->add_option("--page-size", o->page_size, "--decode: paged KV cache with this page size (0: contiguous)")->capture_default_str();
   cmd->add_option("--splits", o->splits, "--decode: KV splits (0: the plan's heuristic)")->capture_default_str();
+  cmd->add_option("--kv-dtype", o->kv_dtype, "--decode: the KV cache's type: bf16/f16 (default: the spec's dtype), fp8 (= e4m3) or e5m2 "
+                                              "(random values quantised, per-KV-head scales of 1)");
   cmd->add_flag("--no-flush", o->no_flush, "Do not evict L2 before each timed launch");
   cmd->callback([o, &action] { action = [o] { return run_bench(*o); }; });
 }

@@ -30,6 +30,7 @@ KernelSource decode_kernel_source(const SpecIR& ir, const RangeInfo& ranges, con
   vo.tile_size = 64;  // kFlexDecodeBlockN
   ks.variant = generate_cuda_variant(ir, ranges, vo, "FlexVariant");
   const char* element = cuda_element_type(options.dtype);
+  const char* kv_element = !c.kv_fp8 ? element : *c.kv_fp8 == dsl::DType::F8E5M2 ? "FlexFp8E5M2" : "FlexFp8E4M3";
   ks.name = fmt::format("{}_decode_{}_{}", ir.spec().name, dsl::dtype_name(options.dtype), c.str());
   ks.entries = {kDecodeEntry, kDecodeCombineEntry};
   std::string tiles;
@@ -44,12 +45,12 @@ KernelSource decode_kernel_source(const SpecIR& ir, const RangeInfo& ranges, con
                         interval ? "flex_decode_tiles_interval<FlexVariant, FlexMaskBox>(p, vp)" : "flex_decode_tiles_dense<FlexVariant>(p, vp)");
   }
   ks.source = fmt::format(
-      "// flexjit decode kernels for spec `{}`: {} packed query rows x 64 KV rows per tile, {}, head dim {}, {}.\n"
+      "// flexjit decode kernels for spec `{}`: {} packed query rows x 64 KV rows per tile, {}, head dim {}, {}{}.\n"
       "#include \"flex_decode.cuh\"\n"
       "#include \"flex_ops.cuh\"\n"
       "{}\n"
       "{}\n"
-      "using FlexDecodeT = FlexDecodeTraits</*kHeadDim=*/{}, /*kMTiles=*/{}, /*kStages=*/{}, {}, /*kAlternate=*/{}>;\n"
+      "using FlexDecodeT = FlexDecodeTraits</*kHeadDim=*/{}, /*kMTiles=*/{}, /*kStages=*/{}, {}, /*kAlternate=*/{}, /*KvElement=*/{}>;\n"
       "static_assert(FlexDecodeT::kSmemBytes == {}, \"the host's DecodeConfig::shared_bytes() drifted from FlexDecodeTraits\");\n\n"
       "extern \"C\" __global__ void __launch_bounds__(FlexDecodeT::kNThreads, 2)\n"
       "{}(const FlexDecodeParams p, const FlexVariant::Params vp) {{\n"
@@ -60,8 +61,9 @@ KernelSource decode_kernel_source(const SpecIR& ir, const RangeInfo& ranges, con
       "  flex_decode_combine<{}, {}>(p);\n"
       "}}\n{}",
       ir.spec().name, c.block_m(), c.alternate ? "128-row K and V loads in turn" : fmt::format("{} stages", c.stages), c.head_dim, element,
+      c.kv_fp8 ? fmt::format(", {} KV cache", dsl::dtype_name(*c.kv_fp8)) : "",
       tiles.empty() ? "" : "#include \"flex_decode_tiles.cuh\"\n", ks.variant.code, c.head_dim, c.m_tiles, c.stages, element,
-      c.alternate ? "true" : "false", c.shared_bytes(), kDecodeEntry, kDecodeCombineEntry, c.head_dim,
+      c.alternate ? "true" : "false", kv_element, c.shared_bytes(), kDecodeEntry, kDecodeCombineEntry, c.head_dim,
       element, tiles);
   ks.key_text = fmt::format("kind=decode\ndtype={}\nconfig={}\nint32={}\nchecked_loads={:x}\nerror_flags={}\nhoist={}\nfast_tanh={}\ntiles={}\n",
                             dsl::dtype_name(options.dtype), c.str(), vo.int32, vo.checked_loads, vo.error_flags, vo.hoist, vo.fast_tanh,

@@ -52,9 +52,11 @@ int arch_sm(const std::string& arch) {
   return 80;
 }
 
-std::string DecodeConfig::str() const { return fmt::format("d{}_mt{}_st{}{}", head_dim, m_tiles, stages, alternate ? "_alt" : ""); }
+std::string DecodeConfig::str() const {
+  return fmt::format("d{}_mt{}_st{}{}{}", head_dim, m_tiles, stages, alternate ? "_alt" : "", kv_fp8 ? fmt::format("_{}", dsl::dtype_name(*kv_fp8)) : "");
+}
 
-DecodeConfig decode_config(int head_dim, int rows_per_kv_head) {
+DecodeConfig decode_config(int head_dim, int rows_per_kv_head, std::optional<dsl::DType> kv_fp8) {
   if (head_dim % 16 != 0 || head_dim < 16 || head_dim > 256)
     throw Error(fmt::format("head dim {} is not supported by the GPU decode kernel; it needs a multiple of 16 up to 256", head_dim));
   DecodeConfig c;
@@ -64,6 +66,13 @@ DecodeConfig decode_config(int head_dim, int rows_per_kv_head) {
   // 0.5-1% faster than 3 stages (2 CTAs per SM) at KV 32768 on the H100 (docs/notes/DECODE_NOTES.md, optimisation run 1).
   c.stages = 2;
   c.alternate = flex_decode_alternate(c.head_dim, c.m_tiles, c.stages);
+  if (kv_fp8) {
+    // FP8: the stages hold half the bytes, and the widened tile takes a stage's place; three stages keep 64 KB of
+    // copies in flight per SM with two CTAs at D128 (flex_decode.cuh).
+    c.kv_fp8 = kv_fp8;
+    c.stages = 3;
+    c.alternate = false;
+  }
   return c;
 }
 

@@ -3,6 +3,7 @@
 // static_asserts that host and template agree on the shared memory).
 #pragma once
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "dsl/builtins.h"
@@ -52,14 +53,20 @@ struct DecodeConfig {
   int m_tiles = 1;         // 1 or 2 (2 only for head dims up to 128)
   int stages = 2;          // K/V shared-memory stages (2..4)
   bool alternate = false;  // FlexDecodeTraits::kAlternate: 128-row K and V loads in turn (stages == 2 only)
+  // The cache's element type when it is FP8 (F8E4M3 or F8E5M2: FlexDecodeTraits' KvElement); else the cache
+  // holds the kernel's element type.
+  std::optional<dsl::DType> kv_fp8;
   std::string str() const;
   int block_m() const { return 16 * m_tiles; }
-  // FlexDecodeTraits::kSmemBytes: Q tile plus max(stages of K and V, the end-of-CTA merge buffers). The
-  // alternating pipeline's 128-row K and V buffers fill exactly the two stages' space.
+  int kv_bytes() const { return kv_fp8 ? 1 : 2; }
+  // FlexDecodeTraits::kSmemBytes: Q tile plus max(stages of K and V (+ FP8: the widened K and V tile), the
+  // end-of-CTA merge buffers). The alternating pipeline's 128-row K and V buffers fill exactly the two stages' space.
   int shared_bytes() const {
     const int stride = head_dim + 8;
-    const int q = block_m() * stride * 2, stage = 2 * 64 * stride * 2, merge = 4 * block_m() * (stride + 2) * 4;
-    return q + (stages * stage > merge ? stages * stage : merge);
+    const int row = kv_fp8 ? head_dim + 16 : stride * 2;
+    const int q = block_m() * stride * 2, stage = 2 * 64 * row, wide = kv_fp8 ? 2 * 64 * stride * 2 : 0;
+    const int merge = 4 * block_m() * (stride + 2) * 4;
+    return q + (stages * stage + wide > merge ? stages * stage + wide : merge);
   }
 };
 
@@ -67,7 +74,8 @@ struct DecodeConfig {
 // fit in 16 rows, else two (head dims up to 128); further rows go to more row blocks; two stages, alternating
 // where flex_decode_alternate() says so. Throws for head dims the decode kernel does not support (multiples of
 // 16 up to 256).
-DecodeConfig decode_config(int head_dim, int rows_per_kv_head);
+// kv_fp8: an FP8 cache's type (three stages, never alternating).
+DecodeConfig decode_config(int head_dim, int rows_per_kv_head, std::optional<dsl::DType> kv_fp8 = std::nullopt);
 
 // "__nv_bfloat16" / "__half" for the kernel's element type.
 const char* cuda_element_type(dsl::DType t);

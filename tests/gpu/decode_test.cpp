@@ -45,6 +45,10 @@ struct DecodeCase {
   unsigned seed = 1;
   int doc_len = 0;              // > 0: a `doc` buffer [B, Skv] of documents of about this length
   int masked_doc_seq = -1;      // this sequence's last document gets id -1 (its rows see nothing when the mask says doc >= 0)
+  // An FP8 cache of this type: random codes (every finite one, subnormals included) times per-KV-head scales (one
+  // scale for the cache when !per_head_scale); the reference dequantises the same bytes.
+  std::optional<dsl::DType> kv_fp8;
+  bool per_head_scale = true;
 };
 
 DecodeCase with_spec(dsl::Spec spec) {
@@ -57,10 +61,11 @@ DecodeCase with_spec(dsl::Spec spec) {
 struct DecodeProblem {
   DecodeCase c;
   int B = 0, D = 0, max_kv = 0;
-  std::vector<std::vector<float>> k, v;  // per sequence [Hkv, cap, D]
+  std::vector<std::vector<float>> k, v;  // per sequence [Hkv, cap, D] (FP8: the dequantised values)
+  std::vector<float> k_scale, v_scale;   // FP8: [Hkv], or [1]
   std::vector<float> q;                  // [B, H, Sq, D]
   std::vector<uint16_t> qb;
-  runtime::DeviceBuffer dq, dk, dv, dout, dlse, dtable, dkvlens, dqlens, ddoc, dslope;
+  runtime::DeviceBuffer dq, dk, dv, dout, dlse, dtable, dkvlens, dqlens, ddoc, dslope, dkscale, dvscale;
   std::vector<int32_t> doc;
   std::vector<float> slope;  // ALiBi slopes [H] when the spec has a `slope` buffer
   int num_pages = 0, max_pages = 0;
@@ -78,18 +83,74 @@ struct DecodeProblem {
     std::vector<uint16_t> bits;
     q = random_rounded(size_t(B) * c.H * c.Sq * D, dsl::DType::BF16, rng, qb);
     std::vector<std::vector<uint16_t>> kb(B), vb(B);
-    for (int b = 0; b < B; ++b) {
-      k.push_back(random_rounded(size_t(c.Hkv) * c.capacity[b] * D, dsl::DType::BF16, rng, kb[b]));
-      v.push_back(random_rounded(size_t(c.Hkv) * c.capacity[b] * D, dsl::DType::BF16, rng, vb[b]));
+    std::vector<std::vector<uint8_t>> kb8(B), vb8(B);
+    if (!c.kv_fp8) {
+      for (int b = 0; b < B; ++b) {
+        k.push_back(random_rounded(size_t(c.Hkv) * c.capacity[b] * D, dsl::DType::BF16, rng, kb[b]));
+        v.push_back(random_rounded(size_t(c.Hkv) * c.capacity[b] * D, dsl::DType::BF16, rng, vb[b]));
+      }
+    } else {
+      // Uniform codes: every magnitude the format has, so the scales keep the scores O(1) (E[x^2] is dominated by
+      // the top binade: e4m3 up to 448, e5m2 up to 57344).
+      const double base = *c.kv_fp8 == dsl::DType::F8E4M3 ? 1.0 / 64 : 1.0 / 8192;
+      for (int h = 0; h < (c.per_head_scale ? c.Hkv : 1); ++h) {
+        k_scale.push_back(static_cast<float>(base * (1 + 0.25 * h)));
+        v_scale.push_back(static_cast<float>(base * (1.5 - 0.125 * h)));
+      }
+      std::uniform_int_distribution<int> code(0, 255);
+      auto finite = [&] {
+        for (;;) {
+          const uint8_t x = static_cast<uint8_t>(code(rng));
+          if (std::isfinite(fp8_to_float(x, *c.kv_fp8))) return x;
+        }
+      };
+      for (int b = 0; b < B; ++b) {
+        const size_t n = size_t(c.Hkv) * c.capacity[b] * D;
+        k.emplace_back(n), v.emplace_back(n);
+        kb8[b].resize(n), vb8[b].resize(n);
+        for (size_t e = 0; e < n; ++e) {
+          const int h = static_cast<int>(e / (size_t(c.capacity[b]) * D)) % (c.per_head_scale ? c.Hkv : 1);
+          kb8[b][e] = finite(), vb8[b][e] = finite();
+          k[b][e] = static_cast<float>(double(k_scale[h]) * fp8_to_float(kb8[b][e], *c.kv_fp8));
+          v[b][e] = static_cast<float>(double(v_scale[h]) * fp8_to_float(vb8[b][e], *c.kv_fp8));
+        }
+      }
     }
     const int dev = 0;
     dq = runtime::DeviceBuffer(dev, qb.size() * 2);
     dq.upload(qb.data(), qb.size() * 2);
-    // The cache, NaN wherever no valid position lives.
-    std::vector<uint16_t> kc, vc;
-    auto put = [&](std::vector<uint16_t>& dst, size_t off, const uint16_t* src) { std::copy(src, src + D, dst.begin() + off); };
+    if (c.kv_fp8) {
+      std::vector<uint8_t> kc, vc;
+      // Poison: the largest finite code (448 or 57344 times the scale), which a stray read turns into a huge score.
+      lay_out_cache(kc, vc, kb8, vb8, uint8_t{*c.kv_fp8 == dsl::DType::F8E4M3 ? uint8_t{0x7e} : uint8_t{0x7b}}, rng);
+      dk = runtime::DeviceBuffer(dev, kc.size());
+      dk.upload(kc.data(), kc.size());
+      dv = runtime::DeviceBuffer(dev, vc.size());
+      dv.upload(vc.data(), vc.size());
+      dkscale = runtime::DeviceBuffer(dev, k_scale.size() * 4);
+      dkscale.upload(k_scale.data(), k_scale.size() * 4);
+      dvscale = runtime::DeviceBuffer(dev, v_scale.size() * 4);
+      dvscale.upload(v_scale.data(), v_scale.size() * 4);
+    } else {
+      std::vector<uint16_t> kc, vc;
+      lay_out_cache(kc, vc, kb, vb, kNaNBits, rng);
+      dk = runtime::DeviceBuffer(dev, kc.size() * 2);
+      dk.upload(kc.data(), kc.size() * 2);
+      dv = runtime::DeviceBuffer(dev, vc.size() * 2);
+      dv.upload(vc.data(), vc.size() * 2);
+    }
+    finish_setup(rng);
+  }
+
+  // The cache in the case's layout (contiguous, or pages in a shuffled order), `poison` wherever no valid
+  // position lives (a stray read shows up in O); builds the page table too.
+  template <class T>
+  void lay_out_cache(std::vector<T>& kc, std::vector<T>& vc, const std::vector<std::vector<T>>& kb, const std::vector<std::vector<T>>& vb,
+                     T poison, std::mt19937& rng) {
+    const int dev = 0;
+    auto put = [&](std::vector<T>& dst, size_t off, const T* src) { std::copy(src, src + D, dst.begin() + off); };
     if (c.page_size == 0) {
-      kc.assign(size_t(B) * c.Hkv * max_kv * D, kNaNBits);
+      kc.assign(size_t(B) * c.Hkv * max_kv * D, poison);
       vc = kc;
       for (int b = 0; b < B; ++b)
         for (int h = 0; h < c.Hkv; ++h)
@@ -106,13 +167,13 @@ struct DecodeProblem {
         pages_of[b] = (c.capacity[b] + ps - 1) / ps;
         num_pages += pages_of[b];
       }
-      const int spare = num_pages;  // a NaN page for unused table entries
+      const int spare = num_pages;  // a poisoned page for unused table entries
       num_pages += 1;
       std::vector<int> perm(spare);
       std::iota(perm.begin(), perm.end(), 0);
       std::shuffle(perm.begin(), perm.end(), rng);
       std::vector<int32_t> table(size_t(B) * max_pages, spare);
-      kc.assign(size_t(num_pages) * ps * c.Hkv * D, kNaNBits);
+      kc.assign(size_t(num_pages) * ps * c.Hkv * D, poison);
       vc = kc;
       int next = 0;
       for (int b = 0; b < B; ++b)
@@ -130,10 +191,11 @@ struct DecodeProblem {
       dtable = runtime::DeviceBuffer(dev, table.size() * 4);
       dtable.upload(table.data(), table.size() * 4);
     }
-    dk = runtime::DeviceBuffer(dev, kc.size() * 2);
-    dk.upload(kc.data(), kc.size() * 2);
-    dv = runtime::DeviceBuffer(dev, vc.size() * 2);
-    dv.upload(vc.data(), vc.size() * 2);
+  }
+
+  // Outputs, lengths, buffers, the kernel and its plan.
+  void finish_setup(std::mt19937& rng) {
+    const int dev = 0;
     dout = runtime::DeviceBuffer(dev, q.size() * 2);
     dlse = runtime::DeviceBuffer(dev, size_t(B) * c.H * c.Sq * 4);
     dkvlens = runtime::DeviceBuffer(dev, size_t(B) * 4);
@@ -175,26 +237,32 @@ struct DecodeProblem {
     o.page_size = c.page_size;
     o.head_major_pages = c.head_major;
     o.num_splits = c.num_splits;
+    o.kv_dtype = c.kv_fp8;
     plan = kernel->plan_decode(o);
   }
 
   DecodeArgs args(CUstream stream = nullptr) const {
     DecodeArgs a;
     a.q = Tensor{dq.data(), dsl::DType::BF16, {B, c.H, c.Sq, D}, {}};
+    const dsl::DType kv = c.kv_fp8.value_or(dsl::DType::BF16);
     if (c.page_size == 0) {
-      a.k = Tensor{dk.data(), dsl::DType::BF16, {B, c.Hkv, max_kv, D}, {}};
-      a.v = Tensor{dv.data(), dsl::DType::BF16, {B, c.Hkv, max_kv, D}, {}};
+      a.k = Tensor{dk.data(), kv, {B, c.Hkv, max_kv, D}, {}};
+      a.v = Tensor{dv.data(), kv, {B, c.Hkv, max_kv, D}, {}};
     } else {
       std::vector<int64_t> shape = c.head_major ? std::vector<int64_t>{num_pages, c.Hkv, c.page_size, D}
                                                 : std::vector<int64_t>{num_pages, c.page_size, c.Hkv, D};
-      a.k = Tensor{dk.data(), dsl::DType::BF16, shape, {}};
-      a.v = Tensor{dv.data(), dsl::DType::BF16, shape, {}};
+      a.k = Tensor{dk.data(), kv, shape, {}};
+      a.v = Tensor{dv.data(), kv, shape, {}};
       a.page_table = Tensor{dtable.data(), dsl::DType::I32, {B, max_pages}, {}};
     }
     a.kv_lens = Tensor{dkvlens.data(), dsl::DType::I32, {B}, {}};
     if (!c.q_lens.empty()) a.q_lens = Tensor{dqlens.data(), dsl::DType::I32, {B}, {}};
     a.o = Tensor{dout.data(), dsl::DType::BF16, {B, c.H, c.Sq, D}, {}};
     a.lse = Tensor{dlse.data(), dsl::DType::F32, {B, c.H, c.Sq}, {}};
+    if (c.kv_fp8) {
+      a.k_scale = Tensor{dkscale.data(), dsl::DType::F32, {int64_t(k_scale.size())}, {}};
+      a.v_scale = Tensor{dvscale.data(), dsl::DType::F32, {int64_t(v_scale.size())}, {}};
+    }
     a.params = c.params;
     for (const dsl::BufferDecl& bd : c.spec.buffers) {
       if (bd.name == "doc") a.buffers.emplace_back("doc", Tensor{ddoc.data(), dsl::DType::I32, {B, max_kv}, {}});
@@ -515,6 +583,98 @@ TEST_CASE("decode: only the tiles a mask keeps are read (sinks + window, dilated
     c.page_size = 16;
     c.doc_len = 700;
     run_and_expect(c, "documents, 32 rows per list", std::vector<int>{47, 47, 141, 141});
+  }
+}
+
+TEST_CASE("decode: FP8 KV caches (e4m3, e5m2) match a float64 reference that dequantises the same bytes", "[gpu][decode]") {
+  FLEXJIT_REQUIRE_GPU();
+  dsl::Spec plain = make_spec("plain", std::nullopt, std::nullopt);
+  for (dsl::DType kv : {dsl::DType::F8E4M3, dsl::DType::F8E5M2})
+    for (int ps : {0, 1, 16, 256}) {
+      DecodeCase c = with_spec(plain);
+      c.kv_fp8 = kv;
+      c.kv_lens = kMixedLens;
+      c.page_size = ps;
+      c.per_head_scale = ps != 16;
+      c.seed = 900 + ps;
+      run_and_expect(c, fmt::format("{} page size {}", dsl::dtype_name(kv), ps));
+    }
+  for (int g : {1, 4, 8}) {
+    DecodeCase c = with_spec(plain);
+    c.kv_fp8 = dsl::DType::F8E4M3;
+    c.H = 2 * g;
+    c.Sq = 4;
+    c.q_lens = {4, 1, 3};
+    c.kv_lens = {4, 100, 3000};
+    c.page_size = 16;
+    c.seed = 950 + g;
+    run_and_expect(c, "GQA " + std::to_string(g));
+  }
+  {
+    DecodeCase c = with_spec(load_spec(gallery_dir() / "softcap.json"));
+    c.kv_fp8 = dsl::DType::F8E4M3;
+    c.kv_lens = {1, 2000, 32768};
+    c.page_size = 16;
+    run_and_expect(c, "softcap");
+  }
+  {
+    // Sinks + window (tile lists) and a document mask whose last document is all masked (O = 0, LSE = -inf).
+    DecodeCase c = with_spec(make_spec("sinks_window", std::nullopt, std::string("kv < 4 || q - kv < 1024")));
+    c.kv_fp8 = dsl::DType::F8E5M2;
+    c.kv_lens = {3, 1500, 32768};
+    c.page_size = 16;
+    run_and_expect(c, "sinks + window");
+    DecodeCase d = with_spec(make_spec("doc", std::nullopt, std::string("doc[b, q] == doc[b, kv] && doc[b, kv] >= 0"), 128,
+                                       {"doc: i32[B, Skv]"}));
+    d.kv_fp8 = dsl::DType::F8E4M3;
+    d.kv_lens = {700, 5000, 20000};
+    d.doc_len = 900;
+    d.masked_doc_seq = 1;
+    d.page_size = 1;
+    run_and_expect(d, "documents, one all masked");
+  }
+  {
+    DecodeCase c = with_spec(make_spec("plain64", std::nullopt, std::nullopt, 64));
+    c.kv_fp8 = dsl::DType::F8E4M3;
+    c.kv_lens = {7, 700};
+    c.num_splits = 1;
+    run_and_expect(c, "D64, one split");
+  }
+}
+
+TEST_CASE("decode: every finite FP8 code widens exactly (one KV position: O is V)", "[gpu][decode]") {
+  FLEXJIT_REQUIRE_GPU();
+  // With one KV position the softmax weight is exactly 1, so O (bf16) must equal v_scale * V bit for bit: every
+  // e4m3 and e5m2 value, subnormals included, is a bf16 value. Codes 0..255 over two KV heads of D = 128.
+  for (dsl::DType kv : {dsl::DType::F8E4M3, dsl::DType::F8E5M2}) {
+    DecodeCase c = with_spec(make_spec("plain", std::nullopt, std::nullopt));
+    c.kv_fp8 = kv;
+    c.per_head_scale = false;
+    c.H = 2;
+    c.kv_lens = {1};
+    c.num_splits = 1;
+    DecodeProblem p(c);
+    std::vector<uint8_t> codes(2 * 128);
+    std::iota(codes.begin(), codes.end(), 0);
+    p.dv.upload(codes.data(), codes.size());  // contiguous [1, Hkv=2, 1, 128]: head h holds codes 128 h ..
+    const float one = 1.f;
+    p.dvscale.upload(&one, 4);
+    p.set_kv_lens({1});
+    p.poison();
+    p.kernel->decode(*p.plan, p.args());
+    std::vector<uint16_t> out(2 * 128);
+    p.dout.download(out.data(), out.size() * 2);
+    int wrong = 0;
+    for (int x = 0; x < 256; ++x) {
+      const float want = fp8_to_float(static_cast<uint8_t>(x), kv);
+      if (!std::isfinite(want)) continue;  // NaN / inf codes: a cache holding them is corrupt (flex_fp8.cuh)
+      const float got = bf16_to_float(out[x]);
+      if (got != want) {  // -0 may come back as +0 (0 + -0 in the accumulator)
+        ++wrong;
+        UNSCOPED_INFO(dsl::dtype_name(kv) << " code " << x << ": got " << got << ", want " << want);
+      }
+    }
+    CHECK(wrong == 0);
   }
 }
 

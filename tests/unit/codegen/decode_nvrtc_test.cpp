@@ -119,3 +119,33 @@ TEST_CASE("the other decode pipeline compiles too (FLEXJIT_DECODE_ALTERNATE)", "
     CHECK(r.artefact->binary.size() > 1000);
   }
 }
+
+TEST_CASE("FP8 KV-cache decode modules compile without spills (e4m3 and e5m2, bf16 and fp16, sm_90a and sm_80)", "[nvrtc][decode]") {
+  // The gallery at D128 (the serving shape) with an e4m3 cache for sm_90a, and a spread of head dims, element
+  // types, formats and m-tiles for sm_90a and sm_80 (no FP8 instruction is used, so sm_80 runs them too).
+  for (const char* name : {"causal.json", "alibi.json", "softcap.json", "document.json", "sliding_window.json"}) {
+    dsl::Spec spec = test::load_spec(test::gallery_dir() / name);
+    spec.head_dim = 128;
+    SpecIR ir = build_spec_ir(spec);
+    DecodeKernelOptions o;
+    o.dtype = spec.dtype;
+    o.config = decode_config(128, 4, dsl::DType::F8E4M3);
+    CHECK(o.config.str() == "d128_mt1_st3_f8e4m3");
+    CHECK(!o.config.alternate);
+    compile_decode(ir, o, "sm_90a");
+  }
+  dsl::Spec spec = test::load_spec(test::gallery_dir() / "alibi_causal.json");
+  struct Case { int d, rows; dsl::DType element, kv; const char* arch; };
+  for (const Case& c : {Case{64, 4, dsl::DType::BF16, dsl::DType::F8E5M2, "sm_90a"}, Case{256, 4, dsl::DType::F16, dsl::DType::F8E4M3, "sm_90a"},
+                        Case{128, 32, dsl::DType::F16, dsl::DType::F8E5M2, "sm_80"}, Case{32, 8, dsl::DType::BF16, dsl::DType::F8E4M3, "sm_80"}}) {
+    spec.head_dim = c.d;
+    SpecIR ir = build_spec_ir(spec);
+    DecodeKernelOptions o;
+    o.dtype = c.element;
+    o.config = decode_config(c.d, c.rows, c.kv);
+    KernelSource ks = decode_kernel_source(ir, analyze_decode_ranges(ir), o);
+    CHECK(ks.source.find(c.kv == dsl::DType::F8E5M2 ? "/*KvElement=*/FlexFp8E5M2" : "/*KvElement=*/FlexFp8E4M3") != std::string::npos);
+    CHECK(ks.key_text.find(fmt::format("config={}\n", o.config.str())) != std::string::npos);
+    compile_decode(ir, o, c.arch);
+  }
+}

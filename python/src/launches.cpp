@@ -154,7 +154,13 @@ std::unique_ptr<DecodeSession> plan_decode(const ModArgs& mods, const DecodeShap
   args.read_mods(mods.score_mod, mods.mask_mod);
   std::optional<DType> dtype = dsl::parse_dtype(shape.dtype);
   if (!dtype) throw Error("plan_decode: unknown dtype `" + shape.dtype + "`; use bf16, f16 or f32");
-  const DecodePlanOptions& o = shape.options;
+  DecodePlanOptions o = shape.options;
+  if (!shape.kv_dtype.empty()) {
+    o.kv_dtype = dsl::parse_kv_cache_dtype(shape.kv_dtype);
+    if (!o.kv_dtype) o.kv_dtype = dsl::parse_dtype(shape.kv_dtype);  // plan_decode says which of these it supports
+    if (!o.kv_dtype)
+      throw Error("plan_decode: unknown kv_dtype `" + shape.kv_dtype + "`; use fp8 (f8e4m3, float8_e4m3fn), f8e5m2 (float8_e5m2) or q's dtype");
+  }
   args.views.place(o.device, "the decode plan");
   args.request.dtype = *dtype;
   args.request.head_dim = shape.head_dim;
@@ -167,7 +173,7 @@ std::unique_ptr<DecodeSession> plan_decode(const ModArgs& mods, const DecodeShap
 }
 
 void decode(DecodeSession& session, nb::handle buffers, nb::handle params, nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse,
-            nb::handle page_table, nb::handle kv_lens, nb::handle q_lens, float scale, uintptr_t stream) {
+            nb::handle page_table, nb::handle kv_lens, nb::handle q_lens, nb::handle k_scale, nb::handle v_scale, float scale, uintptr_t stream) {
   LaunchArgs args;
   const DecodePlanOptions& plan = session.plan->options();
   args.views.place(plan.device, "the decode plan");
@@ -175,6 +181,12 @@ void decode(DecodeSession& session, nb::handle buffers, nb::handle params, nb::h
   a.q = args.views.view(q, "q");
   a.k = args.views.view(k, "k_cache");
   a.v = args.views.view(v, "v_cache");
+  // numpy has no FP8 dtype: an FP8 plan takes uint8 arrays as the bytes of its format.
+  const bool fp8 = plan.kv_dtype && (*plan.kv_dtype == DType::F8E4M3 || *plan.kv_dtype == DType::F8E5M2);
+  for (Tensor* t : {&a.k, &a.v})
+    if (fp8 && t->dtype == DType::U8) t->dtype = *plan.kv_dtype;
+  a.k_scale = args.views.view_optional(k_scale, "k_scale");
+  a.v_scale = args.views.view_optional(v_scale, "v_scale");
   a.o = args.views.view(o, "o");
   a.lse = args.views.view_optional(lse, "lse");
   a.page_table = args.views.view_optional(page_table, "page_table");
@@ -189,6 +201,10 @@ void decode(DecodeSession& session, nb::handle buffers, nb::handle params, nb::h
   a.stream = stream_of(stream);
   nb::gil_scoped_release release;
   session.kernel->decode(*session.plan, a);
+}
+
+std::string decode_kv_dtype(const DecodeSession& session) {
+  return dsl::dtype_name(session.plan->options().kv_dtype.value_or(session.kernel->spec().dtype));
 }
 
 void check_mods(const ModArgs& mods, int64_t batch, int64_t heads, int64_t seqlen_q, int64_t seqlen_kv) {

@@ -49,15 +49,20 @@ struct DecodeSession {
 };
 
 struct DecodeShape {
-  std::string dtype;  // "bf16", "f16", "f32"
+  std::string dtype;     // "bf16", "f16", "f32"
+  std::string kv_dtype;  // the KV cache's ("" = dtype): "fp8" / "f8e4m3" / "float8_e4m3fn", "f8e5m2" / "float8_e5m2", ...
   int head_dim = 0, head_dim_v = 0;
   DecodePlanOptions options;
 };
 
 std::unique_ptr<DecodeSession> plan_decode(const ModArgs& mods, const DecodeShape& shape);
 
+// k / v of an FP8 plan may also be uint8 arrays (numpy has no FP8): their bytes are the plan's FP8 format.
 void decode(DecodeSession& session, nb::handle buffers, nb::handle params, nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse,
-            nb::handle page_table, nb::handle kv_lens, nb::handle q_lens, float scale, uintptr_t stream);
+            nb::handle page_table, nb::handle kv_lens, nb::handle q_lens, nb::handle k_scale, nb::handle v_scale, float scale, uintptr_t stream);
+
+// The element type of the plan's KV cache ("bf16", "f8e4m3", ...).
+std::string decode_kv_dtype(const DecodeSession& session);
 
 // Parses and checks the mods with buffers declared for these sizes; throws CompileError.
 void check_mods(const ModArgs& mods, int64_t batch, int64_t heads, int64_t seqlen_q, int64_t seqlen_kv);

@@ -65,7 +65,8 @@ NB_MODULE(_flexjit, m) {
 
   nb::class_<DecodeSession>(m, "DecodeSession", "A decode plan and the kernel it was made for.")
       .def_prop_ro("num_splits", [](const DecodeSession& s) { return s.plan->num_splits(); })
-      .def_prop_ro("spec_json", [](const DecodeSession& s) { return flexjit::dsl::spec_to_json(s.kernel->spec()); });
+      .def_prop_ro("spec_json", [](const DecodeSession& s) { return flexjit::dsl::spec_to_json(s.kernel->spec()); })
+      .def_prop_ro("kv_dtype", &decode_kv_dtype);
 
   m.def("device_count", [] { return flexjit::Runtime::device_count(); }, "The CUDA devices this process sees (0 without a driver).");
   m.def("register_torch", &register_torch, "tensor_type"_a, "dtypes"_a);
@@ -119,9 +120,11 @@ NB_MODULE(_flexjit, m) {
   m.def(
       "plan_decode",
       [](nb::handle score_mod, nb::handle mask_mod, nb::handle buffers, nb::handle params, const std::string& dtype, int head_dim, int head_dim_v,
-         int device, int batch, int heads, int kv_heads, int max_seqlen_q, int max_seqlen_kv, int page_size, bool head_major_pages, int num_splits) {
+         int device, int batch, int heads, int kv_heads, int max_seqlen_q, int max_seqlen_kv, int page_size, bool head_major_pages, int num_splits,
+         const std::string& kv_dtype) {
         DecodeShape shape;
         shape.dtype = dtype;
+        shape.kv_dtype = kv_dtype;
         shape.head_dim = head_dim;
         shape.head_dim_v = head_dim_v;
         flexjit::DecodePlanOptions& o = shape.options;
@@ -132,10 +135,11 @@ NB_MODULE(_flexjit, m) {
         return plan_decode(mods(score_mod, mask_mod, buffers, params, nb::none()), shape);
       },
       "score_mod"_a.none(), "mask_mod"_a.none(), "buffers"_a.none(), "params"_a.none(), "dtype"_a, "head_dim"_a, "head_dim_v"_a,
-      "device"_a, "batch"_a, "heads"_a, "kv_heads"_a, "max_seqlen_q"_a, "max_seqlen_kv"_a, "page_size"_a, "head_major_pages"_a, "num_splits"_a);
+      "device"_a, "batch"_a, "heads"_a, "kv_heads"_a, "max_seqlen_q"_a, "max_seqlen_kv"_a, "page_size"_a, "head_major_pages"_a, "num_splits"_a,
+      "kv_dtype"_a = "");
 
   m.def("decode", &decode, "session"_a, "buffers"_a.none(), "params"_a.none(), "q"_a, "k_cache"_a, "v_cache"_a, "o"_a, "lse"_a.none(),
-        "page_table"_a.none(), "kv_lens"_a, "q_lens"_a.none(), "scale"_a, "stream"_a);
+        "page_table"_a.none(), "kv_lens"_a, "q_lens"_a.none(), "k_scale"_a.none(), "v_scale"_a.none(), "scale"_a, "stream"_a);
 
   m.def(
       "check_mods",

@@ -23,10 +23,16 @@ TorchTypes& torch_types() {
 
 std::string python_type_name(nb::handle obj) { return nb::cast<std::string>(nb::type_name(obj.type())); }
 
-const char* kSupportedDtypes = "float32, float16, bfloat16, int32, int64, uint8 or bool";
+const char* kSupportedDtypes = "float32, float16, bfloat16, int32, int64, uint8 or bool (float8_e4m3fn, float8_e5m2 for an FP8 KV cache)";
+
+// DLPack's codes of the OCP FP8 formats (DLPack 1.1; numbers, as nanobind 2 has no names for them).
+// float8_e4m3 (code 8, with infinities) and the fnuz variants are other formats.
+constexpr uint8_t kDLFloat8_e4m3fn = 10, kDLFloat8_e5m2 = 12;
 
 DType dlpack_dtype(nb::dlpack::dtype t, const std::string& what) {
   using Code = nb::dlpack::dtype_code;
+  if (t.lanes == 1 && t.bits == 8 && t.code == kDLFloat8_e4m3fn) return DType::F8E4M3;
+  if (t.lanes == 1 && t.bits == 8 && t.code == kDLFloat8_e5m2) return DType::F8E5M2;
   if (t.lanes == 1) {
     switch (static_cast<Code>(t.code)) {
       case Code::Float:
@@ -63,6 +69,7 @@ void register_torch(nb::handle tensor_type, nb::dict dtypes) {
   if (t.tensor_type) return;
   for (auto [key, name] : dtypes) {
     std::optional<DType> d = dsl::parse_dtype(nb::cast<std::string>(name));
+    if (!d) d = dsl::parse_kv_cache_dtype(nb::cast<std::string>(name));  // torch.float8_e4m3fn / float8_e5m2
     if (!d) throw Error("register_torch: unknown flexjit dtype " + nb::cast<std::string>(name));
     t.dtypes.emplace_back(key.inc_ref().ptr(), *d);
   }

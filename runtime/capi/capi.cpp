@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,6 +37,8 @@ struct flexjit_args {
   int max_seqlen_q = 0, max_seqlen_kv = 0;
   // Decode.
   flexjit::Tensor page_table, kv_lens, q_lens;
+  std::optional<flexjit::DType> kv_dtype;  // k and v's when it is not q's (an FP8 cache)
+  flexjit::Tensor k_scale, v_scale;
 };
 struct flexjit_decode_plan {
   std::unique_ptr<flexjit::DecodePlan> plan;
@@ -82,8 +85,17 @@ bool to_dtype(flexjit_dtype d, flexjit::DType* out) {
     case FLEXJIT_I64: *out = flexjit::DType::I64; return true;
     case FLEXJIT_U8: *out = flexjit::DType::U8; return true;
     case FLEXJIT_BOOL: *out = flexjit::DType::Bool; return true;
+    case FLEXJIT_F8E4M3: case FLEXJIT_F8E5M2: return false;  // KV caches only: to_kv_dtype
   }
   return false;
+}
+
+// A KV cache's element type: any of to_dtype's (the C++ API rejects those it does not support) or FP8.
+bool to_kv_dtype(flexjit_dtype d, flexjit::DType* out) {
+  if (d == FLEXJIT_F8E4M3) *out = flexjit::DType::F8E4M3;
+  else if (d == FLEXJIT_F8E5M2) *out = flexjit::DType::F8E5M2;
+  else return to_dtype(d, out);
+  return true;
 }
 
 // The LSE tensor of a [B, H, Sq, D] launch (none when no pointer was set).
@@ -134,6 +146,20 @@ void check_addressable(const std::vector<std::pair<std::string, flexjit::Tensor>
 
 flexjit::Tensor i32_vector(const int32_t* data, int64_t n) {
   return data ? flexjit::Tensor{const_cast<int32_t*>(data), flexjit::DType::I32, {n}, {}} : flexjit::Tensor{};
+}
+
+flexjit_status plan_decode(const char* fn, flexjit_kernel* k, int device, int batch, int heads, int kv_heads, int max_seqlen_q, int max_seqlen_kv,
+                           int page_size, int head_major_pages, std::optional<flexjit::DType> kv_dtype, flexjit_decode_plan** out) {
+  if (!k || !out || device < -2) return invalid(fmt::format("{}: NULL kernel or out, or a device below -2", fn).c_str());
+  return guarded([&] {
+    flexjit::DecodePlanOptions o;
+    o.device = device == -2 ? flexjit::Device::cpu() : flexjit::Device::cuda(device < 0 ? 0 : device);
+    o.batch = batch, o.heads = heads, o.kv_heads = kv_heads;
+    o.max_seqlen_q = max_seqlen_q, o.max_seqlen_kv = max_seqlen_kv;
+    o.page_size = page_size, o.head_major_pages = head_major_pages != 0;
+    o.kv_dtype = kv_dtype;
+    *out = new flexjit_decode_plan{k->kernel->plan_decode(o)};
+  });
 }
 
 }  // namespace
@@ -322,15 +348,17 @@ flexjit_status flexjit_forward_varlen(flexjit_kernel* k, const flexjit_args* a) 
 
 flexjit_status flexjit_plan_decode(flexjit_kernel* k, int device, int batch, int heads, int kv_heads, int max_seqlen_q, int max_seqlen_kv,
                                    int page_size, int head_major_pages, flexjit_decode_plan** out) {
-  if (!k || !out || device < -2) return invalid("flexjit_plan_decode: NULL kernel or out, or a device below -2");
-  return guarded([&] {
-    flexjit::DecodePlanOptions o;
-    o.device = device == -2 ? flexjit::Device::cpu() : flexjit::Device::cuda(device < 0 ? 0 : device);
-    o.batch = batch, o.heads = heads, o.kv_heads = kv_heads;
-    o.max_seqlen_q = max_seqlen_q, o.max_seqlen_kv = max_seqlen_kv;
-    o.page_size = page_size, o.head_major_pages = head_major_pages != 0;
-    *out = new flexjit_decode_plan{k->kernel->plan_decode(o)};
-  });
+  return plan_decode("flexjit_plan_decode", k, device, batch, heads, kv_heads, max_seqlen_q, max_seqlen_kv, page_size, head_major_pages,
+                     std::nullopt, out);
+}
+
+flexjit_status flexjit_plan_decode_kv(flexjit_kernel* k, int device, int batch, int heads, int kv_heads, int max_seqlen_q, int max_seqlen_kv,
+                                      int page_size, int head_major_pages, flexjit_dtype kv_dtype, flexjit_decode_plan** out) {
+  flexjit::DType dt;
+  if (!to_kv_dtype(kv_dtype, &dt))
+    return invalid("flexjit_plan_decode_kv: unknown kv_dtype; use the spec's dtype (e.g. FLEXJIT_BF16), FLEXJIT_F8E4M3 or FLEXJIT_F8E5M2");
+  return plan_decode("flexjit_plan_decode_kv", k, device, batch, heads, kv_heads, max_seqlen_q, max_seqlen_kv, page_size, head_major_pages, dt,
+                     out);
 }
 
 void flexjit_decode_plan_destroy(flexjit_decode_plan* plan) { delete plan; }
@@ -356,6 +384,24 @@ flexjit_status flexjit_args_set_decode(flexjit_args* a, const void* q, const voi
   });
 }
 
+flexjit_status flexjit_args_set_decode_kv_dtype(flexjit_args* a, flexjit_dtype kv_dtype) {
+  flexjit::DType dt;
+  if (!a) return invalid("flexjit_args_set_decode_kv_dtype: NULL args");
+  if (!to_kv_dtype(kv_dtype, &dt))
+    return invalid("flexjit_args_set_decode_kv_dtype: unknown kv_dtype; use FLEXJIT_F8E4M3, FLEXJIT_F8E5M2 or q's dtype");
+  a->kv_dtype = dt;
+  return FLEXJIT_OK;
+}
+
+flexjit_status flexjit_args_set_kv_scales(flexjit_args* a, const float* k_scale, const float* v_scale, int64_t n) {
+  if (!a) return invalid("flexjit_args_set_kv_scales: NULL args");
+  if ((k_scale || v_scale) && n < 1) return invalid("flexjit_args_set_kv_scales: n must be the number of KV heads or 1");
+  auto scale = [n](const float* p) { return p ? flexjit::Tensor{const_cast<float*>(p), flexjit::DType::F32, {n}, {}} : flexjit::Tensor{}; };
+  a->k_scale = scale(k_scale);
+  a->v_scale = scale(v_scale);
+  return FLEXJIT_OK;
+}
+
 flexjit_status flexjit_decode(flexjit_kernel* k, const flexjit_decode_plan* plan, const flexjit_args* a) {
   if (!k || !plan || !a) return invalid("flexjit_decode: NULL kernel, plan or args");
   return guarded([&] {
@@ -363,10 +409,13 @@ flexjit_status flexjit_decode(flexjit_kernel* k, const flexjit_decode_plan* plan
     if (!a->kv_lens.data) throw flexjit::Error("flexjit_decode: call flexjit_args_set_decode first");
     flexjit::DecodeArgs d;
     d.q = f.q, d.k = f.k, d.v = f.v, d.o = f.o;
+    if (a->kv_dtype) d.k.dtype = d.v.dtype = *a->kv_dtype;
+    d.k_scale = a->k_scale, d.v_scale = a->v_scale;
     d.lse = lse_of_bhsd(*a);
     d.page_table = a->page_table, d.kv_lens = a->kv_lens, d.q_lens = a->q_lens;
     d.scale = f.scale, d.buffers = f.buffers, d.params = f.params, d.stream = f.stream;
-    for (auto [t, name] : {std::pair{&d.q, "q"}, {&d.k, "k cache"}, {&d.v, "v cache"}, {&d.o, "o"}, {&d.lse, "lse"}, {&d.page_table, "page_table"}})
+    for (auto [t, name] : {std::pair{&d.q, "q"}, {&d.k, "k cache"}, {&d.v, "v cache"}, {&d.o, "o"}, {&d.lse, "lse"}, {&d.page_table, "page_table"},
+                           {&d.k_scale, "k_scale"}, {&d.v_scale, "v_scale"}})
       flexjit::runtime::check_addressable(*t, name);
     check_addressable(d.buffers);
     k->kernel->decode(*plan->plan, d);

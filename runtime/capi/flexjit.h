@@ -27,7 +27,19 @@ typedef enum {
   FLEXJIT_ERROR_INTERNAL = 5          /* a bug in flexjit */
 } flexjit_status;
 
-typedef enum { FLEXJIT_F32 = 0, FLEXJIT_F16 = 1, FLEXJIT_BF16 = 2, FLEXJIT_I32 = 3, FLEXJIT_I64 = 4, FLEXJIT_U8 = 5, FLEXJIT_BOOL = 6 } flexjit_dtype;
+/* FLEXJIT_F8E4M3 and FLEXJIT_F8E5M2 (OCP FP8, one byte each) are for decode KV caches only:
+ * flexjit_plan_decode_kv and flexjit_args_set_decode_kv_dtype take them, nothing else does. */
+typedef enum {
+  FLEXJIT_F32 = 0,
+  FLEXJIT_F16 = 1,
+  FLEXJIT_BF16 = 2,
+  FLEXJIT_I32 = 3,
+  FLEXJIT_I64 = 4,
+  FLEXJIT_U8 = 5,
+  FLEXJIT_BOOL = 6,
+  FLEXJIT_F8E4M3 = 7,
+  FLEXJIT_F8E5M2 = 8
+} flexjit_dtype;
 
 typedef struct flexjit_runtime flexjit_runtime;
 typedef struct flexjit_kernel flexjit_kernel;
@@ -94,6 +106,10 @@ flexjit_status flexjit_forward_varlen(flexjit_kernel* k, const flexjit_args* a);
  * page_size 0 means a contiguous KV cache. Runs within the plan never allocate. */
 flexjit_status flexjit_plan_decode(flexjit_kernel* k, int device, int batch, int heads, int kv_heads, int max_seqlen_q, int max_seqlen_kv,
                                    int page_size, int head_major_pages, flexjit_decode_plan** out);
+/* The same with the KV cache's element type: the spec's dtype, or FLEXJIT_F8E4M3 / FLEXJIT_F8E5M2
+ * for an FP8 cache (K = k_scale * stored value, V likewise; Q, O and the softmax keep their precision). */
+flexjit_status flexjit_plan_decode_kv(flexjit_kernel* k, int device, int batch, int heads, int kv_heads, int max_seqlen_q, int max_seqlen_kv,
+                                      int page_size, int head_major_pages, flexjit_dtype kv_dtype, flexjit_decode_plan** out);
 void flexjit_decode_plan_destroy(flexjit_decode_plan* plan);
 int flexjit_decode_plan_num_splits(const flexjit_decode_plan* plan);
 /* One decode step: q/o [B, H, Sq, D]; k/v caches of cache_shape (contiguous [B, Hkv, Skv_cap, D],
@@ -102,6 +118,13 @@ int flexjit_decode_plan_num_splits(const flexjit_decode_plan* plan);
 flexjit_status flexjit_args_set_decode(flexjit_args* a, const void* q, const void* k_cache, const void* v_cache, void* o, flexjit_dtype dtype,
                                        int64_t B, int64_t H, int64_t Sq, int64_t D, const int64_t* cache_shape, const int32_t* page_table,
                                        int64_t max_pages_per_seq, const int32_t* kv_lens, const int32_t* q_lens);
+/* The element type of the k/v caches of flexjit_args_set_decode when it differs from q's (an FP8 cache:
+ * FLEXJIT_F8E4M3 or FLEXJIT_F8E5M2, as the plan's kv_dtype). Holds for later decodes of these args,
+ * whichever of the two setters is called first. */
+flexjit_status flexjit_args_set_decode_kv_dtype(flexjit_args* a, flexjit_dtype kv_dtype);
+/* An FP8 cache's f32 dequantisation scales on the launch's device (host memory for the CPU backend):
+ * n = kv_heads (one per KV head) or 1 (one for the cache); either pointer may be NULL (scale 1). */
+flexjit_status flexjit_args_set_kv_scales(flexjit_args* a, const float* k_scale, const float* v_scale, int64_t n);
 flexjit_status flexjit_decode(flexjit_kernel* k, const flexjit_decode_plan* plan, const flexjit_args* a);
 
 /* Synchronises the stream and reports clamped loads since the last check. */

@@ -42,6 +42,9 @@ struct AttentionJob {
   int64_t b_offset = 0, q_offset = 0;
   float scale = 1;
   ElemType dtype = ElemType::F32;
+  // K and V are f32 whatever `dtype` says: decode of an FP8 KV cache dequantises it into f32
+  // copies (ragged_launch.cpp) while Q and O keep the spec's dtype.
+  bool kv_f32 = false;
   Operand q, k, v;
   OutOperand o;
   float* lse = nullptr;  // optional [B, H, Sq]

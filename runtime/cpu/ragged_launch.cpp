@@ -2,20 +2,20 @@
 
 #include <fmt/format.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 
 #include "dsl/error.h"
 #include "runtime/forward_launch.h"
+#include "runtime/npy.h"
 
 namespace flexjit::cpu {
 
 namespace {
 
-size_t elem_bytes(dsl::DType t) { return t == dsl::DType::F32 ? 4 : 2; }
-
 const char* byte_at(const void* base, int64_t elements, dsl::DType t) {
-  return static_cast<const char*>(base) + elements * static_cast<int64_t>(elem_bytes(t));
+  return static_cast<const char*>(base) + elements * static_cast<int64_t>(dsl::dtype_size(t));
 }
 
 void require(bool ok, const std::string& what, const std::string& message) {
@@ -37,12 +37,44 @@ void expect_shape(const std::string& what, const Tensor& t, const char* name, co
   require(t.shape == want, what, fmt::format("`{}` has shape [{}] but must be {} = [{}]", name, fmt::join(t.shape, ", "), layout, fmt::join(want, ", ")));
 }
 
-// The values of a host I32 vector of `n` entries (any stride).
-std::vector<int64_t> read_i32(const Tensor& t, int64_t n) {
-  std::vector<int64_t> out(static_cast<size_t>(n));
+// The values of a host vector of `n` entries of type T (any stride).
+template <class T, class Out = int64_t>
+std::vector<Out> read_vector(const Tensor& t, int64_t n) {
+  std::vector<Out> out(static_cast<size_t>(n));
   int64_t st = t.effective_strides().empty() ? 1 : t.effective_strides()[0];
-  for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = static_cast<const int32_t*>(t.data)[i * st];
+  for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = static_cast<const T*>(t.data)[i * st];
   return out;
+}
+std::vector<int64_t> read_i32(const Tensor& t, int64_t n) { return read_vector<int32_t>(t, n); }
+
+bool is_fp8(dsl::DType t) { return t == dsl::DType::F8E4M3 || t == dsl::DType::F8E5M2; }
+
+// The plan's KV cache element type, checked as the GPU's plan_decode does: the spec's dtype
+// (the default), or an FP8 type.
+dsl::DType plan_kv_dtype(const std::string& what, const DecodePlanOptions& plan, dsl::DType spec_dtype) {
+  if (!plan.kv_dtype) return spec_dtype;
+  require(is_fp8(*plan.kv_dtype) || *plan.kv_dtype == spec_dtype, what,
+          fmt::format("the plan's kv_dtype {} is not supported for a {} spec; use {} (the spec's dtype), f8e4m3 or f8e5m2",
+                      dsl::dtype_name(*plan.kv_dtype), dsl::dtype_name(spec_dtype), dsl::dtype_name(spec_dtype)));
+  return *plan.kv_dtype;
+}
+
+// One dequantisation scale per KV head from an FP8 cache's optional k_scale / v_scale
+// (f32 [Hkv] or [1]; absent = 1). Empty for caches that are not FP8, which take no scales.
+std::vector<float> kv_scales(const std::string& what, const DecodeArgs& a, const Tensor& t, const char* name, dsl::DType kv_dtype, int64_t Hkv) {
+  if (!t.data) return is_fp8(kv_dtype) ? std::vector<float>(static_cast<size_t>(Hkv), 1.0f) : std::vector<float>{};
+  require(is_fp8(kv_dtype), what,
+          fmt::format("`{}` is only for FP8 caches, but the plan's KV cache is {}; plan with kv_dtype f8e4m3 or f8e5m2, or drop the scale", name,
+                      dsl::dtype_name(kv_dtype)));
+  require(t.dtype == dsl::DType::F32 && t.shape.size() == 1 && (t.shape[0] == Hkv || t.shape[0] == 1), what,
+          fmt::format("`{}` must be an f32 tensor of shape [{}] (one scale per KV head) or [1], got {} [{}]", name, Hkv, dsl::dtype_name(t.dtype),
+                      fmt::join(t.shape, ", ")));
+  check_tensor(what, t, name, 1, dsl::DType::F32);
+  require(!a.k_scale.data || !a.v_scale.data || a.k_scale.shape == a.v_scale.shape, what,
+          fmt::format("k_scale has shape [{}] and v_scale [{}]: they must have the same shape ([Hkv] or [1])", fmt::join(a.k_scale.shape, ", "),
+                      fmt::join(a.v_scale.shape, ", ")));
+  std::vector<float> s = read_vector<float, float>(t, t.shape[0]);
+  return t.shape[0] == Hkv ? s : std::vector<float>(static_cast<size_t>(Hkv), s[0]);
 }
 
 void check_head_dims(const std::string& what, const dsl::Spec& spec, int64_t H, int64_t Hkv, int64_t D, int64_t Dv) {
@@ -175,15 +207,24 @@ void launch_decode(const SpecState& st, const SpecIR& ir, const DecodePlanOption
   const std::string what = "decode";
   const dsl::Spec& spec = ir.spec();
   ElemType et = elem_type(spec.dtype);
+  const dsl::DType kv_dtype = plan_kv_dtype(what, plan, spec.dtype);
+  const bool fp8 = is_fp8(kv_dtype);
   check_tensor(what, a.q, "q", 4, spec.dtype);
-  check_tensor(what, a.k, "k", 4, spec.dtype);
-  check_tensor(what, a.v, "v", 4, spec.dtype);
+  for (auto [t, name] : {std::pair{&a.k, "k"}, std::pair{&a.v, "v"}})
+    require(t->dtype == kv_dtype, what,
+            fmt::format("`{}` is {} but the plan's KV cache is {} ({}); pass k and v in that dtype, or plan with kv_dtype {}", name,
+                        dsl::dtype_name(t->dtype), dsl::dtype_name(kv_dtype),
+                        plan.kv_dtype ? "its kv_dtype" : "the spec's dtype; the plan sets no kv_dtype", dsl::dtype_name(t->dtype)));
+  check_tensor(what, a.k, "k", 4, kv_dtype);
+  check_tensor(what, a.v, "v", 4, kv_dtype);
   check_tensor(what, a.o, "o", 4, spec.dtype);
   const int64_t B = a.q.shape[0], H = a.q.shape[1], Sq = a.q.shape[2], D = a.q.shape[3], Dv = a.v.shape[3];
   const bool paged = plan.page_size > 0;
   const int64_t P = plan.page_size;
   const int64_t Hkv = paged ? (plan.head_major_pages ? a.k.shape[1] : a.k.shape[2]) : a.k.shape[1];
   check_head_dims(what, spec, H, Hkv, D, Dv);
+  const std::vector<float> k_scale = kv_scales(what, a, a.k_scale, "k_scale", kv_dtype, Hkv);
+  const std::vector<float> v_scale = kv_scales(what, a, a.v_scale, "v_scale", kv_dtype, Hkv);
   require(plan.batch <= 0 || B <= plan.batch, what, fmt::format("q has batch {} but the plan was made for at most {}", B, plan.batch));
   require(plan.heads <= 0 || H == plan.heads, what, fmt::format("q has {} heads but the plan was made for {}", H, plan.heads));
   require(plan.kv_heads <= 0 || Hkv == plan.kv_heads, what, fmt::format("k has {} heads but the plan was made for {}", Hkv, plan.kv_heads));
@@ -251,17 +292,30 @@ void launch_decode(const SpecState& st, const SpecIR& ir, const DecodePlanOption
   const float scale = scale_for(what, a.scale, D);
   std::vector<int64_t> qs = a.q.effective_strides(), ks = a.k.effective_strides(), vs = a.v.effective_strides(), os = a.o.effective_strides();
   std::vector<int64_t> ls = a.lse.data ? a.lse.effective_strides() : std::vector<int64_t>{0, 0, 0};
-  const size_t esize = elem_bytes(spec.dtype);
-  std::vector<char> k_copy, v_copy;  // a paged sequence's K and V as [Hkv, len, d]
-  // Copies positions [0, len) of sequence b out of the pages into dense [Hkv, len, d].
-  auto gather = [&](const Tensor& t, const std::vector<int64_t>& s, int64_t b, int64_t len, int64_t d, std::vector<char>& out) {
-    out.resize(static_cast<size_t>(Hkv * len * d) * esize);
+  const size_t esize = static_cast<size_t>(dsl::dtype_size(kv_dtype));
+  std::array<float, 256> fp8_values{};  // an FP8 cache's values by bit pattern
+  if (fp8)
+    for (int i = 0; i < 256; ++i) fp8_values[static_cast<size_t>(i)] = fp8_to_float(static_cast<uint8_t>(i), kv_dtype);
+  std::vector<char> k_copy, v_copy;  // a paged or FP8 sequence's K and V as dense [Hkv, len, d]
+  // Copies positions [0, len) of sequence b out of the cache (pages or [B, Hkv, cap, d]) into
+  // dense [Hkv, len, d]: the elements as they are, or an FP8 cache's dequantised to f32
+  // (scale[h] * value), the one place the CPU reads FP8 K and V.
+  auto gather = [&](const Tensor& t, const std::vector<int64_t>& s, const std::vector<float>& scale, int64_t b, int64_t len, int64_t d,
+                    std::vector<char>& out) {
+    const size_t out_size = fp8 ? sizeof(float) : esize;
+    out.resize(static_cast<size_t>(Hkv * len * d) * out_size);
     for (int64_t p = 0; p < len; ++p) {
-      const int64_t page = table[static_cast<size_t>(b * max_pages + p / P)], slot = p % P;
+      const int64_t page = paged ? table[static_cast<size_t>(b * max_pages + p / P)] : 0, slot = paged ? p % P : 0;
       for (int64_t h = 0; h < Hkv; ++h) {
-        int64_t base = page * s[0] + (plan.head_major_pages ? h * s[1] + slot * s[2] : slot * s[1] + h * s[2]);
-        char* dst = out.data() + static_cast<size_t>((h * len + p) * d) * esize;
-        for (int64_t c = 0; c < d; ++c) std::memcpy(dst + static_cast<size_t>(c) * esize, byte_at(t.data, base + c * s[3], spec.dtype), esize);
+        const int64_t base = !paged ? b * s[0] + h * s[1] + p * s[2]
+                                    : page * s[0] + (plan.head_major_pages ? h * s[1] + slot * s[2] : slot * s[1] + h * s[2]);
+        char* dst = out.data() + static_cast<size_t>((h * len + p) * d) * out_size;
+        if (fp8) {
+          const uint8_t* src = static_cast<const uint8_t*>(t.data) + base;
+          for (int64_t c = 0; c < d; ++c) reinterpret_cast<float*>(dst)[c] = scale[static_cast<size_t>(h)] * fp8_values[src[c * s[3]]];
+        } else {
+          for (int64_t c = 0; c < d; ++c) std::memcpy(dst + static_cast<size_t>(c) * esize, byte_at(t.data, base + c * s[3], kv_dtype), esize);
+        }
       }
     }
   };
@@ -287,9 +341,10 @@ void launch_decode(const SpecState& st, const SpecIR& ir, const DecodePlanOption
       job.lse_stride[1] = ls[1];
       job.lse_stride[2] = ls[2];
     }
-    if (paged) {
-      gather(a.k, ks, b, kl, D, k_copy);
-      gather(a.v, vs, b, kl, Dv, v_copy);
+    if (paged || fp8) {
+      gather(a.k, ks, k_scale, b, kl, D, k_copy);
+      gather(a.v, vs, v_scale, b, kl, Dv, v_copy);
+      job.kv_f32 = fp8;
       job.k = Operand{k_copy.data(), {0, kl * D, D, 1}};
       job.v = Operand{v_copy.data(), {0, kl * Dv, Dv, 1}};
     } else {

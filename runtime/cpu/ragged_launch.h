@@ -1,7 +1,8 @@
 // Ragged prefill (VarlenArgs) and decode (DecodeArgs) on the CPU: argument checks, binding
 // (Sq / Skv bind to the launch's bounds), then the forward driver once per sequence on
 // strided slices, with b = the sequence index and the query positions offset for decode.
-// Paged KV caches are gathered into a contiguous copy per sequence.
+// Paged KV caches are gathered into a contiguous copy per sequence; FP8 caches
+// (DecodePlanOptions::kv_dtype) are dequantised into an f32 copy (scale * value) the same way.
 #pragma once
 #include "runtime/cpu/forward_common.h"
 

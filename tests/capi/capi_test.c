@@ -1,6 +1,6 @@
 /* The C API from C: status codes and error text for bad specs and bad launches, and a
  * forward launch on the CPU backend when this build has it (a GPU launch when a device is
- * present). Exits non-zero on failure; prints "N passed, N failed". */
+ * present), decode with FP8 KV caches. Exits non-zero on failure; prints "N passed, N failed". */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -144,6 +144,110 @@ static void test_decode_and_varlen(flexjit_runtime* rt) {
   flexjit_kernel_destroy(k);
   free(q), free(kk), free(v), free(o), free(kp), free(vp), free(qv), free(kv), free(vv), free(ov);
 }
+
+/* The test's own FP8 decoder (OCP e4m3 when e4m3, else e5m2), for codes that are not NaN or inf. */
+static double fp8_value(unsigned char bits, int e4m3) {
+  int mant_bits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15;
+  int exp = (bits & 0x7f) >> mant_bits, mant = bits & ((1 << mant_bits) - 1);
+  double sign = (bits & 0x80) ? -1.0 : 1.0;
+  if (exp == 0) return sign * ldexp((double)mant, 1 - bias - mant_bits);
+  return sign * ldexp((double)(mant | (1 << mant_bits)), exp - bias - mant_bits);
+}
+
+/* Decode with an FP8 KV cache (e4m3 and e5m2, per-KV-head and single scales, GQA 2) on the CPU
+ * backend against a float64 reference of the dequantised cache (scale * value), and the FP8
+ * arguments' errors. */
+static void test_decode_fp8(flexjit_runtime* rt) {
+  enum { B = 2, H = 4, HKV = 2, D = 16, CAP = 10 };
+  flexjit_kernel* k = NULL;
+  CHECK(flexjit_compile(rt, "{\"dtype\": \"f32\", \"head_dim\": 16}", &k) == FLEXJIT_OK);
+  float* q = filled(B * H * D, 31);
+  float o[B * H * D], lse[B * H];
+  unsigned char kc[B * HKV * CAP * D], vc[B * HKV * CAP * D];
+  for (int i = 0; i < B * HKV * CAP * D; ++i) { /* non-zero codes below 0x60: finite in both formats */
+    kc[i] = (unsigned char)((((unsigned)i * 2654435761u) >> 7) % 0x5f + 1) | (unsigned char)(i % 3 ? 0 : 0x80);
+    vc[i] = (unsigned char)((((unsigned)i * 40503u) >> 3) % 0x5f + 1) | (unsigned char)(i % 5 ? 0x80 : 0);
+  }
+  int32_t kv_lens[B] = {7, CAP};
+  int64_t cache_shape[4] = {B, HKV, CAP, D};
+  const flexjit_dtype formats[2] = {FLEXJIT_F8E4M3, FLEXJIT_F8E5M2};
+  flexjit_args* a = NULL;
+  CHECK(flexjit_args_create(&a) == FLEXJIT_OK);
+  CHECK(flexjit_args_set_stream(a, NULL, -2) == FLEXJIT_OK);
+  CHECK(flexjit_args_set_lse(a, lse) == FLEXJIT_OK);
+  for (int f = 0; f < 2; ++f)
+    for (int n = 1; n <= HKV; n += HKV - 1) {
+      const int e4m3 = formats[f] == FLEXJIT_F8E4M3;
+      const float k_scale[HKV] = {e4m3 ? 0.05f : 0.004f, e4m3 ? 0.03f : 0.002f}, v_scale[HKV] = {e4m3 ? 0.02f : 0.003f, e4m3 ? 0.07f : 0.005f};
+      flexjit_decode_plan* plan = NULL;
+      CHECK(flexjit_plan_decode_kv(k, -2, B, H, HKV, 1, CAP, 0, 0, formats[f], &plan) == FLEXJIT_OK);
+      CHECK(flexjit_args_set_decode(a, q, kc, vc, o, FLEXJIT_F32, B, H, 1, D, cache_shape, NULL, 0, kv_lens, NULL) == FLEXJIT_OK);
+      CHECK(flexjit_args_set_decode_kv_dtype(a, formats[f]) == FLEXJIT_OK);
+      CHECK(flexjit_args_set_kv_scales(a, k_scale, v_scale, n) == FLEXJIT_OK);
+      for (int i = 0; i < B * H * D; ++i) o[i] = NAN;
+      for (int i = 0; i < B * H; ++i) lse[i] = NAN;
+      CHECK(flexjit_decode(k, plan, a) == FLEXJIT_OK);
+      double worst = 0; /* the largest error of O and LSE; NaN stays NaN */
+      for (int b = 0; b < B; ++b)
+        for (int h = 0; h < H; ++h) {
+          const int hk = h / (H / HKV), len = kv_lens[b];
+          const double ks = k_scale[n == 1 ? 0 : hk], vs = v_scale[n == 1 ? 0 : hk];
+          const float* qr = q + (b * H + h) * D;
+          double s[CAP], mx = -INFINITY, sum = 0, out[D] = {0};
+          for (int p = 0; p < len; ++p) {
+            const unsigned char* kr = kc + ((b * HKV + hk) * CAP + p) * D;
+            s[p] = 0;
+            for (int d = 0; d < D; ++d) s[p] += (double)qr[d] * ks * fp8_value(kr[d], e4m3);
+            s[p] /= sqrt((double)D);
+            if (s[p] > mx) mx = s[p];
+          }
+          for (int p = 0; p < len; ++p) {
+            const unsigned char* vr = vc + ((b * HKV + hk) * CAP + p) * D;
+            const double w = exp(s[p] - mx);
+            sum += w;
+            for (int d = 0; d < D; ++d) out[d] += w * vs * fp8_value(vr[d], e4m3);
+          }
+          for (int d = 0; d < D; ++d) {
+            const double err = fabs(o[(b * H + h) * D + d] - out[d] / sum);
+            if (!(err <= worst)) worst = err;
+          }
+          const double lse_err = fabs(lse[b * H + h] - (mx + log(sum)));
+          if (!(lse_err <= worst)) worst = lse_err;
+        }
+      CHECK(worst < 1e-4);
+      if (!(worst < 1e-4)) fprintf(stderr, "FP8 decode (format %d, %d scales): error %g\n", f, n, worst);
+      flexjit_decode_plan_destroy(plan);
+    }
+
+  /* Errors: bad values and NULLs, a cache dtype that is not the plan's, scales of the wrong size. */
+  flexjit_decode_plan* plan = NULL;
+  const float scales[3] = {1, 1, 1};
+  CHECK(flexjit_plan_decode_kv(k, -2, B, H, HKV, 1, CAP, 0, 0, (flexjit_dtype)42, &plan) == FLEXJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(strstr(flexjit_last_error(), "unknown kv_dtype") != NULL);
+  CHECK(flexjit_plan_decode_kv(k, -2, B, H, HKV, 1, CAP, 0, 0, FLEXJIT_F8E4M3, NULL) == FLEXJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(flexjit_args_set_decode_kv_dtype(NULL, FLEXJIT_F8E4M3) == FLEXJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(flexjit_args_set_decode_kv_dtype(a, (flexjit_dtype)42) == FLEXJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(flexjit_args_set_kv_scales(NULL, scales, scales, 1) == FLEXJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(flexjit_args_set_kv_scales(a, scales, NULL, 0) == FLEXJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(strstr(flexjit_last_error(), "n must be the number of KV heads or 1") != NULL);
+  CHECK(flexjit_args_set_qkvo(a, q, kc, vc, o, FLEXJIT_F8E4M3, B, H, HKV, 1, CAP, D) == FLEXJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(flexjit_args_set_decode(a, q, kc, vc, o, FLEXJIT_F32, B, H, 1, D, cache_shape, NULL, 0, kv_lens, NULL) == FLEXJIT_OK);
+  CHECK(flexjit_args_set_decode_kv_dtype(a, FLEXJIT_F8E4M3) == FLEXJIT_OK);
+  CHECK(flexjit_plan_decode_kv(k, -2, B, H, HKV, 1, CAP, 0, 0, FLEXJIT_F8E4M3, &plan) == FLEXJIT_OK);
+  CHECK(flexjit_args_set_kv_scales(a, scales, scales, 3) == FLEXJIT_OK);
+  CHECK(flexjit_decode(k, plan, a) == FLEXJIT_ERROR_USER);
+  CHECK(strstr(flexjit_last_error(), "must be an f32 tensor of shape [2] (one scale per KV head) or [1]") != NULL);
+  CHECK(flexjit_args_set_kv_scales(a, NULL, NULL, 0) == FLEXJIT_OK);
+  CHECK(flexjit_args_set_decode_kv_dtype(a, FLEXJIT_F8E5M2) == FLEXJIT_OK);
+  CHECK(flexjit_decode(k, plan, a) == FLEXJIT_ERROR_USER);
+  CHECK(strstr(flexjit_last_error(), "`k` is f8e5m2 but the plan's KV cache is f8e4m3") != NULL);
+  CHECK(flexjit_args_set_decode_kv_dtype(a, FLEXJIT_F8E4M3) == FLEXJIT_OK);
+  CHECK(flexjit_decode(k, plan, a) == FLEXJIT_OK); /* no scales: 1 */
+  flexjit_decode_plan_destroy(plan);
+  flexjit_args_destroy(a);
+  flexjit_kernel_destroy(k);
+  free(q);
+}
 #endif
 
 int main(void) {
@@ -210,6 +314,7 @@ int main(void) {
 #ifdef FLEXJIT_HAVE_CPU_BACKEND
   test_backward(rt);
   test_decode_and_varlen(rt);
+  test_decode_fp8(rt);
 #endif
   flexjit_kernel_destroy(k);
   flexjit_runtime_destroy(rt);

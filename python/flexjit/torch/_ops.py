@@ -15,7 +15,9 @@ from .._attention import launch_scale
 from .._block_mask import block_mask_by_handle, device_masks_by_handle, merge_block_mask
 
 _ext.register_torch(torch.Tensor, {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.int32: "i32",
-                                   torch.int64: "i64", torch.uint8: "u8", torch.bool: "bool"})
+                                   torch.int64: "i64", torch.uint8: "u8", torch.bool: "bool",
+                                   # FP8 KV caches of decode (torch >= 2.1)
+                                   **{getattr(torch, name): name for name in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, name)}})
 
 _FIELD, _ITEM = "\x1e", "\x1f"
 

@@ -34,6 +34,7 @@ uint32_t run_query_tile(const AttentionJob& J, void* scratch_v, int64_t b, int64
   std::memset(ones, 1, static_cast<size_t>(N));
   auto state = [&](int64_t r) { return static_cast<void*>(scratch + L.state + static_cast<size_t>(r) * J.state_bytes); };
 
+  const ElemType kv_type = J.kv_f32 ? ElemType::F32 : J.dtype;
   ConstMatMap Q = rows_fp32(J.q, J.dtype, b, h, q0, m, D, reinterpret_cast<float*>(scratch + L.q));
   MatMap O(reinterpret_cast<float*>(scratch + L.o), m, Dv, Eigen::OuterStride<>(Dv));
   O.setZero();
@@ -104,7 +105,7 @@ uint32_t run_query_tile(const AttentionJob& J, void* scratch_v, int64_t b, int64
     const int64_t c0 = chunk[0].k0;
 
     // S = scale * Q @ K^T
-    ConstMatMap K = rows_fp32(J.k, J.dtype, b, hkv, c0, cols, D, reinterpret_cast<float*>(scratch + L.k));
+    ConstMatMap K = rows_fp32(J.k, kv_type, b, hkv, c0, cols, D, reinterpret_cast<float*>(scratch + L.k));
     MatMap S(sbuf, m, cols, Eigen::OuterStride<>(CN));
     S.noalias() = Q * K.transpose();
     S *= J.scale;
@@ -137,7 +138,7 @@ uint32_t run_query_tile(const AttentionJob& J, void* scratch_v, int64_t b, int64
     }
 
     // O = diag(alpha) O + P @ V
-    ConstMatMap V = rows_fp32(J.v, J.dtype, b, hkv, c0, cols, Dv, reinterpret_cast<float*>(scratch + L.v));
+    ConstMatMap V = rows_fp32(J.v, kv_type, b, hkv, c0, cols, Dv, reinterpret_cast<float*>(scratch + L.v));
     O.array().colwise() *= ArrMap(alpha, m);
     O.noalias() += S * V;
   }

@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <numeric>
 #include <random>
 
 #include "compiler/frontend.h"
@@ -19,9 +18,11 @@
 #include "runtime/flexjit.hpp"
 #include "support/attention_reference.h"
 #include "support/spec_loading.h"
+#include "unit/cpu/decode_inputs.h"
 #include "unit/cpu/gallery_inputs.h"
 
 using namespace flexjit;
+using test::reference_sequence;
 using test::Sizes;
 
 namespace {
@@ -62,25 +63,6 @@ std::vector<Case> cases(int64_t D) {
   return out;
 }
 
-// The float64 reference for one sequence: its q [H, Sq, D], k [Hkv, Skv, D], v [Hkv, Skv, Dv]
-// with the query positions shifted by `query_offset`. Mods that read b see the sequence index:
-// the sequence is then placed at batch `b` of a reference launch whose earlier batches are zeros.
-test::RefResult reference_sequence(const SpecIR& ir, const EvalEnv& env, int64_t b, bool uses_b, int64_t H, int64_t Hkv, int64_t sq, int64_t skv,
-                                   int64_t D, const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
-                                   int64_t query_offset) {
-  const int64_t nb = uses_b ? b + 1 : 1;
-  test::RefShape s{nb, H, Hkv, sq, skv, D, D};
-  std::vector<float> qq(static_cast<size_t>(nb * H * sq * D)), kk(static_cast<size_t>(nb * Hkv * skv * D)), vv(kk.size());
-  std::copy(q.begin(), q.end(), qq.end() - static_cast<std::ptrdiff_t>(q.size()));
-  std::copy(k.begin(), k.end(), kk.end() - static_cast<std::ptrdiff_t>(k.size()));
-  std::copy(v.begin(), v.end(), vv.end() - static_cast<std::ptrdiff_t>(v.size()));
-  test::RefResult r = test::reference_attention(ir, s, qq, kk, vv, env, 1.0 / std::sqrt(static_cast<double>(D)), query_offset);
-  test::RefResult last;
-  last.o.assign(r.o.end() - H * sq * D, r.o.end());
-  last.lse.assign(r.lse.end() - H * sq, r.lse.end());
-  return last;
-}
-
 // O within 2e-4 of each row's largest |O|, LSE within 2e-4 relative; fully masked rows exact.
 void expect_row(const double* ref_o, double ref_lse, const float* o, int64_t o_stride, float lse, int64_t D, const std::string& what) {
   INFO(what);
@@ -116,50 +98,21 @@ void check_decode(const Case& c, const DecodeSetup& ds, int page, bool head_majo
   std::vector<test::HostBuffer> buffers = test::make_buffers(c.spec, Sizes{B, H, Hkv, cap, cap, D}, rng);
   auto params = test::gallery_params(c.spec, sz);
 
-  DecodePlanOptions po;
-  po.device = Device::cpu();
-  po.batch = static_cast<int>(B);
-  po.heads = static_cast<int>(H);
-  po.kv_heads = static_cast<int>(Hkv);
-  po.max_seqlen_q = static_cast<int>(Sq);
-  po.max_seqlen_kv = static_cast<int>(cap);
-  po.page_size = page;
-  po.head_major_pages = head_major;
-  std::unique_ptr<DecodePlan> plan = kernel->plan_decode(po);
+  std::unique_ptr<DecodePlan> plan = kernel->plan_decode(test::cpu_plan_options(B, H, Hkv, Sq, cap, page, head_major));
 
   // Paged: every sequence's positions in pages of a shuffled pool (with spare pages).
-  std::vector<float> kp, vp;
-  std::vector<int32_t> table;
-  int64_t max_pages = 0, num_pages = 0;
-  if (page > 0) {
-    max_pages = (cap + page - 1) / page;
-    num_pages = B * max_pages + 3;
-    std::vector<int32_t> order(static_cast<size_t>(num_pages));
-    std::iota(order.begin(), order.end(), 0);
-    std::shuffle(order.begin(), order.end(), rng);
-    table.assign(order.begin(), order.begin() + B * max_pages);
-    kp.assign(static_cast<size_t>(num_pages * page * Hkv * D), kNanF);  // unused slots stay NaN: reading one would show
-    vp.assign(kp.size(), kNanF);
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t p = 0; p < ds.kv_lens[static_cast<size_t>(b)]; ++p)
-        for (int64_t h = 0; h < Hkv; ++h)
-          for (int64_t d = 0; d < D; ++d) {
-            int64_t pg = table[static_cast<size_t>(b * max_pages + p / page)], slot = p % page;
-            int64_t at = head_major ? ((pg * Hkv + h) * page + slot) * D + d : ((pg * page + slot) * Hkv + h) * D + d;
-            size_t from = static_cast<size_t>(((b * Hkv + h) * cap + p) * D + d);
-            kp[static_cast<size_t>(at)] = k[from];
-            vp[static_cast<size_t>(at)] = v[from];
-          }
-  }
+  test::PagedCache<float> pc;
+  if (page > 0) pc = test::to_pages(k, v, B, Hkv, cap, D, ds.kv_lens, page, head_major, kNanF, rng);
   std::vector<float> o(static_cast<size_t>(B * H * Sq * D), kUntouched), lse(static_cast<size_t>(B * H * Sq), kUntouched);
   std::vector<int32_t> kv_lens = ds.kv_lens, q_lens = ds.q_lens;
   DecodeArgs a;
   a.q = Tensor::contiguous(q.data(), DType::F32, {B, H, Sq, D});
   if (page > 0) {
-    std::vector<int64_t> shape = head_major ? std::vector<int64_t>{num_pages, Hkv, page, D} : std::vector<int64_t>{num_pages, page, Hkv, D};
-    a.k = Tensor::contiguous(kp.data(), DType::F32, shape);
-    a.v = Tensor::contiguous(vp.data(), DType::F32, shape);
-    a.page_table = Tensor::contiguous(table.data(), DType::I32, {B, max_pages});
+    std::vector<int64_t> shape =
+        head_major ? std::vector<int64_t>{pc.num_pages, Hkv, page, D} : std::vector<int64_t>{pc.num_pages, page, Hkv, D};
+    a.k = Tensor::contiguous(pc.k.data(), DType::F32, shape);
+    a.v = Tensor::contiguous(pc.v.data(), DType::F32, shape);
+    a.page_table = Tensor::contiguous(pc.table.data(), DType::I32, {B, pc.max_pages});
   } else {
     a.k = Tensor::contiguous(k.data(), DType::F32, {B, Hkv, cap, D});
     a.v = Tensor::contiguous(v.data(), DType::F32, {B, Hkv, cap, D});
@@ -309,13 +262,7 @@ TEST_CASE("CPU decode and ragged prefill: argument errors are reported", "[cpu][
   const int64_t B = 2, H = 2, Sq = 2, D = 64, cap = 32, P = 16;
   std::vector<float> q(static_cast<size_t>(B * H * Sq * D), 0.1f), k(static_cast<size_t>(B * H * cap * D), 0.1f), v = k, o = q;
   std::vector<int32_t> kv_lens = {4, 32}, q_lens = {2, 1}, table = {0, 1, 2, 3};
-  DecodePlanOptions po;
-  po.device = Device::cpu();
-  po.batch = 2;
-  po.heads = 2;
-  po.kv_heads = 2;
-  po.max_seqlen_q = 2;
-  po.max_seqlen_kv = 32;
+  DecodePlanOptions po = test::cpu_plan_options(2, 2, 2, 2, 32);
   std::unique_ptr<DecodePlan> plan = kernel->plan_decode(po);
   auto args = [&] {
     DecodeArgs a;

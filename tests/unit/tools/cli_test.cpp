@@ -132,6 +132,17 @@ TEST_CASE("compile fills the disk cache; a second compile is a hit; corrupt entr
   CHECK(sh(env + fj() + " cache info").out.find("entries: 0") != std::string::npos);
 }
 
+TEST_CASE("compile --decode --kv-dtype builds the FP8 decode module a plan of those heads loads", "[cli][cache]") {
+  std::string env = "FLEXJIT_CACHE_DIR=" + fresh_dir("fp8-decode").string() + " ";
+  Result r = sh(env + fj() + " compile " + gallery("causal.json") + " --arch sm_80 --decode 32,8 --kv-dtype fp8");
+  INFO(r.out);
+  CHECK(r.status == 0);
+  CHECK(r.out.find("causal_decode_bf16_d128_mt1_st3_f8e4m3") != std::string::npos);
+  Result bad = sh(env + fj() + " compile " + gallery("causal.json") + " --arch sm_80 --decode 32,8 --kv-dtype f16");
+  CHECK(bad.status != 0);
+  CHECK(bad.out.find("--kv-dtype `f16` is not a KV cache type of a bf16 spec") != std::string::npos);
+}
+
 TEST_CASE("several processes compiling one kernel at once all succeed and compile it once", "[cli][cache]") {
   fs::path cache = fresh_dir("race");
   std::string env = "FLEXJIT_CACHE_DIR=" + cache.string() + " ";

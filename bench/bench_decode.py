@@ -1,7 +1,8 @@
 """Decode benchmarks, side by side on one GPU in one run: flexjit (`flexjit bench --decode`) against
 FlexDecoding (torch.compile(flex_attention) with one query row) and SDPA flash, on the decode cases of
 bench/ANCHORS.md: B8, 32 query heads / 8 KV heads, D128, bf16, one query token. Every timing flushes L2
-first (triton's do_bench; flexjit bench --decode does the same). Bytes = K and V read once.
+first (triton's do_bench; flexjit bench --decode does the same). Bytes = K and V read once. The e4m3 / e5m2 rows
+time flexjit over an FP8 cache (no FP8 KV path in FlexDecoding or SDPA: compare with the bf16 rows).
 Writes decode.json and decode_table.md (rows `decode ...` and `paged ...`, with date, GPU and commit) to --out."""
 import argparse
 import datetime
@@ -30,9 +31,9 @@ def bench(fn):
     return tt.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def run_flexjit(flexjit, flags, L, page_size, loads, sets):
+def run_flexjit(flexjit, flags, L, page_size, loads, sets, kv="bf16"):
     cmd = [flexjit, "bench", *flags, "--decode", "--shape", f"{B},{H},{HKV},1,{L},{D}", "--page-size", str(page_size), "--json",
-           "--iters", "100", "--warmup", "20"]
+           "--iters", "100", "--warmup", "20", "--kv-dtype", kv]
     for k, v in loads.items():
         cmd += ["--load", f"{k}={v}"]
     for s in sets:
@@ -108,9 +109,18 @@ def main():
                lambda L: (lambda b, h, q, kv: (kv < 4) | ((L - 1 - kv) < W)), False),
               ("paged ps16 document (current 2048) over 32768", 32768, 16, doc_f, {"doc": f"{tmp}/doc.npy"}, None,
                lambda L: (lambda b, h, q, kv: doc_dev[b, kv] == doc_dev[b, L - 1]), False)]
+    # FP8 caches (e4m3; e5m2 once): flexjit only (FlexDecoding and SDPA have no FP8 KV path); their bf16 rows above
+    # are the same shapes and mods.
+    fp8 = [(f"paged ps16 {kv} 32768", 32768, 16, plain, {}, None, None, False, kv) for kv in ("e4m3", "e5m2")]
+    fp8 += [("paged ps16 e4m3 alibi 32768", 32768, 16, alibi_f, {"slope": f"{tmp}/slope.npy"}, None, None, False, "e4m3"),
+            ("paged ps16 e4m3 softcap 32768", 32768, 16, softcap_f, {}, None, None, False, "e4m3")]
     rows = []
-    for (name, L, ps, flags, loads, score_mod, mask_factory, sdpa) in cases:
-        r = {"case": name, "flexjit": run_flexjit(args.flexjit, flags, L, ps, loads, [])}
+    for (name, L, ps, flags, loads, score_mod, mask_factory, sdpa, *kv) in cases + fp8:
+        r = {"case": name, "flexjit": run_flexjit(args.flexjit, flags, L, ps, loads, [], *kv)}
+        if kv:
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+            continue
         if not args.no_torch and ps in (0, 16) and (score_mod or mask_factory or sdpa):
             r.update(torch_times(L, score_mod, mask_factory(L) if mask_factory else None, sdpa))
         elif not args.no_torch and name.startswith("paged ps16") and "window" not in name:
@@ -122,8 +132,8 @@ def main():
                                                                 text=True).stdout.strip() or "unknown"
     gpu = torch.cuda.get_device_name()
     lines = [f"\n### Decode, {datetime.date.today()}, {gpu}, commit {commit}, torch {torch.__version__}\n",
-             "B8, 32 query heads / 8 KV heads, D128, bf16, one query token; L2 flushed before every timing; "
-             "TB/s = K and V bytes / time.\n",
+             "B8, 32 query heads / 8 KV heads, D128, bf16 (e4m3 / e5m2 rows: an FP8 cache, bf16 q and o), one query token; "
+             "L2 flushed before every timing; TB/s = K and V bytes / time.\n",
              "| case | flexjit ms | TB/s | splits | FlexDecoding ms | SDPA flash ms |", "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         f = r["flexjit"]

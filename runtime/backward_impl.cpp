@@ -126,6 +126,7 @@ void KernelImpl::backward(const BackwardArgs& a) {
     cpu->backward(ir_, a);
     return;
   }
+  runtime::require_whole_sequence(runtime::window_of(a), "backward");
   const runtime::CudaDriver& d = require_driver();
 
   // ---- operands: the forward's rules for (q, k, v, o, lse), then the gradients as (q, k, v, o) ----

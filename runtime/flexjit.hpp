@@ -62,6 +62,13 @@ struct AttentionArgs {
   Workspace* workspace = nullptr;         // null: the kernel's own per-device workspace (one stream at a time)
   CUstream stream = nullptr;
   Device device;
+  // Context parallelism (ring attention): this launch computes one shard of a longer sequence. The mods see query
+  // row i at position q_offset + i and KV row j at kv_offset + j, and the symbols Sq and Skv (in the mods and in
+  // buffer declarations, so `doc: i32[Skv]` is the whole sequence's) are seqlen_q and seqlen_kv, the whole
+  // sequence's lengths; 0 means the tensors' own. A shard must lie inside the sequence (offset + rows <= length).
+  // Merge the shards' O and LSE by log-sum-exp. CPU backend only for now; GPU launches reject them (issue 28).
+  int64_t q_offset = 0, kv_offset = 0;
+  int64_t seqlen_q = 0, seqlen_kv = 0;
 };
 
 // Gradients of attention (docs/BACKWARD.md). q, k, v, o, lse and the mods' buffers and
@@ -99,6 +106,11 @@ struct BackwardArgs {
   Workspace* workspace = nullptr;         // null: the kernel's own per-device workspace
   CUstream stream = nullptr;
   Device device;
+  // Context parallelism, as in AttentionArgs: the shard's first query and KV positions and the whole sequence's
+  // lengths (0: the tensors' own). With the merged O and LSE, the shard pairs' dq summed per query shard and dk, dv
+  // summed per KV shard are the whole sequence's gradients (sum them in fp32); so are the buffer gradients, summed.
+  int64_t q_offset = 0, kv_offset = 0;
+  int64_t seqlen_q = 0, seqlen_kv = 0;
 };
 
 // Ragged prefill: a batch of sequences of different lengths packed without padding.

@@ -95,7 +95,42 @@ LaunchShape validate_operands(const dsl::Spec& spec, const AttentionArgs& a, boo
     check_gpu_layout(a.o, "o");
   }
   if (!(a.scale >= 0) || std::isinf(a.scale)) throw Error(fmt::format("scale must be a finite number >= 0 (0 means 1/sqrt(D)), got {}", a.scale));
+  mods_shape(s, window_of(a));
   return s;
+}
+
+SequenceWindow window_of(const AttentionArgs& a) { return {a.q_offset, a.kv_offset, a.seqlen_q, a.seqlen_kv}; }
+SequenceWindow window_of(const BackwardArgs& a) { return {a.q_offset, a.kv_offset, a.seqlen_q, a.seqlen_kv}; }
+
+LaunchShape mods_shape(const LaunchShape& local, const SequenceWindow& w) {
+  LaunchShape s = local;
+  auto side = [](int64_t offset, int64_t length, int64_t rows, const char* offset_name, const char* length_name, const char* tensor) {
+    if (offset < 0)
+      throw Error(fmt::format("{} is {}; it is the position of {}'s first row in the whole sequence and must be >= 0", offset_name, offset,
+                              tensor));
+    if (length < 0)
+      throw Error(fmt::format("{} is {}; it is the whole sequence's length (0: {}'s own {} rows) and must be >= 0", length_name, length, tensor,
+                              rows));
+    const int64_t whole = length ? length : rows;
+    if (offset > whole - rows)
+      throw Error(fmt::format("{} ({}) + the {} rows of {} exceed {} = {}{}: a shard must lie inside the sequence; set {} to the whole "
+                              "sequence's length or correct the offset",
+                              offset_name, offset, rows, tensor, length_name, whole, length ? "" : fmt::format(" ({}'s own rows)", tensor),
+                              length_name));
+    if (whole > INT32_MAX) throw Error(fmt::format("{} is {}; the whole sequence's lengths must be below 2^31", length_name, whole));
+    return whole;
+  };
+  s.seqlen_q = side(w.q_offset, w.seqlen_q, local.seqlen_q, "q_offset", "seqlen_q", "q");
+  s.seqlen_kv = side(w.kv_offset, w.seqlen_kv, local.seqlen_kv, "kv_offset", "seqlen_kv", "k");
+  return s;
+}
+
+void require_whole_sequence(const SequenceWindow& w, const char* launch) {
+  if (w.whole()) return;
+  throw Error(fmt::format("{}: q_offset = {}, kv_offset = {}, seqlen_q = {}, seqlen_kv = {} make this launch a shard of a longer sequence "
+                          "(context parallelism), which is not supported on the GPU yet (issue 28); run on the CPU backend "
+                          "(Device::cpu()) or launch the whole sequence with all four 0",
+                          launch, w.q_offset, w.kv_offset, w.seqlen_q, w.seqlen_kv));
 }
 
 std::vector<Tensor> collect_buffers(const dsl::Spec& spec, const AttentionArgs& a, const std::vector<Tensor>& bound) {

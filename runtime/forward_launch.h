@@ -19,9 +19,28 @@ struct LaunchShape {
   int64_t batch = 0, heads = 0, kv_heads = 0, seqlen_q = 0, seqlen_kv = 0, head_dim = 0, head_dim_v = 0;
 };
 
+// Context parallelism: where a launch's rows sit in the whole sequence (AttentionArgs::q_offset, kv_offset, seqlen_q
+// and seqlen_kv; BackwardArgs the same). Lengths of 0 mean the tensors' own.
+struct SequenceWindow {
+  int64_t q_offset = 0, kv_offset = 0, seqlen_q = 0, seqlen_kv = 0;
+  bool whole() const { return !q_offset && !kv_offset && !seqlen_q && !seqlen_kv; }
+};
+SequenceWindow window_of(const AttentionArgs& args);
+SequenceWindow window_of(const BackwardArgs& args);
+
+// The shape the mods, the symbols Sq / Skv and the buffer declarations see: `local` (the tensors' shape) with the
+// whole sequence's lengths. Throws flexjit::Error when an offset or a length is negative or the shard's rows do
+// not lie inside the sequence (offset + rows > length).
+LaunchShape mods_shape(const LaunchShape& local, const SequenceWindow& window);
+
+// For the GPU launches (`launch`: "forward", "backward", ...), whose kernels do not offset positions yet: throws
+// flexjit::Error unless `window` is the whole sequence.
+void require_whole_sequence(const SequenceWindow& window, const char* launch);
+
 // Checks q, k, v, o (and lse) against each other and the spec; throws flexjit::Error saying
 // which tensor, which dimension and what was expected. `gpu`: also 16-byte alignment and
-// strides that are multiples of 8 elements (the kernel's vector accesses).
+// strides that are multiples of 8 elements (the kernel's vector accesses). Checks the sequence window too
+// (mods_shape), so both back ends report a shard outside its sequence alike. Returns the tensors' shape.
 LaunchShape validate_operands(const dsl::Spec& spec, const AttentionArgs& args, bool gpu);
 
 // Throws when `t`'s elements span more bytes than a pointer offset can hold (a stride like INT64_MIN): such shapes
@@ -33,7 +52,7 @@ void check_addressable(const Tensor& t, const std::string& name);
 // may hold null data). Throws naming a missing or mistyped buffer.
 std::vector<Tensor> collect_buffers(const dsl::Spec& spec, const AttentionArgs& args, const std::vector<Tensor>& bound);
 
-// Binds symbols (from the launch shape and buffer shapes) and parameters (args.params).
+// Binds symbols (from the launch shape, mods_shape's for a shard, and buffer shapes) and parameters (args.params).
 BoundValues bind_launch(const dsl::CheckedSpec& cs, const LaunchShape& shape, const std::vector<Tensor>& buffers,
                         const AttentionArgs& args);
 

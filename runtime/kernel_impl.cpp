@@ -137,6 +137,7 @@ void KernelImpl::forward(const AttentionArgs& a) {
     cpu->forward(ir_, a);
     return;
   }
+  runtime::require_whole_sequence(runtime::window_of(a), "forward");
   const runtime::CudaDriver& d = drv();
   runtime::LaunchShape shape = runtime::validate_operands(spec(), a, /*gpu=*/true);
   int device = launch_device(a);
@@ -185,6 +186,7 @@ unsigned KernelImpl::forward_grid(const ForwardConfig& cfg, int64_t work, int de
 
 std::unique_ptr<BlockMask> KernelImpl::build_block_mask(const AttentionArgs& a) {
   if (!ir_.mask_mod) throw Error(fmt::format("spec `{}` has no mask_mod, so it has no block mask", spec().name));
+  runtime::require_whole_sequence(runtime::window_of(a), "build_block_mask");
   runtime::LaunchShape shape = runtime::validate_operands(spec(), a, /*gpu=*/true);
   int device = launch_device(a);
   std::vector<Tensor> buffers = runtime::collect_buffers(spec(), a, bound_for(device));

@@ -79,7 +79,7 @@ ScratchLayout scratch_layout(const AttentionJob& j) {
   s.row_sum = take(M * 4);
   s.alpha = take(M * 4);
   s.keep = take(M * CN);
-  s.ones = take(N);
+  s.ones = take(2 * N);  // N zeros, then N ones: a tile's keep-all row after its padding columns
   s.state = take(M * j.state_bytes);
   s.total = total;
   return s;
@@ -125,7 +125,7 @@ uint32_t run_attention(AttentionJob job, const BlockSparsity& sparsity, const Dr
   job.scratch = scratch_layout(job);
   std::unique_ptr<BlockClassifier> classifier;
   if (sparsity.ir && sparsity.ir->mask_mod && sparsity.values) {
-    BlockGrid grid{job.B, job.H, job.Hkv, job.Sq, job.Skv, job.block_m, job.block_n, job.b_offset, job.q_offset};
+    BlockGrid grid{job.B, job.H, job.Hkv, job.Sq, job.Skv, job.block_m, job.block_n, job.b_offset, job.q_offset, job.kv_offset};
     classifier = std::make_unique<BlockClassifier>(sparsity, grid);
     job.classify = &BlockClassifier::classify;
     job.classify_ctx = classifier.get();

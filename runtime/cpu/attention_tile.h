@@ -38,8 +38,10 @@ struct ScratchLayout {
 struct AttentionJob {
   int64_t B = 0, H = 0, Hkv = 0, Sq = 0, Skv = 0, D = 0, Dv = 0;
   // Added to b and to the query rows where the mods see them (ragged and decode launches run
-  // one sequence at a time: b is the sequence index, q its position in the sequence).
-  int64_t b_offset = 0, q_offset = 0;
+  // one sequence at a time: b is the sequence index, q its position in the sequence; a shard of
+  // a longer sequence, context parallelism, sees its global positions). kv_offset: the global
+  // position of KV row 0, which also places the KV tiles on the global grid (kv_tiles.h).
+  int64_t b_offset = 0, q_offset = 0, kv_offset = 0;
   float scale = 1;
   ElemType dtype = ElemType::F32;
   // K and V are f32 whatever `dtype` says: decode of an FP8 KV cache dequantises it into f32

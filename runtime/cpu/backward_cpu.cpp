@@ -13,6 +13,7 @@
 
 #include "dsl/error.h"
 #include "runtime/cpu/block_classifier.h"
+#include "runtime/cpu/kv_tiles.h"
 
 namespace flexjit::cpu {
 
@@ -59,7 +60,7 @@ BackwardScratchLayout scratch_layout(const BackwardJob& j) {
   s.dp = take(M * N * 4);
   s.d_score = take(M * N * 4);
   s.keep = take(M * N);
-  s.ones = take(N);
+  s.ones = take(2 * N);  // N zeros, then N ones: a tile's keep-all row after its padding columns
   s.coef = take(S * N * 4);
   s.offset = take(S * N * 8);
   s.acc_a = take(MN * D * 4);   // dK (N x D) or dQ (M x D)
@@ -114,14 +115,14 @@ void run_backward(BackwardJob job, const BlockSparsity& sparsity, const DriverOp
   job.scratch = scratch_layout(job);
   std::unique_ptr<BlockClassifier> classifier;
   if (sparsity.ir && sparsity.ir->mask_mod && sparsity.values) {
-    BlockGrid grid{job.B, job.H, job.Hkv, job.Sq, job.Skv, job.block_m, job.block_n, 0, 0};
+    BlockGrid grid{job.B, job.H, job.Hkv, job.Sq, job.Skv, job.block_m, job.block_n, 0, job.q_offset, job.kv_offset};
     classifier = std::make_unique<BlockClassifier>(sparsity, grid);
     job.classify = &BlockClassifier::classify;
     job.classify_ctx = classifier.get();
   }
   std::vector<float> delta(static_cast<size_t>(job.B * job.H * job.Sq));
   job.delta = delta.data();
-  const int64_t nqt = (job.Sq + job.block_m - 1) / job.block_m, nkt = (job.Skv + job.block_n - 1) / job.block_n;
+  const int64_t nqt = (job.Sq + job.block_m - 1) / job.block_m, nkt = kv_tile_count(job.kv_offset, job.Skv, job.block_n);
   const int64_t most = std::max({job.B * job.H, job.B * job.Hkv * nkt, job.B * job.H * nqt, int64_t{1}});
   int64_t threads = options.threads > 0 ? options.threads : static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency()));
   threads = std::max<int64_t>(1, std::min(threads, most));
@@ -129,7 +130,9 @@ void run_backward(BackwardJob job, const BlockSparsity& sparsity, const DriverOp
   std::vector<std::unique_ptr<void, AlignedFree>> scratch;
   for (int64_t t = 0; t < threads; ++t) {
     scratch.emplace_back(::operator new(job.scratch.total, std::align_val_t{64}));
-    std::memset(static_cast<char*>(scratch.back().get()) + job.scratch.ones, 1, static_cast<size_t>(job.block_n));
+    char* ones = static_cast<char*>(scratch.back().get()) + job.scratch.ones;
+    std::memset(ones, 0, static_cast<size_t>(job.block_n));
+    std::memset(ones + job.block_n, 1, static_cast<size_t>(job.block_n));
   }
 
   // Pass 0: delta = rowsum(dO * O), which every block of a row needs.

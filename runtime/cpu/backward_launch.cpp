@@ -162,6 +162,10 @@ void launch_backward(const SpecIR& ir, const BackwardSpec& bs, const BackwardArg
   fa.buffers = a.buffers;
   fa.params = a.params;
   fa.device = a.device;
+  fa.q_offset = a.q_offset;
+  fa.kv_offset = a.kv_offset;
+  fa.seqlen_q = a.seqlen_q;
+  fa.seqlen_kv = a.seqlen_kv;
   runtime::LaunchShape shape = runtime::validate_operands(spec, fa, /*gpu=*/false);
   const int64_t B = shape.batch, H = shape.heads, Hkv = shape.kv_heads, Sq = shape.seqlen_q, Skv = shape.seqlen_kv, D = shape.head_dim,
                 Dv = shape.head_dim_v;
@@ -170,7 +174,7 @@ void launch_backward(const SpecIR& ir, const BackwardSpec& bs, const BackwardArg
   check_operand(a.dk, "dk", {B, Hkv, Skv, D}, "[B, Hkv, Skv, D]", spec.dtype);
   check_operand(a.dv, "dv", {B, Hkv, Skv, Dv}, "[B, Hkv, Skv, Dv]", spec.dtype);
   std::vector<Tensor> buffers = runtime::collect_buffers(spec, fa, {});
-  BoundValues values = runtime::bind_launch(ir.checked, shape, buffers, fa);
+  BoundValues values = runtime::bind_launch(ir.checked, runtime::mods_shape(shape, runtime::window_of(fa)), buffers, fa);
   std::vector<int> scatter_target;
   std::vector<GradOutput> grads = check_grads(spec, bs, a, buffers, scatter_target);
   CpuSettings cfg = settings();
@@ -183,6 +187,8 @@ void launch_backward(const SpecIR& ir, const BackwardSpec& bs, const BackwardArg
   job.Skv = Skv;
   job.D = D;
   job.Dv = Dv;
+  job.q_offset = a.q_offset;
+  job.kv_offset = a.kv_offset;
   job.scale = a.scale > 0 ? a.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   job.dtype = et;
   job.q = operand(a.q);

@@ -18,6 +18,9 @@ struct BackwardScratchLayout {
 
 struct BackwardJob {
   int64_t B = 0, H = 0, Hkv = 0, Sq = 0, Skv = 0, D = 0, Dv = 0;
+  // A shard of a longer sequence (context parallelism): the global positions of query row 0 and
+  // KV row 0, where the mods see them; the KV tiles lie on the global grid (kv_tiles.h).
+  int64_t q_offset = 0, kv_offset = 0;
   float scale = 1;
   ElemType dtype = ElemType::F32;  // of q, k, v, o, d_o, dq, dk, dv
   Operand q, k, v, o, d_o;

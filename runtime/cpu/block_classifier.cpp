@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "compiler/passes/interval_eval.h"
+#include "runtime/cpu/kv_tiles.h"
 
 namespace flexjit::cpu {
 
@@ -13,7 +14,7 @@ BlockClassifier::BlockClassifier(const BlockSparsity& s, const BlockGrid& grid)
   bm_ = uses_b_ ? g_.B : 1;
   hm_ = uses_h_ ? g_.H : 1;
   nqt_ = (g_.Sq + g_.block_m - 1) / g_.block_m;
-  nkt_ = (g_.Skv + g_.block_n - 1) / g_.block_n;
+  nkt_ = kv_tile_count(g_.kv_offset, g_.Skv, g_.block_n);
   int64_t entries = bm_ * hm_ * nqt_ * nkt_;
   // Past a few hundred MB of table, classify every time instead of caching.
   if (entries <= (int64_t{1} << 28)) {
@@ -55,7 +56,8 @@ uint8_t BlockClassifier::compute(int64_t b, int64_t h, int64_t qt, int64_t kt) c
     set(dsl::VarId::KvHead, 0, g_.Hkv - 1);
   }
   set(dsl::VarId::Q, qt * g_.block_m + g_.q_offset, std::min(g_.Sq, (qt + 1) * g_.block_m) - 1 + g_.q_offset);
-  set(dsl::VarId::KV, kt * g_.block_n, std::min(g_.Skv, (kt + 1) * g_.block_n) - 1);
+  const KvTile t = kv_tile(g_.kv_offset, g_.Skv, g_.block_n, kt);
+  set(dsl::VarId::KV, t.k0 + t.lead, t.k0 + t.lead + t.n - 1);  // the tile's rows, not its padding
   try {
     switch (classify_box(mask_, env)) {
       case TriBool::False: return kTileEmpty;

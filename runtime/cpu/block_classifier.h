@@ -11,10 +11,12 @@
 namespace flexjit::cpu {
 
 // The tiling the classes are for. `b_offset` and `q_offset` are added to b and to the query
-// rows before the mask sees them (ragged and decode launches run one sequence at a time).
+// rows before the mask sees them (ragged and decode launches run one sequence at a time; a
+// shard of a longer sequence sees global positions), and the KV tiles are kv_tiles.h's for
+// `kv_offset`, so a tile is empty exactly when the mask excludes it at global positions.
 struct BlockGrid {
   int64_t B = 0, H = 0, Hkv = 0, Sq = 0, Skv = 0, block_m = 64, block_n = 64;
-  int64_t b_offset = 0, q_offset = 0;
+  int64_t b_offset = 0, q_offset = 0, kv_offset = 0;
 };
 
 // Classes computed on first use and shared by every work item (and every b / h the mask

@@ -51,7 +51,8 @@ class Executor : public CpuExecutor {
     ElemType et = elem_type(spec.dtype);
     runtime::LaunchShape shape = runtime::validate_operands(spec, a, /*gpu=*/false);
     std::vector<Tensor> buffers = runtime::collect_buffers(spec, a, {});
-    BoundValues values = runtime::bind_launch(ir.checked, shape, buffers, a);
+    // A shard of a longer sequence: the mods see Sq and Skv of the whole sequence, and global positions.
+    BoundValues values = runtime::bind_launch(ir.checked, runtime::mods_shape(shape, runtime::window_of(a)), buffers, a);
     std::shared_ptr<const SpecState> st = state_for(ir);
     CpuSettings cfg = settings();
 
@@ -63,6 +64,8 @@ class Executor : public CpuExecutor {
     job.Skv = shape.seqlen_kv;
     job.D = shape.head_dim;
     job.Dv = shape.head_dim_v;
+    job.q_offset = a.q_offset;
+    job.kv_offset = a.kv_offset;
     job.scale = a.scale > 0 ? a.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape.head_dim)));
     job.dtype = et;
     job.q = operand(a.q);

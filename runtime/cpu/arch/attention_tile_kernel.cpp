@@ -15,6 +15,7 @@
 
 #include "runtime/cpu/arch/tile_common.h"
 #include "runtime/cpu/attention_tile.h"
+#include "runtime/cpu/kv_tiles.h"
 
 namespace flexjit::cpu::FLEXJIT_CAT(isa_, FLEXJIT_CPU_ISA) {
 
@@ -30,8 +31,11 @@ uint32_t run_query_tile(const AttentionJob& J, void* scratch_v, int64_t b, int64
   float* row_sum = reinterpret_cast<float*>(scratch + L.row_sum);
   float* alpha = reinterpret_cast<float*>(scratch + L.alpha);
   uint8_t* keep = reinterpret_cast<uint8_t*>(scratch + L.keep);
+  // N zeros then N ones: `keep_all(lead)` keeps a tile's columns and none of its padding.
   uint8_t* ones = reinterpret_cast<uint8_t*>(scratch + L.ones);
-  std::memset(ones, 1, static_cast<size_t>(N));
+  std::memset(ones, 0, static_cast<size_t>(N));
+  std::memset(ones + N, 1, static_cast<size_t>(N));
+  auto keep_all = [&](int64_t lead) { return ones + N - lead; };
   auto state = [&](int64_t r) { return static_cast<void*>(scratch + L.state + static_cast<size_t>(r) * J.state_bytes); };
 
   const ElemType kv_type = J.kv_f32 ? ElemType::F32 : J.dtype;
@@ -49,19 +53,22 @@ uint32_t run_query_tile(const AttentionJob& J, void* scratch_v, int64_t b, int64
   if (F && J.row_stage)
     for (int64_t r = 0; r < m; ++r) F->row(J.params, mb, h, hkv, mq0 + r, state(r));
   if (F && J.col_stage)
-    for (int64_t r = 0; r < m; ++r) F->col(J.params, mb, h, hkv, mq0 + r, std::min<int64_t>(N, J.Skv), state(r));
+    for (int64_t r = 0; r < m; ++r) F->col(J.params, mb, h, hkv, mq0 + r, kv_tile_columns(J.kv_offset, J.Skv, N), state(r));
 
   // Mainloop over chunks of consecutive non-empty KV tiles: block classes, the tile stage and
   // mask_mod work per tile, the products per chunk (up to chunk_n columns), because Eigen
-  // packs both operands on every product and wider products amortise that.
+  // packs both operands on every product and wider products amortise that. The mods see each
+  // tile from its global k0 (kv_tiles.h): a first tile with `lead` padding columns takes the
+  // chunk's first columns with its padding, which the products and the softmax skip.
   struct TileInChunk {
-    int64_t k0, n, col;  // first KV row, width, first column in the chunk
+    KvTile kv;
+    int64_t col;  // the chunk column of its first row (its padding lies just before)
     bool masked;
   };
   constexpr int kMaxTilesPerChunk = 16;
   TileInChunk chunk[kMaxTilesPerChunk];
   const int64_t CN = J.chunk_n;
-  const int64_t num_kv_tiles = (J.Skv + N - 1) / N;
+  const int64_t num_kv_tiles = kv_tile_count(J.kv_offset, J.Skv, N);
   int64_t kt = 0;
   int64_t state_k0 = -1;  // the KV tile whose tile stage the row states hold
   auto tile_stage = [&](int64_t k0) {
@@ -72,23 +79,25 @@ uint32_t run_query_tile(const AttentionJob& J, void* scratch_v, int64_t b, int64
   while (kt < num_kv_tiles) {
     int count = 0;
     int64_t cols = 0;
-    while (kt < num_kv_tiles && count < kMaxTilesPerChunk && cols + N <= CN) {
+    while (kt < num_kv_tiles && count < kMaxTilesPerChunk) {
+      const KvTile t = kv_tile(J.kv_offset, J.Skv, N, kt);
+      if (cols + t.lead + t.n > CN) break;  // only the first tile has padding, so a chunk's rows stay contiguous
       uint8_t cls = J.classify ? J.classify(J.classify_ctx, b, h, q_tile, kt) : kTileFull;
       if (cls == kTileEmpty) {
         ++kt;
         if (count) break;  // a gap ends the chunk: its columns must be contiguous
         continue;
       }
-      const int64_t k0 = kt * N, n = std::min<int64_t>(N, J.Skv - k0);
       // mask_mod only on partial tiles, before the products: a tile it empties costs nothing more.
       const bool masked = F && cls == kTilePartial && J.has_mask_mod;
       if (masked) {
-        tile_stage(k0);
+        tile_stage(t.k0);
         bool any = false;
         for (int64_t r = 0; r < m; ++r) {
           uint8_t* kr = keep + r * CN + cols;
-          errors |= F->mask(J.params, mb, h, hkv, mq0 + r, k0, n, kr, state(r));
-          if (!any) any = std::memchr(kr, 1, static_cast<size_t>(n)) != nullptr;
+          errors |= F->mask(J.params, mb, h, hkv, mq0 + r, t.k0, t.lead + t.n, kr, state(r));
+          std::memset(kr, 0, static_cast<size_t>(t.lead));  // the padding is no part of this launch
+          if (!any) any = std::memchr(kr + t.lead, 1, static_cast<size_t>(t.n)) != nullptr;
         }
         if (!any) {
           ++kt;
@@ -96,17 +105,18 @@ uint32_t run_query_tile(const AttentionJob& J, void* scratch_v, int64_t b, int64
           continue;
         }
       }
-      chunk[count++] = TileInChunk{k0, n, cols, masked};
-      cols += n;
+      chunk[count++] = TileInChunk{t, cols + t.lead, masked};
+      cols += t.lead + t.n;
       ++kt;
-      if (n < N) break;  // the last, short tile
+      if (t.lead + t.n < N) break;  // a short tile ends the chunk: the next one starts on the grid
     }
     if (!count) continue;
-    const int64_t c0 = chunk[0].k0;
+    // The chunk's rows: columns [c_first, cols) of the score rows, local KV rows from r_first.
+    const int64_t c_first = chunk[0].col, r_first = chunk[0].kv.row, width = cols - c_first;
 
     // S = scale * Q @ K^T
-    ConstMatMap K = rows_fp32(J.k, kv_type, b, hkv, c0, cols, D, reinterpret_cast<float*>(scratch + L.k));
-    MatMap S(sbuf, m, cols, Eigen::OuterStride<>(CN));
+    ConstMatMap K = rows_fp32(J.k, kv_type, b, hkv, r_first, width, D, reinterpret_cast<float*>(scratch + L.k));
+    MatMap S(sbuf + c_first, m, width, Eigen::OuterStride<>(CN));
     S.noalias() = Q * K.transpose();
     S *= J.scale;
 
@@ -114,31 +124,32 @@ uint32_t run_query_tile(const AttentionJob& J, void* scratch_v, int64_t b, int64
     for (int i = 0; i < count; ++i) {
       const TileInChunk& t = chunk[i];
       if (!F || !(J.has_score_mod || t.masked)) continue;
-      tile_stage(t.k0);  // the row states may hold a later tile's values
+      tile_stage(t.kv.k0);  // the row states may hold a later tile's values
+      const int64_t c = t.col - t.kv.lead;  // the mods see the padding too, never kept
       for (int64_t r = 0; r < m; ++r) {
-        errors |= F->score(J.params, mb, h, hkv, mq0 + r, t.k0, t.n, sbuf + r * CN + t.col, t.masked ? keep + r * CN + t.col : ones,
-                           state(r));
+        errors |= F->score(J.params, mb, h, hkv, mq0 + r, t.kv.k0, t.kv.lead + t.kv.n, sbuf + r * CN + c,
+                           t.masked ? keep + r * CN + c : keep_all(t.kv.lead), state(r));
       }
     }
 
     // Online softmax: P = exp(S - m_new), l = l * exp(m_old - m_new) + rowsum(P).
     for (int64_t r = 0; r < m; ++r) {
-      float* sr = sbuf + r * CN;
-      float mx = ConstArrMap(sr, cols).maxCoeff();
+      float* sr = sbuf + r * CN + c_first;
+      float mx = ConstArrMap(sr, width).maxCoeff();
       float m_new = std::max(row_max[r], mx);
       if (m_new == kNegInf) {  // nothing attended in this row yet
         alpha[r] = 1;
-        std::fill(sr, sr + cols, 0.0f);
+        std::fill(sr, sr + width, 0.0f);
         continue;
       }
       alpha[r] = std::exp(row_max[r] - m_new);
-      exp_shifted(sr, cols, m_new);
-      row_sum[r] = row_sum[r] * alpha[r] + ConstArrMap(sr, cols).sum();
+      exp_shifted(sr, width, m_new);
+      row_sum[r] = row_sum[r] * alpha[r] + ConstArrMap(sr, width).sum();
       row_max[r] = m_new;
     }
 
     // O = diag(alpha) O + P @ V
-    ConstMatMap V = rows_fp32(J.v, kv_type, b, hkv, c0, cols, Dv, reinterpret_cast<float*>(scratch + L.v));
+    ConstMatMap V = rows_fp32(J.v, kv_type, b, hkv, r_first, width, Dv, reinterpret_cast<float*>(scratch + L.v));
     O.array().colwise() *= ArrMap(alpha, m);
     O.noalias() += S * V;
   }

@@ -52,10 +52,10 @@
 //   half of one 64-row tile, so mask_mod and score_mod still see 64-wide tiles. Off: kStages stages of 64-row
 //   K and V tiles, each warp owning 16 rows of every tile.
 // KvElement: the cache's element type, Element or an FP8 tag (flex_fp8.cuh). FP8 rows are copied as they are into
-//   kStages staging tiles; each thread widens the chunks it copied into one Element tile of K and V, which the
-//   warps then read exactly as they read a bf16/fp16 cache (so Q, P and the mma stay 16-bit and the softmax fp32).
-//   Two barriers per tile instead of one: the widened tile is single-buffered so that two CTAs fit per SM with
-//   3 stages (D128), keeping 64 KB of copies in flight per SM. The stage pipeline only (not kAlternate).
+//   the stages (rows of D + 16 bytes), and each warp widens its K and V mma fragments in registers as it reads
+//   them (flex_fp8.cuh: fp8_k_fragment, fp8_v_fragments), so Q, P and the mma stay 16-bit, the softmax fp32, and
+//   shared memory sees each byte once each way. Q is stored in the k order those K fragments imply, and O's n8
+//   tiles come out as the even and odd columns of each 16-column block. The stage pipeline only (not kAlternate).
 template <int kHeadDim_, int kMTiles_, int kStages_, class Element_,
           bool kAlternate_ = flex_decode_alternate(kHeadDim_, kMTiles_, kStages_), class KvElement_ = Element_>
 struct FlexDecodeTraits {
@@ -66,6 +66,7 @@ struct FlexDecodeTraits {
   static constexpr int kStages = kStages_;
   static constexpr bool kAlternate = kAlternate_;
   static constexpr bool kKvFp8 = flex::IsFp8<KvElement>::value;
+  using PvElement = typename flex::FlexPvElement<KvElement, Element>::type;  // P and V of P @ V (FP8: f16)
   static constexpr int kKvBytes = (int)sizeof(KvElement);
   static constexpr int kBlockM = 16 * kMTiles;
   static constexpr int kBlockN = kFlexDecodeBlockN;
@@ -98,14 +99,12 @@ struct FlexDecodeTraits {
   // Bytes between the rows a load copies into: Element tiles, or FP8 staging rows padded by 16 bytes too.
   static constexpr int kKvSmemRowBytes = kKvFp8 ? kHeadDim + 16 : kSmemStride * 2;
   static constexpr int kSmemStageBytes = 2 * kBlockN * kKvSmemRowBytes;  // K then V
-  static constexpr int kSmemWideBytes = kKvFp8 ? 2 * kSmemTileBytes : 0;  // FP8: the widened K and V tile
   // End-of-CTA merge of the warps (reuses the stages): O [kNWarps][kBlockM][kOStride] fp32, then row max and sum.
   // kOStride = D + 8 floats: the float2 stores of a half-warp (rows g, columns 2t) hit distinct banks.
   static constexpr int kOStride = kHeadDim + 8;
   static constexpr int kSmemMergeBytes = kNWarps * kBlockM * (kOStride + 2) * 4;
-  static constexpr int kSmemBodyBytes = kStages * kSmemStageBytes + kSmemWideBytes > kSmemMergeBytes
-                                             ? kStages * kSmemStageBytes + kSmemWideBytes
-                                             : kSmemMergeBytes;
+  static constexpr int kSmemBodyBytes =
+      kStages * kSmemStageBytes > kSmemMergeBytes ? kStages * kSmemStageBytes : kSmemMergeBytes;
   static constexpr int kSmemBytes = kSmemQBytes + kSmemBodyBytes;
 
   static_assert(sizeof(Element) == 2, "FlexDecodeTraits: Element must be __nv_bfloat16 or __half");
@@ -250,31 +249,6 @@ struct DecodeKernel {
                                                bool evict_first) {
     if (evict_first) issue_hinted<true, kMats>(loc, p, src, dst, r0, c0, policy);
     else issue_hinted<false, kMats>(loc, p, src, dst, r0, c0, policy);
-  }
-
-  // FP8: widens the chunks this thread copied of one staged K and V tile (stage_k, stage_v: generic shared
-  // pointers) into the Element tile (wide_k, wide_v). Only the copying thread touches a staged chunk, so it needs
-  // no barrier of its own. The two 16-byte stores of a chunk go out in an order that alternates every four
-  // chunks: the eight threads of a store phase then cover all 32 banks once.
-  static __device__ __forceinline__ void widen(const unsigned char* stage_k, const unsigned char* stage_v, unsigned char* wide_k,
-                                               unsigned char* wide_v, int r0, int c0) {
-    const bool swap = (c0 >> 2) & 1;
-#pragma unroll
-    for (int i = 0; i < kPasses; ++i) {
-      const int row = r0 + i * kRowsPerPass;
-      if (kLoadRows % kRowsPerPass == 0 || row < kLoadRows) {
-        const int src = row * Traits::kKvSmemRowBytes + c0 * 16;
-        const int dst = row * Traits::kSmemStride * 2 + c0 * 32;
-#pragma unroll
-        for (int m = 0; m < 2; ++m) {
-          uint4 lo, hi;
-          widen_fp8_chunk<KvElement, Element>(*reinterpret_cast<const uint4*>((m ? stage_v : stage_k) + src), lo, hi);
-          unsigned char* out = (m ? wide_v : wide_k) + dst;
-          *reinterpret_cast<uint4*>(out + (swap ? 16 : 0)) = swap ? hi : lo;
-          *reinterpret_cast<uint4*>(out + (swap ? 0 : 16)) = swap ? lo : hi;
-        }
-      }
-    }
   }
 
   // Score modification, masking and bounds of one warp's S tile, in place: elements of padding rows or at
@@ -433,6 +407,7 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
   using Element = typename Traits::Element;
   using KvElement = typename Traits::KvElement;
   using Mma = flex::Mma16816<Element>;
+  using MmaPv = flex::Mma16816<typename Traits::PvElement>;
   constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
@@ -495,11 +470,9 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
   const int n_loads = (n_tiles + kTilesPerLoad - 1) / kTilesPerLoad;
 
   // Shared memory: Q [kBlockM][kSmemStride], then kStages x (K, V) [kBlockN][kSmemStride] (alternating: K
-  // [kLoadRows][kSmemStride], then V; FP8: the stages hold [kBlockN][kKvSmemRowBytes] bytes each, and one widened
-  // K and V tile [kBlockN][kSmemStride] follows them).
+  // [kLoadRows][kSmemStride], then V; FP8: [kBlockN][kKvSmemRowBytes] bytes each).
   const unsigned s_q = flex::smem_addr(flex_smem);
   const unsigned s_body = s_q + Traits::kSmemQBytes;
-  const unsigned s_wide = s_body + kStages * Traits::kSmemStageBytes;
   auto k_buf = [&](int it) -> unsigned {
     return kAlternate ? s_body : s_body + (it % kStages) * Traits::kSmemStageBytes;
   };
@@ -507,8 +480,23 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
     return kAlternate ? s_body + Traits::kSmemLoadBytes : k_buf(it) + Traits::kSmemStageBytes / 2;
   };
 
-  // Packed rows of Q.
-  {
+  // Packed rows of Q (FP8 caches: in fp8_k_fragment's k order, through registers; read after the first barrier).
+  if constexpr (kKvFp8) {
+    const Element* g_q = static_cast<const Element*>(p.q) + b * p.q_stride_b;
+    for (int pair = tid; pair < kBlockM * kChunksPerRow / 2; pair += kNThreads) {
+      const int tr = pair / (kChunksPerRow / 2);
+      const int c = pair % (kChunksPerRow / 2) * 2;
+      int g, i;
+      uint4 a = make_uint4(0, 0, 0, 0), bq = a;
+      if (row_valid(tr, g, i)) {
+        const uint4* src = reinterpret_cast<const uint4*>(g_q + i * p.q_stride_s + (hkv * group + g) * p.q_stride_h + c * 8);
+        a = src[0];
+        bq = src[1];
+      }
+      uint4* dst = reinterpret_cast<uint4*>(flex_smem + (tr * kSmemStride + c * 8) * 2);
+      flex::fp8_q_order(a, bq, dst[0], dst[1]);
+    }
+  } else {
     const Element* g_q = static_cast<const Element*>(p.q) + b * p.q_stride_b;
     for (int chunk = tid; chunk < kBlockM * kChunksPerRow; chunk += kNThreads) {
       const int tr = chunk / kChunksPerRow;
@@ -589,6 +577,8 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
   const unsigned q_lane = s_q + (((lm & 1) * 8 + l8) * kSmemStride + (lm >> 1) * 8) * 2;
   const unsigned k_lane = ((warp_row + (lm >> 1) * 8 + l8) * kSmemStride + (lm & 1) * 8) * 2;
   const unsigned v_lane = ((warp_row + (lm & 1) * 8 + l8) * kSmemStride + (lm >> 1) * 8) * 2;
+  // FP8 stages: two 8-row matrices (rows +0 and +8) of 16-byte row pieces per x2 load, for K and V alike.
+  const unsigned kv8_lane = (warp_row + (lm & 1) * 8 + l8) * Traits::kKvSmemRowBytes;
 
   float acc_o[kMTiles][kDTiles][4];
 #pragma unroll
@@ -606,7 +596,7 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
     if (p.v_scale != nullptr) v_scale = p.v_scale[hkv * p.kv_scale_stride];
   }
   const float mult = Variant::kHasScoreMod ? kLog2e : qk_scale * kLog2e;
-  flex::Softmax<Variant, Element, kMTiles, kNTiles, /*kFixedMaxAllowed=*/false> softmax(mult);
+  flex::Softmax<Variant, typename Traits::PvElement, kMTiles, kNTiles, /*kFixedMaxAllowed=*/false> softmax(mult);
 
   // S = mods(Q @ K^T) over the warp's KV rows of load `it`, then the online softmax update: P (as the A
   // fragments of the warp's P @ V k-steps) into pa, O rescaled when the max jumps.
@@ -634,9 +624,18 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
         for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      unsigned bk[kNTiles / 2][4];
+      unsigned bk[kNTiles / 2][4];  // b0, b1 of n8 tiles 2np and 2np + 1
 #pragma unroll
-      for (int np = 0; np < kNTiles / 2; ++np) flex::ldmatrix_x4(bk[np], k_stage + k_lane + (np * 16 * kSmemStride + kk * 16) * 2);
+      for (int np = 0; np < kNTiles / 2; ++np) {
+        if constexpr (kKvFp8) {
+          unsigned r[2];
+          flex::ldmatrix_x2(r, k_stage + kv8_lane + np * 16 * Traits::kKvSmemRowBytes + kk * 16);
+          flex::fp8_k_fragment<KvElement, Element>(r[0], bk[np][0], bk[np][1]);
+          flex::fp8_k_fragment<KvElement, Element>(r[1], bk[np][2], bk[np][3]);
+        } else {
+          flex::ldmatrix_x4(bk[np], k_stage + k_lane + (np * 16 * kSmemStride + kk * 16) * 2);
+        }
+      }
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
         unsigned a[4];
@@ -675,12 +674,19 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
     for (int ks = 0; ks < kKSteps; ++ks) {
 #pragma unroll
       for (int dp = 0; dp < kHeadDim / 16; ++dp) {
-        unsigned bv[4];
-        flex::ldmatrix_x4_trans(bv, v_stage + v_lane + (ks * 16 * kSmemStride + dp * 16) * 2);
+        unsigned bv[4];  // b0, b1 of n8 tiles 2dp and 2dp + 1 (FP8: the 16-column block's even and odd columns)
+        if constexpr (kKvFp8) {
+          unsigned r[2];
+          flex::ldmatrix_x2_trans(r, v_stage + kv8_lane + ks * 16 * Traits::kKvSmemRowBytes + dp * 16);
+          flex::fp8_v_fragments<KvElement>(r[0], bv[0], bv[2]);
+          flex::fp8_v_fragments<KvElement>(r[1], bv[1], bv[3]);
+        } else {
+          flex::ldmatrix_x4_trans(bv, v_stage + v_lane + (ks * 16 * kSmemStride + dp * 16) * 2);
+        }
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
-          Mma::run(acc_o[mt][2 * dp], pa[mt][ks], bv[0], bv[1]);
-          Mma::run(acc_o[mt][2 * dp + 1], pa[mt][ks], bv[2], bv[3]);
+          MmaPv::run(acc_o[mt][2 * dp], pa[mt][ks], bv[0], bv[1]);
+          MmaPv::run(acc_o[mt][2 * dp + 1], pa[mt][ks], bv[2], bv[3]);
         }
       }
     }
@@ -700,24 +706,6 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
       __syncthreads();
       if (it + 1 < n_loads) issue_one(k_head, k_buf(it + 1));
       accumulate_pv(v_buf(it));
-    }
-  } else if constexpr (kKvFp8) {
-    unsigned char* wide_k = flex_smem + (s_wide - s_q);
-    unsigned char* wide_v = wide_k + Traits::kSmemTileBytes;
-    for (int it = 0; it < n_tiles; ++it) {
-      flex::cp_async_wait<kStages - 2>();  // this thread's copies of tile it have landed
-      // Refill the stage of tile it - 1 (this thread widened its own chunks of it last iteration).
-      if (copier && it + kStages - 1 < n_tiles) {
-        const int nx = it + kStages - 1;
-        K::template issue<2>(loc, p, {k_head, v_head}, {k_buf(nx), v_buf(nx)}, r0, cc, policy, evict_first);
-        if (it + kStages < n_tiles) locate(it + kStages);
-      }
-      flex::cp_async_commit();
-      __syncthreads();  // every warp is done with the widened tile it - 1
-      if (copier) K::widen(flex_smem + (k_buf(it) - s_q), flex_smem + (v_buf(it) - s_q), wide_k, wide_v, r0, cc);
-      __syncthreads();  // the widened tile it is complete
-      scores_softmax(it, s_wide);
-      accumulate_pv(s_wide + Traits::kSmemTileBytes);
     }
   } else {
     for (int it = 0; it < n_tiles; ++it) {
@@ -778,10 +766,20 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
       merged(tr, m_all, l_all);
       const float factor = m_own[r] == K::neg_inf() ? 0.f : flex::ex2(m_own[r] - m_all);
       const float sc = l_all > 0.f ? factor / l_all * v_scale : 0.f;
-      float* dst = s_o + (warp * kBlockM + tr) * Traits::kOStride + 2 * (lane % 4);
+      if constexpr (kKvFp8) {
+        // n8 tiles 2dp and 2dp + 1 hold the even and odd columns of block dp: this thread's are 4t .. 4t + 3.
+        float* dst = s_o + (warp * kBlockM + tr) * Traits::kOStride + 4 * (lane % 4);
 #pragma unroll
-      for (int dt = 0; dt < kDTiles; ++dt)
-        *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(acc_o[mt][dt][2 * half] * sc, acc_o[mt][dt][2 * half + 1] * sc);
+        for (int dp = 0; dp < kDTiles / 2; ++dp)
+          *reinterpret_cast<float4*>(dst + dp * 16) =
+              make_float4(acc_o[mt][2 * dp][2 * half] * sc, acc_o[mt][2 * dp + 1][2 * half] * sc,
+                          acc_o[mt][2 * dp][2 * half + 1] * sc, acc_o[mt][2 * dp + 1][2 * half + 1] * sc);
+      } else {
+        float* dst = s_o + (warp * kBlockM + tr) * Traits::kOStride + 2 * (lane % 4);
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt)
+          *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(acc_o[mt][dt][2 * half] * sc, acc_o[mt][dt][2 * half + 1] * sc);
+      }
     }
   }
   __syncthreads();

@@ -31,7 +31,8 @@ struct IsFp8<FlexFp8E5M2> {
 // format gives the value times 2^(bias_fp8 - bias_wide) (normals and subnormals alike, since the subnormal scales
 // match as well), and one multiply by 2^(bias_wide - bias_fp8) restores it exactly (a power of two, no overflow).
 // Bytes whose exponent field is all ones (e4m3 NaN, e5m2 inf/NaN) become finite values on this path (e5m2 to
-// f16 excepted, which is a plain byte move): a cache holding them is already corrupt.
+// f16 excepted, which is a plain byte move; sm_89's e4m3 conversion instruction keeps NaN too): a cache holding
+// them is already corrupt.
 //
 // fp8_high_bytes(w, selector): two of w's bytes b0, b1 placed in the high byte of each 16-bit half, (b1 << 24) | (b0 << 8).
 __device__ __forceinline__ unsigned fp8_high_bytes(unsigned w, unsigned selector) {
@@ -75,18 +76,74 @@ __device__ __forceinline__ unsigned widen_fp8_pair<FlexFp8E5M2, __half>(unsigned
   return t;  // e5m2 is the high byte of an f16
 }
 
-// 16 FP8 values (one 16-byte chunk) as 16 Element values (two 16-byte chunks), in order.
+// P @ V of an FP8 cache runs on f16 operands whatever the kernel's element type: every e4m3 / e5m2 value is an
+// f16 value, sm_89+ widens two e4m3 bytes in one instruction, e5m2 is a byte move, and P in [0, 1] keeps more bits
+// in f16 than in bf16 (only P < 2^-24 of the row's largest term is lost to zero).
+template <class Kv, class Element>
+struct FlexPvElement {
+  using type = Element;
+};
+template <class Element>
+struct FlexPvElement<FlexFp8E4M3, Element> {
+  using type = __half;
+};
+template <class Element>
+struct FlexPvElement<FlexFp8E5M2, Element> {
+  using type = __half;
+};
+
+// Two e4m3 values (the low and high byte of each 16-bit half of w) as f16x2, one register per half.
+__device__ __forceinline__ void e4m3x4_to_f16(unsigned w, unsigned& lo, unsigned& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(w));
+#else
+  lo = widen_fp8_pair<FlexFp8E4M3, __half>(fp8_high_bytes(w, 0x1404u));
+  hi = widen_fp8_pair<FlexFp8E4M3, __half>(fp8_high_bytes(w, 0x3424u));
+#endif
+}
+
+// mma fragments straight from FP8 bytes in shared memory (m16n8k16, g = lane / 4, t = lane % 4), read with
+// ldmatrix as if they were b16 matrices of 8 rows x 16 bytes, so no widened copy of the tile is ever stored.
+//
+// K (B operand of Q @ K^T, n = KV row, k = head dim): a plain ldmatrix gives lane (g, t) bytes 4t..4t+3 of row g,
+// i.e. head-dim columns 4t..4t+3 of the 16-column block. They become b0 (k = 2t, 2t+1) and b1 (k = 2t+8, 2t+9), so
+// the mma's k index runs over the block's columns in the order 0 1 4 5 8 9 12 13 2 3 6 7 10 11 14 15; Q is stored
+// in shared memory in that order (fp8_q_order) and the dot products are unchanged.
 template <class Fp8, class Element>
-__device__ __forceinline__ void widen_fp8_chunk(const uint4& in, uint4& lo, uint4& hi) {
-  const unsigned w[4] = {in.x, in.y, in.z, in.w};
-  unsigned out[8];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    out[2 * k] = widen_fp8_pair<Fp8, Element>(fp8_high_bytes(w[k], 0x1404u));      // bytes 0, 1
-    out[2 * k + 1] = widen_fp8_pair<Fp8, Element>(fp8_high_bytes(w[k], 0x3424u));  // bytes 2, 3
-  }
-  lo = make_uint4(out[0], out[1], out[2], out[3]);
-  hi = make_uint4(out[4], out[5], out[6], out[7]);
+__device__ __forceinline__ void fp8_k_fragment(unsigned bytes, unsigned& b0, unsigned& b1) {
+  b0 = widen_fp8_pair<Fp8, Element>(fp8_high_bytes(bytes, 0x1404u));  // columns 4t, 4t+1
+  b1 = widen_fp8_pair<Fp8, Element>(fp8_high_bytes(bytes, 0x3424u));  // columns 4t+2, 4t+3
+}
+template <>
+__device__ __forceinline__ void fp8_k_fragment<FlexFp8E4M3, __half>(unsigned bytes, unsigned& b0, unsigned& b1) {
+  e4m3x4_to_f16(bytes, b0, b1);
+}
+
+// V (B operand of P @ V, k = KV row, n = head dim): a transposing ldmatrix gives lane (g, t) the 2-byte units
+// (rows 2t and 2t+1, columns 2g..2g+1): bytes V[2t][2g], V[2t][2g+1], V[2t+1][2g], V[2t+1][2g+1]. They are the
+// f16 b fragments of two n8 tiles at once: one holding the block's even columns (n = g is column 2g), one its
+// odd ones.
+template <class Fp8>
+__device__ __forceinline__ void fp8_v_fragments(unsigned bytes, unsigned& even, unsigned& odd);
+template <>
+__device__ __forceinline__ void fp8_v_fragments<FlexFp8E4M3>(unsigned bytes, unsigned& even, unsigned& odd) {
+  unsigned w;
+  asm("prmt.b32 %0, %1, 0, 0x3120;\n" : "=r"(w) : "r"(bytes));  // V[2t][2g], V[2t+1][2g] | V[2t][2g+1], V[2t+1][2g+1]
+  e4m3x4_to_f16(w, even, odd);
+}
+template <>
+__device__ __forceinline__ void fp8_v_fragments<FlexFp8E5M2>(unsigned bytes, unsigned& even, unsigned& odd) {
+  even = fp8_high_bytes(bytes, 0x2404u);  // e5m2 is the high byte of an f16
+  odd = fp8_high_bytes(bytes, 0x3414u);
+}
+
+// Q's 16 columns of one k-step (two 16-byte chunks a, b: column pairs 0..3 and 4..7) in fp8_k_fragment's k order:
+// pairs 0 2 4 6, then 1 3 5 7.
+__device__ __forceinline__ void fp8_q_order(const uint4& a, const uint4& b, uint4& first, uint4& second) {
+  first = make_uint4(a.x, a.z, b.x, b.z);
+  second = make_uint4(a.y, a.w, b.y, b.w);
 }
 
 }  // namespace flex

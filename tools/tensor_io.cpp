@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
 
 #include "dsl/error.h"
 
@@ -45,15 +47,14 @@ void fetch(PlacedTensor& t) {
   if (t.device_copy) t.device_copy->download(t.host.data.data(), t.host.data.size());
 }
 
-NpyArray random_array(dsl::DType dtype, std::vector<int64_t> shape, std::mt19937& rng, int64_t int_lo, int64_t int_hi) {
-  NpyArray a;
-  a.dtype = dtype;
-  a.shape = std::move(shape);
-  const int64_t n = a.numel();
-  a.data.resize(static_cast<size_t>(n) * dsl::dtype_size(dtype));
+namespace {
+
+// Elements [begin, end) of a, drawn from rng.
+void fill_random(NpyArray& a, int64_t begin, int64_t end, std::mt19937& rng, int64_t int_lo, int64_t int_hi) {
+  const dsl::DType dtype = a.dtype;
   std::normal_distribution<float> normal(0.f, 1.f);
   std::uniform_int_distribution<int64_t> ints(int_lo, std::max(int_lo, int_hi - 1));
-  for (int64_t i = 0; i < n; ++i) {
+  for (int64_t i = begin; i < end; ++i) {
     switch (dtype) {
       case dsl::DType::F32: a.as<float>()[i] = normal(rng); break;
       case dsl::DType::F16: a.as<uint16_t>()[i] = float_to_half(normal(rng)); break;
@@ -66,6 +67,38 @@ NpyArray random_array(dsl::DType dtype, std::vector<int64_t> shape, std::mt19937
       case dsl::DType::F8E5M2: a.as<uint8_t>()[i] = float_to_fp8(normal(rng), dtype); break;
     }
   }
+}
+
+}  // namespace
+
+NpyArray random_array(dsl::DType dtype, std::vector<int64_t> shape, std::mt19937& rng, int64_t int_lo, int64_t int_hi) {
+  NpyArray a;
+  a.dtype = dtype;
+  a.shape = std::move(shape);
+  const int64_t n = a.numel();
+  a.data.resize(static_cast<size_t>(n) * dsl::dtype_size(dtype));
+  // Benchmark caches reach half a billion elements (a minute on one core): past one chunk, each chunk draws from
+  // its own generator seeded from rng, on all cores. The values depend on the seed only, not on the core count.
+  constexpr int64_t kChunk = int64_t(1) << 22;
+  if (n <= kChunk) {
+    fill_random(a, 0, n, rng, int_lo, int_hi);
+    return a;
+  }
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<uint32_t> seeds(static_cast<size_t>(chunks));
+  for (uint32_t& s : seeds) s = static_cast<uint32_t>(rng());
+  std::atomic<int64_t> next{0};
+  auto work = [&] {
+    for (int64_t c; (c = next.fetch_add(1)) < chunks;) {
+      std::mt19937 local(seeds[static_cast<size_t>(c)]);
+      fill_random(a, c * kChunk, std::min(n, (c + 1) * kChunk), local, int_lo, int_hi);
+    }
+  };
+  const int64_t workers = std::min<int64_t>(chunks, std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (int64_t w = 1; w < workers; ++w) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
   return a;
 }
 

@@ -67,8 +67,7 @@ DecodeConfig decode_config(int head_dim, int rows_per_kv_head, std::optional<dsl
   c.stages = 2;
   c.alternate = flex_decode_alternate(c.head_dim, c.m_tiles, c.stages);
   if (kv_fp8) {
-    // FP8: the stages hold half the bytes, and the widened tile takes a stage's place; three stages keep 64 KB of
-    // copies in flight per SM with two CTAs at D128 (flex_decode.cuh).
+    // FP8: a stage holds half the bytes, so three stages take what two bf16 stages take.
     c.kv_fp8 = kv_fp8;
     c.stages = 3;
     c.alternate = false;

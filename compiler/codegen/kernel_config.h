@@ -59,14 +59,14 @@ struct DecodeConfig {
   std::string str() const;
   int block_m() const { return 16 * m_tiles; }
   int kv_bytes() const { return kv_fp8 ? 1 : 2; }
-  // FlexDecodeTraits::kSmemBytes: Q tile plus max(stages of K and V (+ FP8: the widened K and V tile), the
-  // end-of-CTA merge buffers). The alternating pipeline's 128-row K and V buffers fill exactly the two stages' space.
+  // FlexDecodeTraits::kSmemBytes: Q tile plus max(stages of K and V, the end-of-CTA merge buffers). The
+  // alternating pipeline's 128-row K and V buffers fill exactly the two stages' space.
   int shared_bytes() const {
     const int stride = head_dim + 8;
     const int row = kv_fp8 ? head_dim + 16 : stride * 2;
-    const int q = block_m() * stride * 2, stage = 2 * 64 * row, wide = kv_fp8 ? 2 * 64 * stride * 2 : 0;
+    const int q = block_m() * stride * 2, stage = 2 * 64 * row;
     const int merge = 4 * block_m() * (stride + 2) * 4;
-    return q + (stages * stage + wide > merge ? stages * stage + wide : merge);
+    return q + (stages * stage > merge ? stages * stage : merge);
   }
 };
 

@@ -29,7 +29,9 @@ dsl::Spec make_spec(const std::string& name, std::optional<std::string> score, s
   return s;
 }
 
-constexpr uint16_t kNaNBits = 0x7fc0;  // bf16 quiet NaN
+constexpr uint16_t kNaNBits = 0x7fc0;  // a quiet NaN in bf16 and in f16
+
+float element_to_float(dsl::DType t, uint16_t bits) { return t == dsl::DType::BF16 ? bf16_to_float(bits) : half_to_float(bits); }
 
 struct DecodeCase {
   dsl::Spec spec;
@@ -81,13 +83,13 @@ struct DecodeProblem {
     max_kv = c.max_seqlen_kv ? c.max_seqlen_kv : *std::max_element(c.capacity.begin(), c.capacity.end());
     std::mt19937 rng(c.seed);
     std::vector<uint16_t> bits;
-    q = random_rounded(size_t(B) * c.H * c.Sq * D, dsl::DType::BF16, rng, qb);
+    q = random_rounded(size_t(B) * c.H * c.Sq * D, c.spec.dtype, rng, qb);
     std::vector<std::vector<uint16_t>> kb(B), vb(B);
     std::vector<std::vector<uint8_t>> kb8(B), vb8(B);
     if (!c.kv_fp8) {
       for (int b = 0; b < B; ++b) {
-        k.push_back(random_rounded(size_t(c.Hkv) * c.capacity[b] * D, dsl::DType::BF16, rng, kb[b]));
-        v.push_back(random_rounded(size_t(c.Hkv) * c.capacity[b] * D, dsl::DType::BF16, rng, vb[b]));
+        k.push_back(random_rounded(size_t(c.Hkv) * c.capacity[b] * D, c.spec.dtype, rng, kb[b]));
+        v.push_back(random_rounded(size_t(c.Hkv) * c.capacity[b] * D, c.spec.dtype, rng, vb[b]));
       }
     } else {
       // Uniform codes: every magnitude the format has, so the scales keep the scores O(1) (E[x^2] is dominated by
@@ -243,8 +245,8 @@ struct DecodeProblem {
 
   DecodeArgs args(CUstream stream = nullptr) const {
     DecodeArgs a;
-    a.q = Tensor{dq.data(), dsl::DType::BF16, {B, c.H, c.Sq, D}, {}};
-    const dsl::DType kv = c.kv_fp8.value_or(dsl::DType::BF16);
+    a.q = Tensor{dq.data(), c.spec.dtype, {B, c.H, c.Sq, D}, {}};
+    const dsl::DType kv = c.kv_fp8.value_or(c.spec.dtype);
     if (c.page_size == 0) {
       a.k = Tensor{dk.data(), kv, {B, c.Hkv, max_kv, D}, {}};
       a.v = Tensor{dv.data(), kv, {B, c.Hkv, max_kv, D}, {}};
@@ -257,7 +259,7 @@ struct DecodeProblem {
     }
     a.kv_lens = Tensor{dkvlens.data(), dsl::DType::I32, {B}, {}};
     if (!c.q_lens.empty()) a.q_lens = Tensor{dqlens.data(), dsl::DType::I32, {B}, {}};
-    a.o = Tensor{dout.data(), dsl::DType::BF16, {B, c.H, c.Sq, D}, {}};
+    a.o = Tensor{dout.data(), c.spec.dtype, {B, c.H, c.Sq, D}, {}};
     a.lse = Tensor{dlse.data(), dsl::DType::F32, {B, c.H, c.Sq}, {}};
     if (c.kv_fp8) {
       a.k_scale = Tensor{dkscale.data(), dsl::DType::F32, {int64_t(k_scale.size())}, {}};
@@ -392,7 +394,7 @@ struct DecodeProblem {
           for (int d = 0; d < D; ++d) op[d] /= sum;
           rl[n] = mx + std::log(sum);
         }
-        for (int d = 0; d < D; ++d) go[n * D + d] = bf16_to_float(raw[size_t(row) * D + d]);
+        for (int d = 0; d < D; ++d) go[n * D + d] = element_to_float(c.spec.dtype, raw[size_t(row) * D + d]);
         gl[n] = lse_dev[row];
       }
     };
@@ -640,14 +642,27 @@ TEST_CASE("decode: FP8 KV caches (e4m3, e5m2) match a float64 reference that deq
     c.num_splits = 1;
     run_and_expect(c, "D64, one split");
   }
+  // f16 queries: Q @ K^T on f16 fragments too (sm_89+ converts e4m3 K in one instruction); D 256 and D 64.
+  for (dsl::DType kv : {dsl::DType::F8E4M3, dsl::DType::F8E5M2})
+    for (int d : {64, 256}) {
+      DecodeCase c = with_spec(make_spec("plain_f16", std::nullopt, std::nullopt, d));
+      c.spec.dtype = dsl::DType::F16;
+      c.kv_fp8 = kv;
+      c.kv_lens = {1, 300, 5000};
+      c.page_size = 16;
+      c.seed = 970 + d;
+      run_and_expect(c, fmt::format("f16 {} D{}", dsl::dtype_name(kv), d));
+    }
 }
 
 TEST_CASE("decode: every finite FP8 code widens exactly (one KV position: O is V)", "[gpu][decode]") {
   FLEXJIT_REQUIRE_GPU();
-  // With one KV position the softmax weight is exactly 1, so O (bf16) must equal v_scale * V bit for bit: every
-  // e4m3 and e5m2 value, subnormals included, is a bf16 value. Codes 0..255 over two KV heads of D = 128.
+  // With one KV position the softmax weight is exactly 1, so O must equal v_scale * V bit for bit: every e4m3 and
+  // e5m2 value, subnormals included, is a bf16 and an f16 value. Codes 0..255 over two KV heads of D = 128.
+  for (dsl::DType element : {dsl::DType::BF16, dsl::DType::F16})
   for (dsl::DType kv : {dsl::DType::F8E4M3, dsl::DType::F8E5M2}) {
     DecodeCase c = with_spec(make_spec("plain", std::nullopt, std::nullopt));
+    c.spec.dtype = element;
     c.kv_fp8 = kv;
     c.per_head_scale = false;
     c.H = 2;
@@ -668,10 +683,10 @@ TEST_CASE("decode: every finite FP8 code widens exactly (one KV position: O is V
     for (int x = 0; x < 256; ++x) {
       const float want = fp8_to_float(static_cast<uint8_t>(x), kv);
       if (!std::isfinite(want)) continue;  // NaN / inf codes: a cache holding them is corrupt (flex_fp8.cuh)
-      const float got = bf16_to_float(out[x]);
+      const float got = element_to_float(element, out[x]);
       if (got != want) {  // -0 may come back as +0 (0 + -0 in the accumulator)
         ++wrong;
-        UNSCOPED_INFO(dsl::dtype_name(kv) << " code " << x << ": got " << got << ", want " << want);
+        UNSCOPED_INFO(dsl::dtype_name(element) << " " << dsl::dtype_name(kv) << " code " << x << ": got " << got << ", want " << want);
       }
     }
     CHECK(wrong == 0);

@@ -90,3 +90,29 @@ TEST_CASE("malformed .npy files are errors that name the file", "[npy]") {
     CHECK(std::string(e.what()).find("/nonexistent/dir/x.npy") != std::string::npos);
   }
 }
+
+TEST_CASE("FP8 quantisation: every finite code round-trips, halfway values go to the even code, large values saturate",
+          "[npy][fp8]") {
+  for (dsl::DType t : {dsl::DType::F8E4M3, dsl::DType::F8E5M2}) {
+    const bool e4m3 = t == dsl::DType::F8E4M3;
+    const int top = e4m3 ? 0x7e : 0x7b;
+    INFO((e4m3 ? "e4m3" : "e5m2"));
+    for (int c = 0; c <= top; ++c) {
+      for (uint8_t sign : {uint8_t(0), uint8_t(0x80)}) {
+        const uint8_t code = static_cast<uint8_t>(sign | c);
+        CHECK(float_to_fp8(fp8_to_float(code, t), t) == code);
+      }
+      if (c == top) continue;
+      // Halfway between codes c and c+1: the even one of the two.
+      const float mid = 0.5f * (fp8_to_float(uint8_t(c), t) + fp8_to_float(uint8_t(c + 1), t));
+      CHECK(float_to_fp8(mid, t) == ((c & 1) == 0 ? c : c + 1));
+      CHECK(float_to_fp8(std::nextafter(mid, 0.f), t) == c);
+      CHECK(float_to_fp8(std::nextafter(mid, 1e9f), t) == c + 1);
+    }
+    CHECK(float_to_fp8(1e30f, t) == top);
+    CHECK(float_to_fp8(-1e30f, t) == (0x80 | top));
+    CHECK(std::isnan(fp8_to_float(float_to_fp8(std::nanf(""), t), t)));
+  }
+  CHECK(fp8_to_float(float_to_fp8(448.f, dsl::DType::F8E4M3), dsl::DType::F8E4M3) == 448.f);
+  CHECK(fp8_to_float(float_to_fp8(57344.f, dsl::DType::F8E5M2), dsl::DType::F8E5M2) == 57344.f);
+}

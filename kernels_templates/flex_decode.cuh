@@ -464,9 +464,13 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
   const int per_split = (n_listed + p.num_splits - 1) / p.num_splits;
   const int e_begin = split * per_split;
   const int n_tiles = max(0, min(n_listed - e_begin, per_split));
-  // Entry e of this split (e < n_tiles; a 128-row load may reach one entry past the split, which is not visited).
-  auto tile_of = [&](int e) { return e < n_tiles ? (list != nullptr ? list[e_begin + e] & ~kFlexDecodeFullTile : e_begin + e) : -1; };
-  auto full_at = [&](int e) { return list != nullptr && e < n_tiles && list[e_begin + e] < 0; };
+  // The e-th tile visited (e < n_tiles; a 128-row load may reach one entry past the split, which is not visited).
+  // The split's entries are visited from its last to its first: position terms of score_mod peak next to the
+  // query (ALiBi, decays, relative biases), so the running maximum is set by the first tile and O is not rescaled
+  // on every tile as it would be walking towards the query.
+  auto slot = [&](int e) { return e_begin + n_tiles - 1 - e; };
+  auto tile_of = [&](int e) { return e < n_tiles ? (list != nullptr ? list[slot(e)] & ~kFlexDecodeFullTile : slot(e)) : -1; };
+  auto full_at = [&](int e) { return list != nullptr && e < n_tiles && list[slot(e)] < 0; };
   const int n_loads = (n_tiles + kTilesPerLoad - 1) / kTilesPerLoad;
 
   // Shared memory: Q [kBlockM][kSmemStride], then kStages x (K, V) [kBlockN][kSmemStride] (alternating: K

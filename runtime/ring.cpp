@@ -84,6 +84,19 @@ std::vector<unsigned char> gather(const Tensor& t) {
   return out;
 }
 
+// dst = src, element for element (the same shape and dtype, any strides).
+void copy_tensor(const Tensor& src, const Tensor& dst) {
+  if (src.dtype != dst.dtype || src.shape != dst.shape)
+    throw Error(fmt::format("ring attention: copying a {} [{}] tensor into a {} [{}] one; the whole sequence's and the shards' tensors "
+                            "must agree in dtype and in every dim but the rows",
+                            dsl::dtype_name(src.dtype), fmt::join(src.shape, ", "), dsl::dtype_name(dst.dtype), fmt::join(dst.shape, ", ")));
+  const std::vector<unsigned char> bytes = gather(src);
+  const int size = dsl::dtype_size(dst.dtype);
+  for_each_element(dst, [&](int64_t i, int64_t off) {
+    std::memcpy(static_cast<unsigned char*>(dst.data) + off * size, bytes.data() + i * size, static_cast<size_t>(size));
+  });
+}
+
 // sum[.., local + r, ..] += part[.., r, ..] for a C-ordered part of `rows` rows into a C-ordered fp32 sum of
 // `total` rows (axis 2 of [outer, rows, inner]).
 void add_rows(std::vector<float>& sum, int64_t total, int64_t local, const Tensor& part) {
@@ -158,6 +171,16 @@ int64_t ring_shard_rows(int64_t seqlen, int ranks, int rank, RingSharding shardi
   int64_t rows = 0;
   for (const RingChunk& c : ring_chunks(seqlen, ranks, rank, sharding)) rows += c.rows;
   return rows;
+}
+
+void ring_copy_to_shard(const Tensor& whole, const Tensor& shard, const std::vector<RingChunk>& chunks) {
+  for (const RingChunk& c : chunks)
+    if (c.rows > 0) copy_tensor(row_view(whole, c.first, c.rows), row_view(shard, c.local, c.rows));
+}
+
+void ring_copy_to_whole(const Tensor& shard, const Tensor& whole, const std::vector<RingChunk>& chunks) {
+  for (const RingChunk& c : chunks)
+    if (c.rows > 0) copy_tensor(row_view(shard, c.local, c.rows), row_view(whole, c.first, c.rows));
 }
 
 void InProcessRingTransport::shift(std::vector<RingPacket>& held) {

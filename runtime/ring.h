@@ -42,6 +42,11 @@ std::vector<RingChunk> ring_chunks(int64_t seqlen, int ranks, int rank, RingShar
 // Rows of rank `rank`'s shard tensors: the sum of its chunks' rows.
 int64_t ring_shard_rows(int64_t seqlen, int ranks, int rank, RingSharding sharding);
 
+// Copies rank `rank`'s rows between a tensor of the whole sequence ([B, heads, seqlen, ...] or [B, H, seqlen]: rows
+// on axis 2) and the rank's shard tensor (the same but ring_shard_rows rows), any strides, the same dtype.
+void ring_copy_to_shard(const Tensor& whole, const Tensor& shard, const std::vector<RingChunk>& chunks);
+void ring_copy_to_whole(const Tensor& shard, const Tensor& whole, const std::vector<RingChunk>& chunks);
+
 // One rank's tensors, [B, heads, rows, D] with rows = ring_shard_rows, in ring_chunks order.
 struct RingShard {
   Tensor q, k, v;

@@ -1,7 +1,7 @@
 // `flexjit run SPEC --q q.npy --k k.npy --v v.npy --out o.npy [--lse lse.npy] --device cuda:0|cpu
-//  [--backward --do do.npy --dq dq.npy --dk dk.npy --dv dv.npy [--grad NAME=dNAME.npy]]`:
+//  [--backward --do do.npy --dq dq.npy --dk dk.npy --dv dv.npy [--grad NAME=dNAME.npy]] [--ring R]`:
 // one attention launch (and its backward) on files, for users checking a spec against
-// their framework.
+// their framework; with --ring, the same computed by ring attention over R virtual ranks.
 #include <fmt/format.h>
 
 #include <map>
@@ -10,6 +10,7 @@
 #include "dsl/error.h"
 #include "runtime/flexjit.hpp"
 #include "tools/commands.h"
+#include "tools/ring_run.h"
 #include "tools/spec_options.h"
 #include "tools/tensor_io.h"
 
@@ -24,6 +25,8 @@ struct RunOptions {
   float scale = 0;
   bool backward = false, deterministic = false;
   std::string d_o, dq, dk, dv;
+  int ring = 0;  // virtual ranks of ring attention (0: one launch)
+  std::string ring_sharding = "zigzag";
 };
 
 std::pair<std::string, std::string> split_eq(const std::string& s, const char* flag) {
@@ -44,6 +47,10 @@ void check_backward_options(const RunOptions& o) {
 
 int run_run(const RunOptions& o) {
   check_backward_options(o);
+  RingRun ring{o.ring, RingSharding::Zigzag};
+  if (o.ring < 0) throw Error(fmt::format("--ring {}: give the number of virtual ranks (1 or more)", o.ring));
+  if (o.ring_sharding == "contiguous") ring.sharding = RingSharding::Contiguous;
+  else if (o.ring_sharding != "zigzag") throw Error(fmt::format("--ring-sharding `{}`: use zigzag or contiguous", o.ring_sharding));
   dsl::Spec spec = o.spec.load();  // marks the --grad buffers
   std::vector<std::pair<std::string, std::string>> grad_files;
   for (const std::string& g : o.spec.grads) grad_files.push_back(split_eq(g, "--grad"));
@@ -91,7 +98,8 @@ int run_run(const RunOptions& o) {
     Value val = parse_param_value(*p, value);
     args.params.emplace_back(name, val.type == ir::Type::Float ? double(val.f) : val.type == ir::Type::Bool ? double(val.b) : double(val.i));
   }
-  kernel->forward(args);
+  if (ring.ranks > 0) ring_forward(kernel, ring, args);
+  else kernel->forward(args);
   if (device.kind == Device::Kind::Cuda) kernel->check_errors(device.index, args.stream);
   fetch(placed[o_index]);
   write_npy(o.out, placed[o_index].host);
@@ -122,7 +130,8 @@ int run_run(const RunOptions& o) {
     if (!buffer) throw Error(fmt::format("--grad {}: load the buffer with --load {}=FILE.npy too", name, name));
     b.grads.emplace_back(name, output(path, dsl::DType::F32, buffer->shape));
   }
-  kernel->backward(b);
+  if (ring.ranks > 0) ring_backward(kernel, ring, b);
+  else kernel->backward(b);
   if (device.kind == Device::Kind::Cuda) kernel->check_errors(device.index, b.stream);
   for (const auto& [file, index] : outputs) {
     fetch(placed[index]);
@@ -153,6 +162,10 @@ void add_run_command(CLI::App& app, Action& action) {
   cmd->add_option("--dk", o->dk, "Output dK [B, Hkv, Skv, D] (.npy)");
   cmd->add_option("--dv", o->dv, "Output dV [B, Hkv, Skv, Dv] (.npy)");
   cmd->add_flag("--deterministic", o->deterministic, "Backward in a fixed summation order without float atomics");
+  cmd->add_option("--ring", o->ring, "Ring attention over R virtual ranks of this process (context parallelism; --device cpu for now): "
+                  "the same outputs, computed shard by shard with global positions");
+  cmd->add_option("--ring-sharding", o->ring_sharding, "With --ring: zigzag (rank r holds chunks r and 2R-1-r of 2R) or contiguous")
+      ->capture_default_str();
   cmd->callback([o, &action] { action = [o] { return run_run(*o); }; });
 }
 

@@ -16,6 +16,7 @@
 #include "runtime/device.h"
 #include "runtime/forward_launch.h"
 #include "runtime/flexjit.hpp"
+#include "runtime/ring.h"
 
 struct flexjit_runtime {
   flexjit::Runtime rt;
@@ -420,6 +421,83 @@ flexjit_status flexjit_decode(flexjit_kernel* k, const flexjit_decode_plan* plan
     check_addressable(d.buffers);
     k->kernel->decode(*plan->plan, d);
   });
+}
+
+namespace {
+
+bool to_sharding(flexjit_ring_sharding s, flexjit::RingSharding* out) {
+  if (s == FLEXJIT_RING_ZIGZAG) *out = flexjit::RingSharding::Zigzag;
+  else if (s == FLEXJIT_RING_CONTIGUOUS) *out = flexjit::RingSharding::Contiguous;
+  else return false;
+  return true;
+}
+
+// The ring's shards from one flexjit_args per rank; buffers, parameters, scale and gradients are rank 0's.
+flexjit::RingArgs ring_args(const char* fn, int ranks, flexjit_args* const* rank_args, bool backward) {
+  flexjit::RingArgs ring;
+  for (int r = 0; r < ranks; ++r) {
+    const flexjit_args& a = *rank_args[r];
+    if (a.args.device.kind != flexjit::Device::Kind::Cpu)
+      throw flexjit::Error(fmt::format("{}: rank {}'s args are not on the CPU backend; ring attention runs there only for now "
+                                       "(flexjit_args_set_stream(args, NULL, -2)): the GPU kernels do not take global positions yet",
+                                       fn, r));
+    if (!a.lse) throw flexjit::Error(fmt::format("{}: rank {} has no LSE; call flexjit_args_set_lse (f32 [B, H, rows])", fn, r));
+    flexjit::RingShard shard;
+    const flexjit::AttentionArgs f = forward_args(a);
+    shard.q = f.q, shard.k = f.k, shard.v = f.v, shard.o = f.o, shard.lse = f.lse;
+    if (backward) {
+      const flexjit::BackwardArgs b = backward_args(a);
+      shard.d_o = b.d_o, shard.dq = b.dq, shard.dk = b.dk, shard.dv = b.dv;
+      if (r == 0) ring.grads = b.grads;
+    }
+    if (r == 0) {
+      ring.scale = f.scale;
+      ring.buffers = f.buffers;
+      ring.params = f.params;
+    }
+    ring.shards.push_back(shard);
+  }
+  return ring;
+}
+
+flexjit_status ring_launch(const char* fn, flexjit_kernel* k, int ranks, flexjit_ring_sharding sharding, int64_t seqlen,
+                           flexjit_args* const* rank_args, bool backward) {
+  flexjit::RingSharding sh;
+  if (!k || !rank_args) return invalid(fmt::format("{}: NULL kernel or rank_args", fn).c_str());
+  if (!to_sharding(sharding, &sh)) return invalid(fmt::format("{}: unknown sharding {}", fn, int(sharding)).c_str());
+  if (ranks < 1) return invalid(fmt::format("{}: {} ranks; a ring needs at least one", fn, ranks).c_str());
+  for (int r = 0; r < ranks; ++r)
+    if (!rank_args[r]) return invalid(fmt::format("{}: rank_args[{}] is NULL", fn, r).c_str());
+  return guarded([&] {
+    flexjit::RingAttention ring(k->kernel, flexjit::RingOptions{ranks, sh, seqlen});
+    const flexjit::RingArgs args = ring_args(fn, ranks, rank_args, backward);
+    if (backward) ring.backward(args);
+    else ring.forward(args);
+  });
+}
+
+}  // namespace
+
+flexjit_status flexjit_ring_chunks(int64_t seqlen, int ranks, int rank, flexjit_ring_sharding sharding, int64_t first[2], int64_t rows[2],
+                                   int* n) {
+  flexjit::RingSharding sh;
+  if (!first || !rows || !n) return invalid("flexjit_ring_chunks: NULL first, rows or n");
+  if (!to_sharding(sharding, &sh)) return invalid("flexjit_ring_chunks: unknown sharding");
+  return guarded([&] {
+    const std::vector<flexjit::RingChunk> chunks = flexjit::ring_chunks(seqlen, ranks, rank, sh);
+    *n = static_cast<int>(chunks.size());
+    for (size_t i = 0; i < chunks.size(); ++i) first[i] = chunks[i].first, rows[i] = chunks[i].rows;
+  });
+}
+
+flexjit_status flexjit_ring_forward(flexjit_kernel* k, int ranks, flexjit_ring_sharding sharding, int64_t seqlen,
+                                    flexjit_args* const* rank_args) {
+  return ring_launch("flexjit_ring_forward", k, ranks, sharding, seqlen, rank_args, false);
+}
+
+flexjit_status flexjit_ring_backward(flexjit_kernel* k, int ranks, flexjit_ring_sharding sharding, int64_t seqlen,
+                                     flexjit_args* const* rank_args) {
+  return ring_launch("flexjit_ring_backward", k, ranks, sharding, seqlen, rank_args, true);
 }
 
 flexjit_status flexjit_check_errors(flexjit_kernel* k, int device, void* stream) {

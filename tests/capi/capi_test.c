@@ -250,6 +250,93 @@ static void test_decode_fp8(flexjit_runtime* rt) {
 }
 #endif
 
+/* Ring attention over 3 virtual ranks (zigzag) on the CPU backend equals one whole-sequence launch: O, LSE, dq,
+ * dk, dv and a buffer gradient summed over the ranks. */
+#ifdef FLEXJIT_HAVE_CPU_BACKEND
+static void test_ring(flexjit_runtime* rt) {
+  enum { B = 1, H = 2, S = 23, D = 16, R = 3 };
+  flexjit_kernel* k = NULL;
+  CHECK(flexjit_compile(rt, "{\"mask_mod\": \"q >= kv\", \"score_mod\": \"score + bias[h] * (kv - q)\", \"buffers\": [\"bias: f32[H]\"], "
+                            "\"grad\": [\"bias\"], \"dtype\": \"f32\", \"head_dim\": 16}",
+                        &k) == FLEXJIT_OK);
+  const int n = B * H * S * D;
+  float *q = filled(n, 11), *kk = filled(n, 12), *v = filled(n, 13), *d_o = filled(n, 14);
+  float *o = filled(n, 15), *lse = filled(B * H * S, 16), *dq = filled(n, 17), *dk = filled(n, 18), *dv = filled(n, 19);
+  float bias[H] = {0.125f, 0.5f}, dbias[H] = {NAN, NAN}, ring_dbias[H] = {NAN, NAN};
+  int64_t bias_shape[1] = {H};
+  flexjit_args* whole = NULL;
+  CHECK(flexjit_args_create(&whole) == FLEXJIT_OK);
+  CHECK(flexjit_args_set_qkvo(whole, q, kk, v, o, FLEXJIT_F32, B, H, H, S, S, D) == FLEXJIT_OK);
+  CHECK(flexjit_args_set_buffer(whole, "bias", bias, FLEXJIT_F32, 1, bias_shape, NULL) == FLEXJIT_OK);
+  CHECK(flexjit_args_set_lse(whole, lse) == FLEXJIT_OK);
+  CHECK(flexjit_args_set_stream(whole, NULL, -2) == FLEXJIT_OK);
+  CHECK(flexjit_forward(k, whole) == FLEXJIT_OK);
+  CHECK(flexjit_args_set_backward(whole, d_o, dq, dk, dv) == FLEXJIT_OK);
+  CHECK(flexjit_args_set_grad(whole, "bias", dbias) == FLEXJIT_OK);
+  CHECK(flexjit_backward(k, whole) == FLEXJIT_OK);
+
+  /* Each rank's shard: the rows of its chunks, one chunk after the other (H rows of each head). */
+  float* shard[R][10]; /* q k v d_o o lse dq dk dv (+ spare) */
+  int64_t rows[R], first[R][2], len[R][2];
+  int chunks[R];
+  flexjit_args* ra[R];
+  for (int r = 0; r < R; ++r) {
+    CHECK(flexjit_ring_chunks(S, R, r, FLEXJIT_RING_ZIGZAG, first[r], len[r], &chunks[r]) == FLEXJIT_OK);
+    CHECK(chunks[r] == 2);
+    rows[r] = len[r][0] + len[r][1];
+    for (int t = 0; t < 9; ++t) shard[r][t] = filled((int)(B * H * rows[r] * D), 100 + t);
+    const float* src[4] = {q, kk, v, d_o};
+    for (int t = 0; t < 4; ++t)
+      for (int h = 0; h < B * H; ++h) {
+        int64_t local = 0;
+        for (int c = 0; c < 2; ++c)
+          for (int64_t i = 0; i < len[r][c]; ++i, ++local)
+            memcpy(shard[r][t] + (h * rows[r] + local) * D, src[t] + (h * S + first[r][c] + i) * D, sizeof(float) * D);
+      }
+    CHECK(flexjit_args_create(&ra[r]) == FLEXJIT_OK);
+    CHECK(flexjit_args_set_qkvo(ra[r], shard[r][0], shard[r][1], shard[r][2], shard[r][4], FLEXJIT_F32, B, H, H, rows[r], rows[r], D) ==
+          FLEXJIT_OK);
+    CHECK(flexjit_args_set_lse(ra[r], shard[r][5]) == FLEXJIT_OK);
+    CHECK(flexjit_args_set_stream(ra[r], NULL, -2) == FLEXJIT_OK);
+    CHECK(flexjit_args_set_backward(ra[r], shard[r][3], shard[r][6], shard[r][7], shard[r][8]) == FLEXJIT_OK);
+  }
+  CHECK(flexjit_args_set_buffer(ra[0], "bias", bias, FLEXJIT_F32, 1, bias_shape, NULL) == FLEXJIT_OK);
+  CHECK(flexjit_args_set_grad(ra[0], "bias", ring_dbias) == FLEXJIT_OK);
+  CHECK(flexjit_ring_forward(k, R, FLEXJIT_RING_ZIGZAG, S, ra) == FLEXJIT_OK);
+  CHECK(flexjit_ring_backward(k, R, FLEXJIT_RING_ZIGZAG, S, ra) == FLEXJIT_OK);
+  /* Compare every rank's rows with the whole launch's. */
+  float worst = 0;
+  const float* want[5] = {o, dq, dk, dv, lse};
+  const int slot[5] = {4, 6, 7, 8, 5};
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < 5; ++t) {
+      const int width = t == 4 ? 1 : D;
+      for (int h = 0; h < B * H; ++h) {
+        int64_t local = 0;
+        for (int c = 0; c < 2; ++c)
+          for (int64_t i = 0; i < len[r][c]; ++i, ++local) {
+            const float d = max_abs_diff(shard[r][slot[t]] + (h * rows[r] + local) * width, want[t] + (h * S + first[r][c] + i) * width, width);
+            if (!(d <= worst)) worst = d;
+          }
+      }
+    }
+  CHECK(worst < 1e-4f);
+  CHECK(max_abs_diff(ring_dbias, dbias, H) < 1e-3f);
+  /* The GPU is refused with a clear error, and so is a ring of no ranks. */
+  CHECK(flexjit_args_set_stream(ra[1], NULL, 0) == FLEXJIT_OK);
+  CHECK(flexjit_ring_forward(k, R, FLEXJIT_RING_ZIGZAG, S, ra) == FLEXJIT_ERROR_USER);
+  CHECK(strstr(flexjit_last_error(), "CPU backend") != NULL);
+  CHECK(flexjit_ring_forward(k, 0, FLEXJIT_RING_ZIGZAG, S, ra) == FLEXJIT_ERROR_INVALID_ARGUMENT);
+  for (int r = 0; r < R; ++r) {
+    flexjit_args_destroy(ra[r]);
+    for (int t = 0; t < 9; ++t) free(shard[r][t]);
+  }
+  flexjit_args_destroy(whole);
+  flexjit_kernel_destroy(k);
+  free(q), free(kk), free(v), free(d_o), free(o), free(lse), free(dq), free(dk), free(dv);
+}
+#endif
+
 int main(void) {
 #ifdef FLEXJIT_HAVE_CPU_BACKEND
   CHECK(flexjit_enable_cpu_backend() == FLEXJIT_OK);
@@ -315,6 +402,7 @@ int main(void) {
   test_backward(rt);
   test_decode_and_varlen(rt);
   test_decode_fp8(rt);
+  test_ring(rt);
 #endif
   flexjit_kernel_destroy(k);
   flexjit_runtime_destroy(rt);

@@ -88,25 +88,18 @@ struct Inputs {
 };
 
 // Copies between a whole-sequence [B, heads, S, d] array and one rank's shard [B, heads, rows, d] (its chunks'
-// positions one after another).
-void to_shard(const std::vector<float>& whole, std::vector<float>& shard, const std::vector<RingChunk>& chunks, int64_t heads, int64_t d) {
+// positions one after another), through the library's copies: a misplaced row would show in the comparisons.
+void to_shard(std::vector<float>& whole, std::vector<float>& shard, const std::vector<RingChunk>& chunks, int64_t heads, int64_t d) {
   int64_t rows = 0;
   for (const RingChunk& c : chunks) rows += c.rows;
   shard.assign(static_cast<size_t>(B * heads * rows * d), kNanF);
-  for (int64_t bh = 0; bh < B * heads; ++bh)
-    for (const RingChunk& c : chunks)
-      for (int64_t r = 0; r < c.rows; ++r)
-        for (int64_t e = 0; e < d; ++e)
-          shard[static_cast<size_t>((bh * rows + c.local + r) * d + e)] = whole[static_cast<size_t>((bh * S + c.first + r) * d + e)];
+  ring_copy_to_shard(Tensor::contiguous(whole.data(), DType::F32, {B, heads, S, d}),
+                     Tensor::contiguous(shard.data(), DType::F32, {B, heads, rows, d}), chunks);
 }
-void to_whole(const std::vector<float>& shard, std::vector<float>& whole, const std::vector<RingChunk>& chunks, int64_t heads, int64_t d) {
-  int64_t rows = 0;
-  for (const RingChunk& c : chunks) rows += c.rows;
-  for (int64_t bh = 0; bh < B * heads; ++bh)
-    for (const RingChunk& c : chunks)
-      for (int64_t r = 0; r < c.rows; ++r)
-        for (int64_t e = 0; e < d; ++e)
-          whole[static_cast<size_t>((bh * S + c.first + r) * d + e)] = shard[static_cast<size_t>((bh * rows + c.local + r) * d + e)];
+void to_whole(std::vector<float>& shard, std::vector<float>& whole, const std::vector<RingChunk>& chunks, int64_t heads, int64_t d) {
+  const int64_t rows = static_cast<int64_t>(shard.size()) / (B * heads * d);
+  ring_copy_to_whole(Tensor::contiguous(shard.data(), DType::F32, {B, heads, rows, d}),
+                     Tensor::contiguous(whole.data(), DType::F32, {B, heads, S, d}), chunks);
 }
 
 // Every element within rel * |want| + abs, -inf where want is; NaN never passes.
@@ -212,7 +205,7 @@ Whole ring(std::shared_ptr<Kernel> kernel, Inputs& in, const Case& c, int R, Rin
   w.dk.assign(in.k.size(), kNanF);
   w.dv.assign(in.v.size(), kNanF);
   for (int r = 0; r < R; ++r) {
-    const Host& h = host[size_t(r)];
+    Host& h = host[size_t(r)];
     const std::vector<RingChunk> chunks = ring_chunks(S, R, r, sharding);
     to_whole(h.o, w.o, chunks, H, D);
     to_whole(h.lse, w.lse, chunks, H, 1);

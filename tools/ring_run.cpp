@@ -1,0 +1,110 @@
+#include "tools/ring_run.h"
+
+#include <fmt/format.h>
+
+#include <list>
+#include <vector>
+
+#include "dsl/error.h"
+
+namespace flexjit::tools {
+
+namespace {
+
+// Host memory of the shards' tensors; a list, so that tensors keep pointing at their bytes.
+class ShardMemory {
+ public:
+  // An empty C-ordered tensor like `like` but with `rows` rows on axis 2 (dtype `dtype`, or like's).
+  Tensor make(const Tensor& like, int64_t rows) { return make(like, rows, like.dtype); }
+  Tensor make(const Tensor& like, int64_t rows, DType dtype) {
+    std::vector<int64_t> shape = like.shape;
+    shape[2] = rows;
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    bytes_.emplace_back(static_cast<size_t>(n * dsl::dtype_size(dtype)), 0);
+    return Tensor::contiguous(bytes_.back().data(), dtype, shape);
+  }
+  // A shard of `whole`: the rows of `chunks`, copied.
+  Tensor copy(const Tensor& whole, const std::vector<RingChunk>& chunks, int64_t rows) {
+    Tensor t = make(whole, rows);
+    ring_copy_to_shard(whole, t, chunks);
+    return t;
+  }
+
+ private:
+  std::list<std::vector<unsigned char>> bytes_;
+};
+
+RingAttention make_ring(const std::shared_ptr<Kernel>& kernel, const RingRun& ring, const Tensor& q, const Tensor& k, const Device& device) {
+  if (device.kind != Device::Kind::Cpu)
+    throw Error("--ring runs on the CPU backend for now (--device cpu): the GPU kernels do not take global positions yet (issue 28)");
+  if (q.shape.size() != 4 || k.shape.size() != 4 || q.shape[2] != k.shape[2])
+    throw Error(fmt::format("--ring shards one sequence: q [B, H, S, D] and k [B, Hkv, S, D] need the same length S; got q [{}], k [{}]",
+                            fmt::join(q.shape, ", "), fmt::join(k.shape, ", ")));
+  return RingAttention(kernel, RingOptions{ring.ranks, ring.sharding, q.shape[2]});
+}
+
+}  // namespace
+
+void ring_forward(const std::shared_ptr<Kernel>& kernel, const RingRun& ring, const AttentionArgs& whole) {
+  RingAttention attention = make_ring(kernel, ring, whole.q, whole.k, whole.device);
+  const RingOptions& o = attention.options();
+  ShardMemory memory;
+  RingArgs args;
+  args.scale = whole.scale;
+  args.buffers = whole.buffers;
+  args.params = whole.params;
+  const Tensor lse_like = Tensor::contiguous(nullptr, DType::F32, {whole.q.shape[0], whole.q.shape[1], o.seqlen});
+  for (int r = 0; r < o.ranks; ++r) {
+    const std::vector<RingChunk> chunks = ring_chunks(o.seqlen, o.ranks, r, o.sharding);
+    const int64_t rows = ring_shard_rows(o.seqlen, o.ranks, r, o.sharding);
+    RingShard s;
+    s.q = memory.copy(whole.q, chunks, rows);
+    s.k = memory.copy(whole.k, chunks, rows);
+    s.v = memory.copy(whole.v, chunks, rows);
+    s.o = memory.make(whole.o, rows);
+    s.lse = memory.make(lse_like, rows);
+    args.shards.push_back(s);
+  }
+  attention.forward(args);
+  for (int r = 0; r < o.ranks; ++r) {
+    const std::vector<RingChunk> chunks = ring_chunks(o.seqlen, o.ranks, r, o.sharding);
+    ring_copy_to_whole(args.shards[size_t(r)].o, whole.o, chunks);
+    if (whole.lse.data != nullptr) ring_copy_to_whole(args.shards[size_t(r)].lse, whole.lse, chunks);
+  }
+}
+
+void ring_backward(const std::shared_ptr<Kernel>& kernel, const RingRun& ring, const BackwardArgs& whole) {
+  RingAttention attention = make_ring(kernel, ring, whole.q, whole.k, whole.device);
+  const RingOptions& o = attention.options();
+  ShardMemory memory;
+  RingArgs args;
+  args.scale = whole.scale;
+  args.buffers = whole.buffers;
+  args.params = whole.params;
+  args.grads = whole.grads;  // whole buffers: the ring writes their gradients summed over the ranks
+  for (int r = 0; r < o.ranks; ++r) {
+    const std::vector<RingChunk> chunks = ring_chunks(o.seqlen, o.ranks, r, o.sharding);
+    const int64_t rows = ring_shard_rows(o.seqlen, o.ranks, r, o.sharding);
+    RingShard s;
+    s.q = memory.copy(whole.q, chunks, rows);
+    s.k = memory.copy(whole.k, chunks, rows);
+    s.v = memory.copy(whole.v, chunks, rows);
+    s.o = memory.copy(whole.o, chunks, rows);
+    s.lse = memory.copy(whole.lse, chunks, rows);
+    s.d_o = memory.copy(whole.d_o, chunks, rows);
+    s.dq = memory.make(whole.dq, rows);
+    s.dk = memory.make(whole.dk, rows);
+    s.dv = memory.make(whole.dv, rows);
+    args.shards.push_back(s);
+  }
+  attention.backward(args);
+  for (int r = 0; r < o.ranks; ++r) {
+    const std::vector<RingChunk> chunks = ring_chunks(o.seqlen, o.ranks, r, o.sharding);
+    ring_copy_to_whole(args.shards[size_t(r)].dq, whole.dq, chunks);
+    ring_copy_to_whole(args.shards[size_t(r)].dk, whole.dk, chunks);
+    ring_copy_to_whole(args.shards[size_t(r)].dv, whole.dv, chunks);
+  }
+}
+
+}  // namespace flexjit::tools

@@ -245,6 +245,21 @@ void set_positions(Args& a, const RingChunk& qc, const RingChunk& kc, int64_t se
   a.device = Device::cpu();
 }
 
+// One step of the ring: f(r, packet, kv_rows, qc, kc, k, v) for every rank r and every non-empty pair of a query chunk
+// of r and a KV chunk of the packet r holds (kv_rows: the packet's rows; k, v: the KV chunk's rows of the packet).
+template <class F>
+void each_block(const RingOptions& o, const Dims& d, DType kt, DType vt, std::vector<RingPacket>& held, F f) {
+  for (int r = 0; r < o.ranks; ++r) {
+    RingPacket& p = held[size_t(r)];
+    const int64_t kv_rows = ring_shard_rows(o.seqlen, o.ranks, p.owner, o.sharding);
+    const Tensor k = Tensor::contiguous(p.k.data(), kt, {d.B, d.Hkv, kv_rows, d.D});
+    const Tensor v = Tensor::contiguous(p.v.data(), vt, {d.B, d.Hkv, kv_rows, d.Dv});
+    for (const RingChunk& qc : ring_chunks(o.seqlen, o.ranks, r, o.sharding))
+      for (const RingChunk& kc : ring_chunks(o.seqlen, o.ranks, p.owner, o.sharding))
+        if (qc.rows > 0 && kc.rows > 0) f(r, p, kv_rows, qc, kc, row_view(k, kc.local, kc.rows), row_view(v, kc.local, kc.rows));
+  }
+}
+
 }  // namespace
 
 void RingAttention::forward(const RingArgs& args) {
@@ -264,31 +279,24 @@ void RingAttention::forward(const RingArgs& args) {
   std::vector<unsigned char> o_part;
   std::vector<float> lse_part;
   for (int step = 0; step < R; ++step) {
-    for (int r = 0; r < R; ++r) {
-      const RingShard& s = args.shards[size_t(r)];
-      RingPacket& p = held[size_t(r)];
-      const int64_t kv_rows = ring_shard_rows(options_.seqlen, R, p.owner, options_.sharding);
-      const Tensor k = Tensor::contiguous(p.k.data(), kt, {d.B, d.Hkv, kv_rows, d.D});
-      const Tensor v = Tensor::contiguous(p.v.data(), vt, {d.B, d.Hkv, kv_rows, d.Dv});
-      for (const RingChunk& qc : ring_chunks(options_.seqlen, R, r, options_.sharding))
-        for (const RingChunk& kc : ring_chunks(options_.seqlen, R, p.owner, options_.sharding)) {
-          if (qc.rows == 0 || kc.rows == 0) continue;
-          o_part.assign(static_cast<size_t>(d.B * d.H * qc.rows * d.Dv * dsl::dtype_size(ot)), 0);
-          lse_part.assign(static_cast<size_t>(d.B * d.H * qc.rows), 0.0f);
-          AttentionArgs a;
-          a.q = row_view(s.q, qc.local, qc.rows);
-          a.k = row_view(k, kc.local, kc.rows);
-          a.v = row_view(v, kc.local, kc.rows);
-          a.o = Tensor::contiguous(o_part.data(), ot, {d.B, d.H, qc.rows, d.Dv});
-          a.lse = Tensor::contiguous(lse_part.data(), DType::F32, {d.B, d.H, qc.rows});
-          a.scale = args.scale;
-          a.buffers = args.buffers;
-          a.params = args.params;
-          set_positions(a, qc, kc, options_.seqlen);
-          kernel_->forward(a);
-          merge_block(merged[size_t(r)], s.q.shape[2], qc.local, a.o, lse_part);
-        }
-    }
+    each_block(options_, d, kt, vt, held,
+               [&](int r, RingPacket&, int64_t, const RingChunk& qc, const RingChunk& kc, const Tensor& k, const Tensor& v) {
+                 const RingShard& s = args.shards[size_t(r)];
+                 o_part.assign(static_cast<size_t>(d.B * d.H * qc.rows * d.Dv * dsl::dtype_size(ot)), 0);
+                 lse_part.assign(static_cast<size_t>(d.B * d.H * qc.rows), 0.0f);
+                 AttentionArgs a;
+                 a.q = row_view(s.q, qc.local, qc.rows);
+                 a.k = k;
+                 a.v = v;
+                 a.o = Tensor::contiguous(o_part.data(), ot, {d.B, d.H, qc.rows, d.Dv});
+                 a.lse = Tensor::contiguous(lse_part.data(), DType::F32, {d.B, d.H, qc.rows});
+                 a.scale = args.scale;
+                 a.buffers = args.buffers;
+                 a.params = args.params;
+                 set_positions(a, qc, kc, options_.seqlen);
+                 kernel_->forward(a);
+                 merge_block(merged[size_t(r)], s.q.shape[2], qc.local, a.o, lse_part);
+               });
     if (step + 1 < R) transport_.shift(held);
   }
   for (int r = 0; r < R; ++r) {
@@ -325,44 +333,37 @@ void RingAttention::backward(const RingArgs& args) {
   std::vector<unsigned char> dq_part, dk_part, dv_part;
   // R hops: after each step's blocks the packets move on, and the last hop brings each home with its gradients.
   for (int step = 0; step < R; ++step) {
-    for (int r = 0; r < R; ++r) {
-      const RingShard& s = args.shards[size_t(r)];
-      RingPacket& p = held[size_t(r)];
-      const int64_t kv_rows = ring_shard_rows(options_.seqlen, R, p.owner, options_.sharding);
-      const Tensor k = Tensor::contiguous(p.k.data(), kt, {d.B, d.Hkv, kv_rows, d.D});
-      const Tensor v = Tensor::contiguous(p.v.data(), vt, {d.B, d.Hkv, kv_rows, d.Dv});
-      for (const RingChunk& qc : ring_chunks(options_.seqlen, R, r, options_.sharding))
-        for (const RingChunk& kc : ring_chunks(options_.seqlen, R, p.owner, options_.sharding)) {
-          if (qc.rows == 0 || kc.rows == 0) continue;
-          dq_part.assign(static_cast<size_t>(d.B * d.H * qc.rows * d.D * dsl::dtype_size(qt)), 0);
-          dk_part.assign(static_cast<size_t>(d.B * d.Hkv * kc.rows * d.D * dsl::dtype_size(kt)), 0);
-          dv_part.assign(static_cast<size_t>(d.B * d.Hkv * kc.rows * d.Dv * dsl::dtype_size(vt)), 0);
-          BackwardArgs a;
-          a.q = row_view(s.q, qc.local, qc.rows);
-          a.k = row_view(k, kc.local, kc.rows);
-          a.v = row_view(v, kc.local, kc.rows);
-          a.o = row_view(s.o, qc.local, qc.rows);
-          a.d_o = row_view(s.d_o, qc.local, qc.rows);
-          a.lse = row_view(s.lse, qc.local, qc.rows);
-          a.dq = Tensor::contiguous(dq_part.data(), qt, {d.B, d.H, qc.rows, d.D});
-          a.dk = Tensor::contiguous(dk_part.data(), kt, {d.B, d.Hkv, kc.rows, d.D});
-          a.dv = Tensor::contiguous(dv_part.data(), vt, {d.B, d.Hkv, kc.rows, d.Dv});
-          a.scale = args.scale;
-          a.buffers = args.buffers;
-          a.params = args.params;
-          for (size_t i = 0; i < args.grads.size(); ++i) {
-            grad_part[i].assign(grad_sum[i].size(), 0.0f);
-            a.grads.push_back({args.grads[i].first, Tensor::contiguous(grad_part[i].data(), DType::F32, args.grads[i].second.shape)});
-          }
-          set_positions(a, qc, kc, options_.seqlen);
-          kernel_->backward(a);
-          add_rows(dq[size_t(r)], s.q.shape[2], qc.local, a.dq);
-          add_rows(p.dk, kv_rows, kc.local, a.dk);
-          add_rows(p.dv, kv_rows, kc.local, a.dv);
-          for (size_t i = 0; i < grad_sum.size(); ++i)
-            for (size_t e = 0; e < grad_sum[i].size(); ++e) grad_sum[i][e] += grad_part[i][e];
-        }
-    }
+    each_block(options_, d, kt, vt, held,
+               [&](int r, RingPacket& p, int64_t kv_rows, const RingChunk& qc, const RingChunk& kc, const Tensor& k, const Tensor& v) {
+                 const RingShard& s = args.shards[size_t(r)];
+                 dq_part.assign(static_cast<size_t>(d.B * d.H * qc.rows * d.D * dsl::dtype_size(qt)), 0);
+                 dk_part.assign(static_cast<size_t>(d.B * d.Hkv * kc.rows * d.D * dsl::dtype_size(kt)), 0);
+                 dv_part.assign(static_cast<size_t>(d.B * d.Hkv * kc.rows * d.Dv * dsl::dtype_size(vt)), 0);
+                 BackwardArgs a;
+                 a.q = row_view(s.q, qc.local, qc.rows);
+                 a.k = k;
+                 a.v = v;
+                 a.o = row_view(s.o, qc.local, qc.rows);
+                 a.d_o = row_view(s.d_o, qc.local, qc.rows);
+                 a.lse = row_view(s.lse, qc.local, qc.rows);
+                 a.dq = Tensor::contiguous(dq_part.data(), qt, {d.B, d.H, qc.rows, d.D});
+                 a.dk = Tensor::contiguous(dk_part.data(), kt, {d.B, d.Hkv, kc.rows, d.D});
+                 a.dv = Tensor::contiguous(dv_part.data(), vt, {d.B, d.Hkv, kc.rows, d.Dv});
+                 a.scale = args.scale;
+                 a.buffers = args.buffers;
+                 a.params = args.params;
+                 for (size_t i = 0; i < args.grads.size(); ++i) {
+                   grad_part[i].assign(grad_sum[i].size(), 0.0f);
+                   a.grads.push_back({args.grads[i].first, Tensor::contiguous(grad_part[i].data(), DType::F32, args.grads[i].second.shape)});
+                 }
+                 set_positions(a, qc, kc, options_.seqlen);
+                 kernel_->backward(a);
+                 add_rows(dq[size_t(r)], s.q.shape[2], qc.local, a.dq);
+                 add_rows(p.dk, kv_rows, kc.local, a.dk);
+                 add_rows(p.dv, kv_rows, kc.local, a.dv);
+                 for (size_t i = 0; i < grad_sum.size(); ++i)
+                   for (size_t e = 0; e < grad_sum[i].size(); ++e) grad_sum[i][e] += grad_part[i][e];
+               });
     transport_.shift(held);
   }
   for (int r = 0; r < R; ++r) {

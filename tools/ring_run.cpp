@@ -44,67 +44,65 @@ RingAttention make_ring(const std::shared_ptr<Kernel>& kernel, const RingRun& ri
   return RingAttention(kernel, RingOptions{ring.ranks, ring.sharding, q.shape[2]});
 }
 
+// The ring's arguments with each rank's q, k and v shards copied from the whole tensors; `more(shard, chunks,
+// rows)` adds the rest of a shard.
+template <class Whole, class More>
+RingArgs shard_args(const RingOptions& o, ShardMemory& memory, const Whole& whole, More more) {
+  RingArgs args;
+  args.scale = whole.scale;
+  args.buffers = whole.buffers;
+  args.params = whole.params;
+  for (int r = 0; r < o.ranks; ++r) {
+    const std::vector<RingChunk> chunks = ring_chunks(o.seqlen, o.ranks, r, o.sharding);
+    const int64_t rows = ring_shard_rows(o.seqlen, o.ranks, r, o.sharding);
+    RingShard s;
+    s.q = memory.copy(whole.q, chunks, rows);
+    s.k = memory.copy(whole.k, chunks, rows);
+    s.v = memory.copy(whole.v, chunks, rows);
+    more(s, chunks, rows);
+    args.shards.push_back(s);
+  }
+  return args;
+}
+
+// Copies each rank's tensor `field` of the shards back into `whole`.
+void gather_back(const RingOptions& o, const RingArgs& args, Tensor RingShard::*field, const Tensor& whole) {
+  for (int r = 0; r < o.ranks; ++r) ring_copy_to_whole(args.shards[size_t(r)].*field, whole, ring_chunks(o.seqlen, o.ranks, r, o.sharding));
+}
+
 }  // namespace
 
 void ring_forward(const std::shared_ptr<Kernel>& kernel, const RingRun& ring, const AttentionArgs& whole) {
   RingAttention attention = make_ring(kernel, ring, whole.q, whole.k, whole.device);
   const RingOptions& o = attention.options();
   ShardMemory memory;
-  RingArgs args;
-  args.scale = whole.scale;
-  args.buffers = whole.buffers;
-  args.params = whole.params;
   const Tensor lse_like = Tensor::contiguous(nullptr, DType::F32, {whole.q.shape[0], whole.q.shape[1], o.seqlen});
-  for (int r = 0; r < o.ranks; ++r) {
-    const std::vector<RingChunk> chunks = ring_chunks(o.seqlen, o.ranks, r, o.sharding);
-    const int64_t rows = ring_shard_rows(o.seqlen, o.ranks, r, o.sharding);
-    RingShard s;
-    s.q = memory.copy(whole.q, chunks, rows);
-    s.k = memory.copy(whole.k, chunks, rows);
-    s.v = memory.copy(whole.v, chunks, rows);
+  RingArgs args = shard_args(o, memory, whole, [&](RingShard& s, const std::vector<RingChunk>&, int64_t rows) {
     s.o = memory.make(whole.o, rows);
     s.lse = memory.make(lse_like, rows);
-    args.shards.push_back(s);
-  }
+  });
   attention.forward(args);
-  for (int r = 0; r < o.ranks; ++r) {
-    const std::vector<RingChunk> chunks = ring_chunks(o.seqlen, o.ranks, r, o.sharding);
-    ring_copy_to_whole(args.shards[size_t(r)].o, whole.o, chunks);
-    if (whole.lse.data != nullptr) ring_copy_to_whole(args.shards[size_t(r)].lse, whole.lse, chunks);
-  }
+  gather_back(o, args, &RingShard::o, whole.o);
+  if (whole.lse.data != nullptr) gather_back(o, args, &RingShard::lse, whole.lse);
 }
 
 void ring_backward(const std::shared_ptr<Kernel>& kernel, const RingRun& ring, const BackwardArgs& whole) {
   RingAttention attention = make_ring(kernel, ring, whole.q, whole.k, whole.device);
   const RingOptions& o = attention.options();
   ShardMemory memory;
-  RingArgs args;
-  args.scale = whole.scale;
-  args.buffers = whole.buffers;
-  args.params = whole.params;
-  args.grads = whole.grads;  // whole buffers: the ring writes their gradients summed over the ranks
-  for (int r = 0; r < o.ranks; ++r) {
-    const std::vector<RingChunk> chunks = ring_chunks(o.seqlen, o.ranks, r, o.sharding);
-    const int64_t rows = ring_shard_rows(o.seqlen, o.ranks, r, o.sharding);
-    RingShard s;
-    s.q = memory.copy(whole.q, chunks, rows);
-    s.k = memory.copy(whole.k, chunks, rows);
-    s.v = memory.copy(whole.v, chunks, rows);
+  RingArgs args = shard_args(o, memory, whole, [&](RingShard& s, const std::vector<RingChunk>& chunks, int64_t rows) {
     s.o = memory.copy(whole.o, chunks, rows);
     s.lse = memory.copy(whole.lse, chunks, rows);
     s.d_o = memory.copy(whole.d_o, chunks, rows);
     s.dq = memory.make(whole.dq, rows);
     s.dk = memory.make(whole.dk, rows);
     s.dv = memory.make(whole.dv, rows);
-    args.shards.push_back(s);
-  }
+  });
+  args.grads = whole.grads;  // whole buffers: the ring writes their gradients summed over the ranks
   attention.backward(args);
-  for (int r = 0; r < o.ranks; ++r) {
-    const std::vector<RingChunk> chunks = ring_chunks(o.seqlen, o.ranks, r, o.sharding);
-    ring_copy_to_whole(args.shards[size_t(r)].dq, whole.dq, chunks);
-    ring_copy_to_whole(args.shards[size_t(r)].dk, whole.dk, chunks);
-    ring_copy_to_whole(args.shards[size_t(r)].dv, whole.dv, chunks);
-  }
+  gather_back(o, args, &RingShard::dq, whole.dq);
+  gather_back(o, args, &RingShard::dk, whole.dk);
+  gather_back(o, args, &RingShard::dv, whole.dv);
 }
 
 }  // namespace flexjit::tools

@@ -28,6 +28,22 @@ inline dsl::Spec load_spec(const std::filesystem::path& path) {
   return *spec;
 }
 
+// An f32 spec of head dim d from its parts ("" for a mod it lacks); the buffers named in `grads` require gradients.
+inline dsl::Spec f32_spec(const std::string& name, const std::string& score_mod, const std::string& mask_mod,
+                          const std::vector<std::string>& buffers, const std::vector<std::string>& grads, int d) {
+  dsl::Spec spec;
+  spec.name = name;
+  if (!score_mod.empty()) spec.score_mod = score_mod;
+  if (!mask_mod.empty()) spec.mask_mod = mask_mod;
+  dsl::Diagnostics diags;
+  for (const std::string& b : buffers) dsl::add_buffer(spec, b, "test", diags);
+  if (diags.has_errors()) throw CompileError(diags);
+  for (dsl::BufferDecl& b : spec.buffers) b.requires_grad = std::find(grads.begin(), grads.end(), b.name) != grads.end();
+  spec.dtype = dsl::DType::F32;
+  spec.head_dim = d;
+  return spec;
+}
+
 inline std::vector<std::filesystem::path> gallery_specs() {
   std::vector<std::filesystem::path> out;
   for (const auto& e : std::filesystem::directory_iterator(gallery_dir()))

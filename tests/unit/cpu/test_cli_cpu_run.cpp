@@ -26,6 +26,24 @@ NpyArray random_f32(std::vector<int64_t> shape, std::mt19937& rng) {
 
 std::vector<float> floats(const NpyArray& a) { return std::vector<float>(a.as<float>(), a.as<float>() + a.numel()); }
 
+// The float64 forward and backward of an f32 spec with one f32 [H] buffer (the slopes) that requires a gradient.
+void alibi_reference(const std::filesystem::path& spec_path, const test::RefShape& shape, const NpyArray& q, const NpyArray& k,
+                     const NpyArray& v, const NpyArray& d_o, NpyArray& slope, test::RefResult* fwd_out, test::RefBackward* bwd_out) {
+  dsl::Spec spec = test::load_spec(spec_path);
+  spec.dtype = dsl::DType::F32;
+  spec.head_dim = static_cast<int>(shape.D);
+  spec.buffers[0].requires_grad = true;
+  SpecIR ir = build_spec_ir(spec);
+  EvalEnv env;
+  env.symbols = {shape.B, shape.H, shape.Hkv, shape.Sq, shape.Skv, shape.D};
+  env.symbols.resize(ir.checked.symbols.size(), 1);
+  env.buffers = {BufferView{dsl::DType::F32, slope.data.data(), {shape.H}, {1}}};
+  const double scale = 1.0 / std::sqrt(double(shape.D));
+  test::RefResult fwd = test::reference_attention(ir, shape, floats(q), floats(k), floats(v), env, scale);
+  *bwd_out = test::reference_backward(ir, shape, floats(q), floats(k), floats(v), floats(d_o), fwd.o, fwd.lse, env, scale);
+  if (fwd_out) *fwd_out = std::move(fwd);
+}
+
 }  // namespace
 
 TEST_CASE("flexjit run --device cpu matches a float64 reference", "[cpu][cli]") {
@@ -108,19 +126,8 @@ TEST_CASE("flexjit run --backward --device cpu writes gradients that match a flo
                     " --grad slope=" + file("dslope.npy");
   REQUIRE(std::system(cmd.c_str()) == 0);
 
-  dsl::Spec spec = test::load_spec(spec_path);
-  spec.dtype = dsl::DType::F32;
-  spec.head_dim = static_cast<int>(D);
-  spec.buffers[0].requires_grad = true;
-  SpecIR ir = build_spec_ir(spec);
-  EvalEnv env;
-  env.symbols = {B, H, Hkv, Sq, Skv, D};
-  env.symbols.resize(ir.checked.symbols.size(), 1);
-  env.buffers = {BufferView{dsl::DType::F32, slope.data.data(), {H}, {1}}};
-  const test::RefShape shape{B, H, Hkv, Sq, Skv, D, D};
-  const double scale = 1.0 / std::sqrt(double(D));
-  test::RefResult fwd = test::reference_attention(ir, shape, floats(q), floats(k), floats(v), env, scale);
-  test::RefBackward ref = test::reference_backward(ir, shape, floats(q), floats(k), floats(v), floats(d_o), fwd.o, fwd.lse, env, scale);
+  test::RefBackward ref;
+  alibi_reference(spec_path, {B, H, Hkv, Sq, Skv, D, D}, q, k, v, d_o, slope, nullptr, &ref);
   for (const auto& [name, want] : std::vector<std::pair<const char*, const std::vector<double>*>>{
            {"dq.npy", &ref.dq}, {"dk.npy", &ref.dk}, {"dv.npy", &ref.dv}, {"dslope.npy", &ref.grads[0]}}) {
     NpyArray got = read_npy(file(name));
@@ -161,19 +168,9 @@ TEST_CASE("flexjit run --ring R --backward --device cpu: ring attention over vir
            " --grad slope=" + file("dslope.npy") + " " + ring;
   };
 
-  dsl::Spec spec = test::load_spec(spec_path);
-  spec.dtype = dsl::DType::F32;
-  spec.head_dim = static_cast<int>(D);
-  spec.buffers[0].requires_grad = true;
-  SpecIR ir = build_spec_ir(spec);
-  EvalEnv env;
-  env.symbols = {B, H, Hkv, S, S, D};
-  env.symbols.resize(ir.checked.symbols.size(), 1);
-  env.buffers = {BufferView{dsl::DType::F32, slope.data.data(), {H}, {1}}};
-  const test::RefShape shape{B, H, Hkv, S, S, D, D};
-  const double scale = 1.0 / std::sqrt(double(D));
-  test::RefResult fwd = test::reference_attention(ir, shape, floats(q), floats(k), floats(v), env, scale);
-  test::RefBackward ref = test::reference_backward(ir, shape, floats(q), floats(k), floats(v), floats(d_o), fwd.o, fwd.lse, env, scale);
+  test::RefResult fwd;
+  test::RefBackward ref;
+  alibi_reference(spec_path, {B, H, Hkv, S, S, D, D}, q, k, v, d_o, slope, &fwd, &ref);
   for (const std::string ring : {"--ring 2", "--ring 3", "--ring 3 --ring-sharding contiguous"}) {
     for (const char* out : {"o.npy", "lse.npy", "dq.npy", "dk.npy", "dv.npy", "dslope.npy"}) fs::remove(file(out));
     REQUIRE(std::system(command(file("k.npy"), ring).c_str()) == 0);

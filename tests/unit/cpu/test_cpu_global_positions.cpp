@@ -19,6 +19,7 @@
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/flexjit.hpp"
 #include "runtime/forward_launch.h"
+#include "support/spec_loading.h"
 
 using namespace flexjit;
 
@@ -47,19 +48,7 @@ const std::vector<Case>& cases() {
   return all;
 }
 
-dsl::Spec make_spec(const Case& c) {
-  dsl::Spec spec;
-  spec.name = c.name;
-  if (!c.score_mod.empty()) spec.score_mod = c.score_mod;
-  if (!c.mask_mod.empty()) spec.mask_mod = c.mask_mod;
-  dsl::Diagnostics diags;
-  for (const std::string& b : c.buffers) REQUIRE(dsl::add_buffer(spec, b, "test", diags));
-  for (dsl::BufferDecl& b : spec.buffers)
-    b.requires_grad = std::find(c.grad.begin(), c.grad.end(), b.name) != c.grad.end();
-  spec.dtype = DType::F32;
-  spec.head_dim = static_cast<int>(D);
-  return spec;
-}
+dsl::Spec make_spec(const Case& c) { return test::f32_spec(c.name, c.score_mod, c.mask_mod, c.buffers, c.grad, static_cast<int>(D)); }
 
 // Random operands of the whole sequence and the buffers of every case.
 struct Inputs {

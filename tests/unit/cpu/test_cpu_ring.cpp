@@ -14,6 +14,7 @@
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/flexjit.hpp"
 #include "runtime/ring.h"
+#include "support/spec_loading.h"
 
 using namespace flexjit;
 
@@ -41,16 +42,7 @@ const std::vector<Case>& cases() {
 }
 
 dsl::Spec make_spec(const Case& c) {
-  dsl::Spec spec;
-  spec.name = c.name;
-  if (!c.score_mod.empty()) spec.score_mod = c.score_mod;
-  if (!c.mask_mod.empty()) spec.mask_mod = c.mask_mod;
-  dsl::Diagnostics diags;
-  for (const std::string& b : c.buffers) REQUIRE(dsl::add_buffer(spec, b, "test", diags));
-  for (dsl::BufferDecl& b : spec.buffers) b.requires_grad = b.name == c.grad;
-  spec.dtype = DType::F32;
-  spec.head_dim = static_cast<int>(D);
-  return spec;
+  return test::f32_spec(c.name, c.score_mod, c.mask_mod, c.buffers, {c.grad}, static_cast<int>(D));
 }
 
 // The whole sequence's operands and buffers.

@@ -51,7 +51,7 @@ __device__ void flex_build_block_mask_interval(const FlexBlockMaskBuildParams& p
   for (int t = threadIdx.x; t < num_kv_tiles; t += blockDim.x) {
     const long long k0 = (long long)t * p.kv_tile;
     const long long k1 = min((long long)p.seqlen_kv, k0 + p.kv_tile) - 1;
-    cls[t] = (unsigned char)Box::classify(vp, bi, hi, hkv, qi, fji::I{k0, k1});
+    cls[t] = (unsigned char)Box::classify(vp, bi, hi, hkv, qi, fji::I{k0 + p.kv_offset, k1 + p.kv_offset});
   }
   __syncthreads();
   flex_blockmask::compact(p, cls, num_kv_tiles, b, h, qt);
@@ -66,7 +66,7 @@ __device__ __forceinline__ bool keeps(const FlexBlockMaskBuildParams& p, const t
                                       int k0, int r, int j) {
   const int q = q0 + r + p.query_offset;
   const int part = Variant::kTileAligned ? j / Variant::kTileCols * Variant::kTileCols : 0;
-  const int kp = k0 + part, jp = j - part;
+  const int kp = k0 + part + p.kv_offset, jp = j - part;  // kv_offset: a multiple of kTileCols when kTileAligned
   typename Variant::Row row;
   typename Variant::Col col;
   typename Variant::Tile tile;

@@ -14,6 +14,7 @@ struct FlexBlockMaskBuildParams {
   long long stride_h;      // element stride of the count arrays over h (0 when broadcast over heads)
   int num_q_tiles, max_kv_tiles, q_tile, kv_tile;
   int batch, heads, kv_heads, seqlen_q, seqlen_kv;
-  int query_offset;        // absolute position of query row 0 (decode: Skv - Sq; prefill: 0)
+  int query_offset;        // absolute position of query row 0 (decode: Skv - Sq; a shard of a longer sequence: its q_offset)
+  int kv_offset;           // absolute position of KV row 0 (a shard of a longer sequence; else 0)
 };
 

@@ -164,7 +164,7 @@ __device__ __forceinline__ void flex_forward(const FlexForwardParams& p, const t
 
   // Hoisted variant state, while the copies fly.
   Mods mods;
-  mods.hoist_rows(vp, b, h, hkv, m0 + warp * Traits::kRowsPerWarp, lane, seqlen_q, seqlen_kv);
+  mods.hoist_rows(vp, b, h, hkv, m0 + warp * Traits::kRowsPerWarp, lane, seqlen_q, seqlen_kv, w.q_pos0, w.kv_pos0);
   const flex::ScoreFactors f = flex::ScoreFactors::of<Variant>(vp, p.scale);
   Softmax softmax(f.mult);
   if constexpr (Variant::kRowTerms) mods.row_terms(vp, b, h, hkv, softmax.lse_shift);

@@ -185,7 +185,7 @@ struct MainloopSm90 {
                                       int warp, int lane) const {
     const int n = w.count();
     Mods mods;
-    mods.hoist_rows(vp, w.b, w.h, w.hkv, w.m0 + warp * 16, lane, w.seqlen_q, w.seqlen_kv);
+    mods.hoist_rows(vp, w.b, w.h, w.hkv, w.m0 + warp * 16, lane, w.seqlen_q, w.seqlen_kv, w.q_pos0, w.kv_pos0);
     if constexpr (Variant::kRowTerms) mods.row_terms(vp, w.b, w.h, w.hkv, softmax.lse_shift);
     auto mods_and_softmax = [&](float(&s)[1][kNTiles][4], int t, int k0, float(&alpha)[2]) {
       mods.run(s, t < w.n_partial, k0 + kBlockN > w.seqlen_kv, vp, w.b, w.h, w.hkv, k0, lane, w.seqlen_kv, f.score_scale);

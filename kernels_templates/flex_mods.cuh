@@ -1,5 +1,6 @@
 // score_mod and mask_mod applied to one thread's part of an S accumulator tile, with the variant's hoisted state.
 #pragma once
+#include "flex_params.cuh"
 #include "flex_softmax.cuh"
 #include "flex_variant_base.cuh"
 
@@ -20,7 +21,9 @@ struct FragmentLayout {
 // The mods of one thread's rows over KV tiles of kNTiles * 8 columns, cut into parts of Variant::kTileCols columns
 // (the width the hooks see, flex_variant_base.cuh): Row state per row, Col state per row and column of a part (the
 // same in every part), Tile state per row and part. Rows at or past Sq use row Sq - 1 (their results are never
-// stored), so the hooks always see a valid q and no per-row branch is needed.
+// stored), so the hooks always see a valid q and no per-row branch is needed. The hooks see positions: row and KV
+// column indices of the launch plus q_pos0 / kv_pos0 (a shard of a longer sequence; 0 otherwise); the bounds
+// checks stay on the launch's own rows.
 // FUSION POINT: score_mod and mask_mod have exactly one call site each, in apply().
 template <class Variant, int kMTiles, int kNTiles>
 struct FragmentMods {
@@ -40,15 +43,28 @@ struct FragmentMods {
   Row row[kRows];
   Col col[kRows][kPartCols];
   Tile tile[kRows][kParts];
-  int q[kRows];
-  int anchor;  // the row the split score terms are taken relative to (Variant::kRowTerms): the warp's first
+  int q[kRows];  // positions
+  int anchor;    // the position the split score terms are taken relative to (Variant::kRowTerms): the warp's first row's
+#if FLEX_SHARD_POSITIONS
+  int kv_pos0;  // the position of the launch's KV row 0
+#else
+  static constexpr int kv_pos0 = 0;  // not a member: a zero held in a register still costs some variants spills
+#endif
 
-  // Row and Col state of the thread's rows; row0 is the position of the warp's first row in the sequence.
-  __device__ __forceinline__ void hoist_rows(const VParams& vp, int b, int h, int hkv, int row0, int lane, int seqlen_q, int seqlen_kv) {
-    anchor = row0;
+  // Row and Col state of the thread's rows; row0 is the warp's first row in the launch, q_pos0 / kv_pos0 the positions
+  // of the launch's row 0 and KV row 0.
+  __device__ __forceinline__ void hoist_rows(const VParams& vp, int b, int h, int hkv, int row0, int lane, int seqlen_q, int seqlen_kv,
+                                             int q_pos0, int kv_pos0_) {
+#if FLEX_SHARD_POSITIONS
+    kv_pos0 = kv_pos0_;
+#else
+    q_pos0 = 0;
+    (void)kv_pos0_;
+#endif
+    anchor = row0 + q_pos0;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      q[r] = min(row0 + Layout::row(lane, r), seqlen_q - 1);
+      q[r] = min(row0 + Layout::row(lane, r), seqlen_q - 1) + q_pos0;
       Variant::row(vp, row[r], b, h, hkv, q[r]);
 #pragma unroll
       for (int c = 0; c < kPartCols; ++c) {
@@ -65,7 +81,7 @@ struct FragmentMods {
       const int kp = k0 + part * kTileCols;
       if (part == 0 || kp < seqlen_kv) {
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) Variant::tile(vp, row[r], tile[r][part], b, h, hkv, q[r], kp);
+        for (int r = 0; r < kRows; ++r) Variant::tile(vp, row[r], tile[r][part], b, h, hkv, q[r], kp + kv_pos0);
       }
     }
   }
@@ -94,7 +110,7 @@ struct FragmentMods {
           for (int cc = 0; cc < 2; ++cc) {
             const int c = nt * 2 + cc;
             const int kv = k0 + (c / kPartCols) * kTileCols + Layout::col(lane, c % kPartCols);
-            if (!kCheckKv || kv < seqlen_kv) col_term[cc] = Variant::score_col_term(vp, b, h, hkv, anchor, kv - anchor);
+            if (!kCheckKv || kv < seqlen_kv) col_term[cc] = Variant::score_col_term(vp, b, h, hkv, anchor, kv + kv_pos0 - anchor);
           }
         }
 #pragma unroll
@@ -104,24 +120,25 @@ struct FragmentMods {
           const int part = c / kPartCols;
           const int pc = c % kPartCols;
           const int j = Layout::col(lane, pc);
-          const int kp = k0 + part * kTileCols;
+          const int kp = k0 + part * kTileCols;  // in the launch; the hooks see kp + kv_pos0
           float x = s[mt][nt][e];
           if (!kCheckKv || kp + j < seqlen_kv) {
             if constexpr (Variant::kHasScoreMod) {
               // FUSION POINT: score_mod
               if constexpr (Variant::kSplitScore)
-                x = Variant::score_mod_core(vp, row[r], col[r][pc], tile[r][part], b, h, hkv, q[r], kp, j, x * score_scale);
+                x = Variant::score_mod_core(vp, row[r], col[r][pc], tile[r][part], b, h, hkv, q[r], kp + kv_pos0, j, x * score_scale);
               else
-                x = Variant::score_mod(vp, row[r], col[r][pc], tile[r][part], b, h, hkv, q[r], kp, j, x * score_scale);
+                x = Variant::score_mod(vp, row[r], col[r][pc], tile[r][part], b, h, hkv, q[r], kp + kv_pos0, j, x * score_scale);
               if constexpr (Variant::kColTerms) x += col_term[e % 2];
             }
             if constexpr (kPartial) {
               // FUSION POINT: mask_mod
               bool keep;
               if constexpr (Variant::kStagedKvCols)
-                keep = Variant::mask_mod_staged(vp, row[r], col[r][pc], tile[r][part], kv_cols[part * kTileCols + j], b, h, hkv, q[r], kp, j);
+                keep = Variant::mask_mod_staged(vp, row[r], col[r][pc], tile[r][part], kv_cols[part * kTileCols + j], b, h, hkv, q[r],
+                                                kp + kv_pos0, j);
               else
-                keep = Variant::mask_mod(vp, row[r], col[r][pc], tile[r][part], b, h, hkv, q[r], kp, j);
+                keep = Variant::mask_mod(vp, row[r], col[r][pc], tile[r][part], b, h, hkv, q[r], kp + kv_pos0, j);
               if (!keep) x = neg_inf();
             }
           } else {

@@ -74,7 +74,18 @@ struct FlexForwardParams {
   // The warp-specialised kernel's work counter (flex::TileScheduler): [0] the next work index past the first wave,
   // [1] the CTAs done. Zero before a launch; the launch's last CTA zeroes them again (so graph replays need no reset).
   int* tile_counter;
+  // Context parallelism: the positions the mods see for query row 0 and KV row 0 of this launch, a shard of a longer
+  // sequence (0 for a whole sequence; dense launches only; read only by modules built with FLEX_SHARD_POSITIONS).
+  // seqlen_q / seqlen_kv stay the shard's rows.
+  int q_offset;
+  int kv_offset;
 };
+
+// FLEX_SHARD_POSITIONS: defined 1 (before any include) by the module of a launch that is a shard of a longer
+// sequence; the other modules compile the offsets away, so whole-sequence launches spend no registers on them.
+#ifndef FLEX_SHARD_POSITIONS
+#define FLEX_SHARD_POSITIONS 0
+#endif
 
 // A TMA tensor map (CUtensorMap: 128 opaque bytes; CUDA 13 aligns it to 128 bytes), encoded by the host with
 // cuTensorMapEncodeTiled.

@@ -11,6 +11,7 @@ namespace flex {
 struct ForwardTiles {
   int b, h, hkv, m_block, m0, seqlen_q, seqlen_kv;
   long long q_row0, kv_row0;  // first row of this sequence in packed (ragged) tensors; 0 when dense
+  int q_pos0, kv_pos0;        // the positions the mods see for query row 0 and KV row 0 (a shard's offsets; else 0)
   const int* partial_idx;
   const int* full_idx;
   int n_partial, n_full;
@@ -71,6 +72,8 @@ struct TileScheduler {
     w.seqlen_kv = p.seqlen_kv;
     w.q_row0 = 0;
     w.kv_row0 = 0;
+    w.q_pos0 = FLEX_SHARD_POSITIONS && !kVarlen ? p.q_offset : 0;
+    w.kv_pos0 = FLEX_SHARD_POSITIONS && !kVarlen ? p.kv_offset : 0;
     if constexpr (kVarlen) {
       w.q_row0 = p.cu_seqlens_q[w.b];
       w.kv_row0 = p.cu_seqlens_kv[w.b];

@@ -364,11 +364,11 @@ void KernelImpl::backward(const BackwardArgs& a) {
     ForwardConfig fcfg = forward_config(spec().head_dim);
     const BlockMask* mask = a.block_mask;
     if (mask) {
-      check_mask(*mask, shape, fcfg, device);
+      check_mask(*mask, shape, runtime::SequenceWindow{}, fcfg, device);
     } else {
       VariantState& fvar = variant(forward_choice(values, runtime::tensor_maps_describe(a.q, a.k, a.v)), device);
       std::vector<uint64_t> fparams = runtime::fill_variant_params(fvar.source.variant.layout, buffers, values, nullptr);
-      build_mask_into(*ws.mask_, fvar, fparams, shape, fcfg, device, a.stream, /*rank=*/false);
+      build_mask_into(*ws.mask_, fvar, fparams, shape, runtime::SequenceWindow{}, fcfg, device, a.stream, /*rank=*/false);
       mask = ws.mask_.get();
     }
     FlexTileStateParams tp{};

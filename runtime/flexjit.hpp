@@ -66,7 +66,8 @@ struct AttentionArgs {
   // row i at position q_offset + i and KV row j at kv_offset + j, and the symbols Sq and Skv (in the mods and in
   // buffer declarations, so `doc: i32[Skv]` is the whole sequence's) are seqlen_q and seqlen_kv, the whole
   // sequence's lengths; 0 means the tensors' own. A shard must lie inside the sequence (offset + rows <= length).
-  // Merge the shards' O and LSE by log-sum-exp. CPU backend only for now; GPU launches reject them (issue 28).
+  // Merge the shards' O and LSE by log-sum-exp. GPU forward launches take them too (KV offsets a multiple of 64
+  // when the mods index by kv // 64 or kv % 64); the GPU backward does not yet (issue 28).
   int64_t q_offset = 0, kv_offset = 0;
   int64_t seqlen_q = 0, seqlen_kv = 0;
 };
@@ -204,6 +205,9 @@ class BlockMask {
   int kv_tile() const { return kv_tile_; }
   int seqlen_q() const { return sq_; }
   int seqlen_kv() const { return skv_; }
+  // The positions of the launch's query row 0 and KV row 0 it was built for (a shard of a longer sequence; else 0).
+  int64_t q_offset() const { return q_offset_; }
+  int64_t kv_offset() const { return kv_offset_; }
   // Whether the builder also ranked the query tiles by work (data-dependent masks; the kernel's schedule).
   bool ranked() const { return ranked_; }
   // Copies the lists to the host (synchronises): for tests and inspection.
@@ -219,6 +223,7 @@ class BlockMask {
   friend class Workspace;
   BlockMask() = default;
   int device_ = 0, bm_ = 1, hm_ = 1, num_q_tiles_ = 0, max_kv_tiles_ = 0, q_tile_ = 0, kv_tile_ = 0, sq_ = 0, skv_ = 0;
+  int64_t q_offset_ = 0, kv_offset_ = 0, seqlen_q_whole_ = 0, seqlen_kv_whole_ = 0;
   uint64_t memory_ = 0;  // one allocation: counts, index lists and the ranked order (block_mask_bytes)
   bool owns_ = true;
   bool ranked_ = false;

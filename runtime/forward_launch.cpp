@@ -191,7 +191,8 @@ BoundValues bind_launch(const dsl::CheckedSpec& cs, const LaunchShape& s, const 
 }
 
 std::string VariantChoice::key() const {
-  return fmt::format("i{}_c{:x}{}_s{}", int32 ? 32 : 64, checked_loads, tma ? "" : "_notma", static_cast<int>(runtime_split));
+  return fmt::format("i{}_c{:x}{}_s{}{}", int32 ? 32 : 64, checked_loads, tma ? "" : "_notma", static_cast<int>(runtime_split),
+                     shard ? "_shard" : "");
 }
 
 VariantChoice choose_variant(const RangeInfo& ranges, const dsl::CheckedSpec& cs, const BoundValues& values) {

@@ -67,6 +67,8 @@ struct VariantChoice {
   // A score_mod split with runtime factors: whether the parameter values keep the split, with or without the fixed
   // softmax maximum (ForwardKernelOptions::variant.runtime_split).
   RuntimeSplit runtime_split = RuntimeSplit::RunningMax;
+  // The launch is a shard of a longer sequence (ForwardKernelOptions::shard_positions).
+  bool shard = false;
   std::string key() const;
 };
 VariantChoice choose_variant(const RangeInfo& ranges, const dsl::CheckedSpec& cs, const BoundValues& values);

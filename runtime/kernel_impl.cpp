@@ -137,14 +137,15 @@ void KernelImpl::forward(const AttentionArgs& a) {
     cpu->forward(ir_, a);
     return;
   }
-  runtime::require_whole_sequence(runtime::window_of(a), "forward");
   const runtime::CudaDriver& d = drv();
   runtime::LaunchShape shape = runtime::validate_operands(spec(), a, /*gpu=*/true);
+  const runtime::SequenceWindow window = runtime::window_of(a);
   int device = launch_device(a);
   std::vector<Tensor> buffers = runtime::collect_buffers(spec(), a, bound_for(device));
   check_pointers(a, buffers, device);
   BoundValues values;
   VariantState& var = variant_for_launch(shape, buffers, a, device, values);
+  check_shard_alignment(var, a);
   const ForwardConfig& cfg = var.source.config;
 
   runtime::ScopedDevice scope(device);
@@ -157,9 +158,9 @@ void KernelImpl::forward(const AttentionArgs& a) {
   if (ir_.mask_mod) {
     const BlockMask* mask = a.block_mask;
     if (mask) {
-      check_mask(*mask, shape, cfg, device);
+      check_mask(*mask, shape, window, cfg, device);
     } else {
-      build_mask_into(*ws.mask_, var, vparams, shape, cfg, device, a.stream);
+      build_mask_into(*ws.mask_, var, vparams, shape, window, cfg, device, a.stream);
       mask = ws.mask_.get();
     }
     set_mask(p.block_mask, *mask);
@@ -186,19 +187,20 @@ unsigned KernelImpl::forward_grid(const ForwardConfig& cfg, int64_t work, int de
 
 std::unique_ptr<BlockMask> KernelImpl::build_block_mask(const AttentionArgs& a) {
   if (!ir_.mask_mod) throw Error(fmt::format("spec `{}` has no mask_mod, so it has no block mask", spec().name));
-  runtime::require_whole_sequence(runtime::window_of(a), "build_block_mask");
   runtime::LaunchShape shape = runtime::validate_operands(spec(), a, /*gpu=*/true);
+  const runtime::SequenceWindow window = runtime::window_of(a);
   int device = launch_device(a);
   std::vector<Tensor> buffers = runtime::collect_buffers(spec(), a, bound_for(device));
   check_pointers(a, buffers, device);
-  BoundValues values = runtime::bind_launch(ir_.checked, shape, buffers, a);
-  VariantState& var = variant(forward_choice(values, runtime::tensor_maps_describe(a.q, a.k, a.v)), device);
+  BoundValues values = runtime::bind_launch(ir_.checked, runtime::mods_shape(shape, window), buffers, a);
+  VariantState& var = variant(forward_choice(values, runtime::tensor_maps_describe(a.q, a.k, a.v), !window.whole()), device);
+  check_shard_alignment(var, a);
   const ForwardConfig& cfg = var.source.config;
   runtime::ScopedDevice scope(device);
   std::unique_ptr<BlockMask> mask(new BlockMask());
   allocate_mask(*mask, shape, cfg, device);
   std::vector<uint64_t> vparams = runtime::fill_variant_params(var.source.variant.layout, buffers, values, nullptr);
-  build_mask_into(*mask, var, vparams, shape, cfg, device, a.stream);
+  build_mask_into(*mask, var, vparams, shape, window, cfg, device, a.stream);
   return mask;
 }
 
@@ -294,7 +296,8 @@ void KernelImpl::check_pointers(const AttentionArgs& a, const std::vector<Tensor
 KernelImpl::VariantState& KernelImpl::variant_for_launch(const runtime::LaunchShape& shape, const std::vector<Tensor>& buffers,
                                                         const AttentionArgs& a, int device, BoundValues& values) {
   thread_local std::vector<int64_t> key;
-  key.assign({device, shape.batch, shape.heads, shape.kv_heads, shape.seqlen_q, shape.seqlen_kv, shape.head_dim, shape.head_dim_v});
+  key.assign({device, shape.batch, shape.heads, shape.kv_heads, shape.seqlen_q, shape.seqlen_kv, shape.head_dim, shape.head_dim_v,
+              a.q_offset, a.kv_offset, a.seqlen_q, a.seqlen_kv});
   for (const Tensor& t : buffers) {
     key.push_back(static_cast<int64_t>(t.shape.size()));
     key.insert(key.end(), t.shape.begin(), t.shape.end());
@@ -315,8 +318,8 @@ KernelImpl::VariantState& KernelImpl::variant_for_launch(const runtime::LaunchSh
       return *memo_.variant;
     }
   }
-  values = runtime::bind_launch(ir_.checked, shape, buffers, a);
-  VariantState& var = variant(forward_choice(values, tma), device);
+  values = runtime::bind_launch(ir_.checked, runtime::mods_shape(shape, runtime::window_of(a)), buffers, a);
+  VariantState& var = variant(forward_choice(values, tma, !runtime::window_of(a).whole()), device);
   std::lock_guard<std::mutex> lock(mutex_);
   memo_.key = key;
   memo_.values = values;
@@ -360,9 +363,10 @@ KernelImpl::VariantState& KernelImpl::variant(const runtime::VariantChoice& choi
   return v;
 }
 
-runtime::VariantChoice KernelImpl::forward_choice(const BoundValues& values, bool tma) const {
+runtime::VariantChoice KernelImpl::forward_choice(const BoundValues& values, bool tma, bool shard) const {
   runtime::VariantChoice c = runtime::choose_variant(ranges_, ir_.checked, values);
   c.tma = tma;
+  c.shard = shard;
   c.runtime_split = runtime_split(values);
   return c;
 }
@@ -383,6 +387,7 @@ ForwardKernelOptions KernelImpl::forward_options(const runtime::VariantChoice& c
   fo.variant.checked_loads = choice.checked_loads;
   fo.variant.error_flags = options_.checked;
   fo.tma_describable = choice.tma;
+  fo.shard_positions = choice.shard;
   fo.variant.runtime_split = choice.runtime_split;
   return fo;
 }
@@ -423,6 +428,17 @@ void KernelImpl::fill_forward_params(FlexForwardParams& p, const AttentionArgs& 
   p.seqlen_q = static_cast<int>(s.seqlen_q);
   p.seqlen_kv = static_cast<int>(s.seqlen_kv);
   p.scale = a.scale > 0 ? a.scale : default_softmax_scale(static_cast<int>(s.head_dim));
+  p.q_offset = static_cast<int>(a.q_offset);  // mods_shape checked offset + rows <= whole length < 2^31
+  p.kv_offset = static_cast<int>(a.kv_offset);
+}
+
+void KernelImpl::check_shard_alignment(const VariantState& var, const AttentionArgs& a) const {
+  constexpr int64_t kTileCols = 64;  // VariantBase::kTileCols, the width the staged hooks see
+  if (var.source.variant.tile_aligned && a.kv_offset % kTileCols != 0)
+    throw Error(fmt::format("kv_offset = {} is not a multiple of {}: spec `{}`'s mods index by KV tile (kv // {} or kv % {}, staged per "
+                            "tile), which the GPU kernels keep aligned to the launch's own rows; cut KV shards at multiples of {} "
+                            "(or run on the CPU backend, whose tiles follow the whole sequence)",
+                            a.kv_offset, kTileCols, spec().name, kTileCols, kTileCols, kTileCols));
 }
 
 void KernelImpl::allocate_mask(BlockMask& m, const runtime::LaunchShape& s, const ForwardConfig& cfg, int device) {
@@ -494,7 +510,13 @@ Workspace& KernelImpl::workspace_for(Workspace* given, CUstream stream, int devi
   return *ws;
 }
 
-void KernelImpl::check_mask(const BlockMask& m, const runtime::LaunchShape& s, const ForwardConfig& cfg, int device) const {
+void KernelImpl::check_mask(const BlockMask& m, const runtime::LaunchShape& s, const runtime::SequenceWindow& w, const ForwardConfig& cfg,
+                            int device) const {
+  if (m.q_offset_ != w.q_offset || m.kv_offset_ != w.kv_offset || m.seqlen_q_whole_ != w.seqlen_q || m.seqlen_kv_whole_ != w.seqlen_kv)
+    throw Error(fmt::format("the block mask was built for q_offset={} kv_offset={} seqlen_q={} seqlen_kv={} but this launch has {}, {}, {}, "
+                            "{}; build it with build_block_mask for the same shard of the sequence",
+                            m.q_offset_, m.kv_offset_, m.seqlen_q_whole_, m.seqlen_kv_whole_, w.q_offset, w.kv_offset, w.seqlen_q,
+                            w.seqlen_kv));
   if (m.q_tile_ != cfg.block_m || m.kv_tile_ != cfg.block_n)
     throw Error(fmt::format("the block mask was built for {}x{} tiles but this kernel uses {}x{}; build it with this kernel's "
                             "build_block_mask for the same launch shape (the backward uses other tiles than the forward: pass the "
@@ -525,7 +547,11 @@ void KernelImpl::set_mask(FlexBlockMask& fm, const BlockMask& m) {
 }
 
 void KernelImpl::build_mask_into(BlockMask& m, VariantState& var, std::vector<uint64_t>& vparams, const runtime::LaunchShape& s,
-                     const ForwardConfig& cfg, int device, CUstream stream, bool rank_tiles) {
+                                 const runtime::SequenceWindow& w, const ForwardConfig& cfg, int device, CUstream stream, bool rank_tiles) {
+  m.q_offset_ = w.q_offset;
+  m.kv_offset_ = w.kv_offset;
+  m.seqlen_q_whole_ = w.seqlen_q;
+  m.seqlen_kv_whole_ = w.seqlen_kv;
   FlexBlockMask fm{};
   set_mask(fm, m);
   FlexBlockMaskBuildParams bp{};
@@ -544,7 +570,8 @@ void KernelImpl::build_mask_into(BlockMask& m, VariantState& var, std::vector<ui
   bp.kv_heads = static_cast<int>(s.kv_heads);
   bp.seqlen_q = static_cast<int>(s.seqlen_q);
   bp.seqlen_kv = static_cast<int>(s.seqlen_kv);
-  bp.query_offset = 0;
+  bp.query_offset = static_cast<int>(w.q_offset);
+  bp.kv_offset = static_cast<int>(w.kv_offset);
   // Data-dependent masks: rank each row's query tiles by work for the kernel's schedule (flex_rank_q_tiles). A row
   // of more query tiles than 48 KB of shared memory holds (12288) stays unranked: the scheduler then takes the
   // reversed tile order.

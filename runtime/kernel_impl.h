@@ -89,7 +89,8 @@ class KernelImpl : public Kernel {
   VariantState& variant(const runtime::VariantChoice& choice, int device);
   // The forward's variant choice for a launch's values. tma: whether tensor maps can describe the launch's q, k and v
   // (runtime::tensor_maps_describe).
-  runtime::VariantChoice forward_choice(const BoundValues& values, bool tma) const;
+  // shard: the launch is a shard of a longer sequence (its variant adds the offsets to the positions).
+  runtime::VariantChoice forward_choice(const BoundValues& values, bool tma, bool shard = false) const;
   // How the launch's parameter values let a score_mod split with runtime factors run (score_scales_).
   RuntimeSplit runtime_split(const BoundValues& values) const;
   // The forward's grid: one CTA per work tile, or (warp-specialised kernel) one per SM for at most `work` tiles.
@@ -98,8 +99,12 @@ class KernelImpl : public Kernel {
   // The launch's bound values and variant. Binding and the range obligations cost a few
   // microseconds per launch, so the last launch's results are reused when its sizes,
   // buffer shapes, parameters and device are the same (the steady state of a server).
+  // A shard of a longer sequence (AttentionArgs::q_offset ...) binds Sq / Skv to the whole sequence's lengths.
   VariantState& variant_for_launch(const runtime::LaunchShape& shape, const std::vector<Tensor>& buffers, const AttentionArgs& a,
                                    int device, BoundValues& values);
+  // A shard's KV offset against a variant whose hooks stage by 64-column tile (kTileAligned): the GPU kernels
+  // keep their tiles at multiples of the launch's own rows, so the offset must be a multiple of 64 there.
+  void check_shard_alignment(const VariantState& var, const AttentionArgs& a) const;
   struct LaunchMemo {
     std::vector<int64_t> key;
     BoundValues values;
@@ -131,14 +136,16 @@ class KernelImpl : public Kernel {
   Workspace& workspace_for(Workspace* given, CUstream stream, int device, const runtime::LaunchShape& s, const ForwardConfig& cfg,
                            size_t backward_bytes = 0);
 
-  void check_mask(const BlockMask& m, const runtime::LaunchShape& s, const ForwardConfig& cfg, int device) const;
+  void check_mask(const BlockMask& m, const runtime::LaunchShape& s, const runtime::SequenceWindow& w, const ForwardConfig& cfg,
+                  int device) const;
 
   static void set_mask(FlexBlockMask& fm, const BlockMask& m);
 
   // Builds m's lists with var's builder; rank_tiles: also the ranked order, where var has a ranking entry (the
   // forward's schedule; the backward does not read it).
+  // w: the shard of the sequence the launch covers (its positions), recorded in m.
   void build_mask_into(BlockMask& m, VariantState& var, std::vector<uint64_t>& vparams, const runtime::LaunchShape& s,
-                       const ForwardConfig& cfg, int device, CUstream stream, bool rank_tiles = true);
+                       const runtime::SequenceWindow& w, const ForwardConfig& cfg, int device, CUstream stream, bool rank_tiles = true);
 
 
   SpecIR ir_;

@@ -11,8 +11,9 @@
 // Buffers are passed whole to every rank: they are indexed by global position, and position-indexed buffers are
 // small next to K/V (docs/notes/RING_NOTES.md).
 //
-// What runs today: R virtual ranks in one process over the in-process transport, on the CPU backend. GPU launches
-// reject global positions until the kernels take them, and the NCCL transport is not written yet.
+// What runs today: R virtual ranks in one process over the in-process transport, on the CPU backend (the merges and
+// sums are host loops). The GPU forward takes global positions; the GPU backward, device-side merges and the NCCL
+// transport are not written yet.
 #pragma once
 #include <cstdint>
 #include <memory>

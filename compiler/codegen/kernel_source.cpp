@@ -52,7 +52,9 @@ KernelSource forward_module(const SpecIR& ir, const RangeInfo& ranges, const For
                              FlexVariantFeatures{ks.variant.has_score_mod, static_cast<bool>(ir.mask_mod), ks.variant.tile_aligned,
                                                  mask_is_data_dependent(ir)});
   const char* element = cuda_element_type(options.dtype);
-  ks.name = fmt::format("{}_fwd{}_{}_{}", ir.spec().name, varlen ? "_varlen" : "", dsl::dtype_name(options.dtype), ks.config.str());
+  const bool shard = options.shard_positions && !varlen;
+  ks.name = fmt::format("{}_fwd{}_{}_{}{}", ir.spec().name, varlen ? "_varlen" : "", dsl::dtype_name(options.dtype), ks.config.str(),
+                        shard ? "_shard" : "");
   ks.entries = {varlen ? kForwardVarlenEntry : kForwardEntry};
   std::string block_mask;
   if (ir.mask_mod && !varlen) {
@@ -79,6 +81,7 @@ KernelSource forward_module(const SpecIR& ir, const RangeInfo& ranges, const For
   }
   ks.source = fmt::format(
       "// flexjit {} kernel for spec `{}`: {} x {} tiles, {} warps, head dim {}, {}{}.\n"
+      "{}"
       "#include \"{}\"\n"
       "#include \"flex_ops.cuh\"\n"
       "{}\n"
@@ -86,12 +89,13 @@ KernelSource forward_module(const SpecIR& ir, const RangeInfo& ranges, const For
       "{}{}",
       varlen ? "ragged-prefill forward" : "forward", ir.spec().name, ks.config.block_m, ks.config.block_n, ks.config.warps,
       options.head_dim, element, ks.config.warp_specialized ? ", warp-specialised (sm_90a)" : "",
+      shard ? "#define FLEX_SHARD_POSITIONS 1  // a shard of a longer sequence: the mods see global positions\n" : "",
       ks.config.warp_specialized ? "flex_forward_kernel_sm90.cuh" : "flex_forward.cuh",
       !block_mask.empty() ? "#include \"flex_blockmask.cuh\"\n" : "", ks.variant.code,
       forward_entry(ks.config, element, ks.entries[0].c_str(), varlen), block_mask);
-  ks.key_text = fmt::format("kind={}\ndtype={}\nconfig={}\nint32={}\nchecked_loads={:x}\nerror_flags={}\nhoist={}\nfast_tanh={}\n",
+  ks.key_text = fmt::format("kind={}\ndtype={}\nconfig={}\nint32={}\nchecked_loads={:x}\nerror_flags={}\nhoist={}\nfast_tanh={}\n{}",
                             varlen ? "forward_varlen" : "forward", dsl::dtype_name(options.dtype), ks.config.str(), vo.int32,
-                            vo.checked_loads, vo.error_flags, vo.hoist, vo.fast_tanh);
+                            vo.checked_loads, vo.error_flags, vo.hoist, vo.fast_tanh, shard ? "shard_positions=1\n" : "");
   return ks;
 }
 

@@ -36,6 +36,10 @@ struct ForwardKernelOptions {
   VariantOptions variant;
   // Whether tensor maps can describe the launch's q, k and v (runtime/tensor_maps.h); false keeps the mma.sync kernel.
   bool tma_describable = true;
+  // A launch that is a shard of a longer sequence (AttentionArgs::q_offset, kv_offset): the mods see the launch's
+  // rows plus the offsets (FLEX_SHARD_POSITIONS in flex_mods.cuh). Off, the kernel carries no offsets at all, so
+  // whole-sequence launches keep their registers (the offsets cost some variants spills).
+  bool shard_positions = false;
 };
 
 // The forward kernel for a spec: the policy's kernel (flex_forward_policy) with the spec's variant.

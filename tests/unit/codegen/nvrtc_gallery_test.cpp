@@ -48,6 +48,31 @@ TEST_CASE("the fully checked and 64-bit variants compile too", "[nvrtc]") {
   CHECK(r.artefact->binary.size() > 1000);
 }
 
+TEST_CASE("shard modules (context parallelism) compile for both kernels, named apart from whole-sequence modules", "[nvrtc]") {
+  for (const char* name : {"causal.json", "document.json", "relative_bias.json", "sam_relpos.json"}) {
+    dsl::Spec spec = test::load_spec(test::gallery_dir() / name);
+    SpecIR ir = build_spec_ir(spec);
+    ForwardKernelOptions fo;
+    fo.dtype = spec.dtype;
+    fo.head_dim = spec.head_dim;
+    for (const char* arch : {"sm_80", "sm_90a"}) {
+      INFO(spec.name << " for " << arch);
+      fo.arch = arch;
+      fo.shard_positions = false;
+      const KernelSource whole = forward_kernel_source(ir, analyze_ir_ranges(ir), fo);
+      fo.shard_positions = true;
+      const KernelSource shard = forward_kernel_source(ir, analyze_ir_ranges(ir), fo);
+      CHECK(whole.source.find("FLEX_SHARD_POSITIONS") == std::string::npos);
+      CHECK(shard.source.find("#define FLEX_SHARD_POSITIONS 1") == 0 + shard.source.find('\n') + 1);
+      CHECK(shard.name != whole.name);
+      CHECK(shard.key_text != whole.key_text);
+      runtime::CacheLookup r = runtime::compile_kernel(shard, canonical_ir_text(ir), arch);
+      REQUIRE(r.artefact);
+      CHECK(r.artefact->binary.size() > 1000);
+    }
+  }
+}
+
 TEST_CASE("the sm_90a forward is the warp-specialised kernel: setmaxnreg and TMA copies in its PTX", "[nvrtc]") {
   dsl::Spec spec = test::load_spec(test::gallery_dir() / "causal.json");
   SpecIR ir = build_spec_ir(spec);

@@ -275,6 +275,12 @@ class Kernel {
   // parameters) on the device, on `stream`. Requires a mask_mod.
   virtual std::unique_ptr<BlockMask> build_block_mask(const AttentionArgs& shape_and_buffers) = 0;
 
+  // Whether the mask may keep any (q, kv) of this launch: interval arithmetic over the launch's positions (a
+  // shard's global ones) at its parameters, on the host, reading no tensor data. False means every element is
+  // masked, so the launch would give O = 0 and LSE = -inf (and no gradients): a ring skips such blocks. True when
+  // undecided (masks that read buffers) or without a mask_mod.
+  virtual bool may_attend(const AttentionArgs& shape_and_buffers) = 0;
+
   // A workspace for launches up to these sizes on `device` (for CUDA graphs or concurrent streams).
   virtual std::unique_ptr<Workspace> make_workspace(int device, int batch, int heads, int seqlen_q, int seqlen_kv) = 0;
   // The same with room for backward launches too.

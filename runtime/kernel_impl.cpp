@@ -26,6 +26,8 @@
 #include "runtime/forward_launch.h"
 #include "runtime/kernel_compiler.h"
 #include "runtime/kernel_impl.h"
+
+#include "compiler/passes/interval_eval.h"
 #include "runtime/log.h"
 #include "runtime/tensor_maps.h"
 
@@ -202,6 +204,28 @@ std::unique_ptr<BlockMask> KernelImpl::build_block_mask(const AttentionArgs& a) 
   std::vector<uint64_t> vparams = runtime::fill_variant_params(var.source.variant.layout, buffers, values, nullptr);
   build_mask_into(*mask, var, vparams, shape, window, cfg, device, a.stream);
   return mask;
+}
+
+bool KernelImpl::may_attend(const AttentionArgs& a) {
+  if (!ir_.mask_mod) return true;
+  const bool cpu = a.device.kind == Device::Kind::Cpu;
+  const runtime::LaunchShape shape = runtime::validate_operands(spec(), a, /*gpu=*/!cpu);
+  const std::vector<Tensor> buffers = runtime::collect_buffers(spec(), a, cpu ? std::vector<Tensor>{} : bound_for(launch_device(a)));
+  const BoundValues values = runtime::bind_launch(ir_.checked, runtime::mods_shape(shape, runtime::window_of(a)), buffers, a);
+  IntervalEnv env;
+  env.symbols = values.symbols;
+  for (const Value& v : values.params) env.params.push_back(v.type == ir::Type::Float ? v.f : v.type == ir::Type::Bool ? (v.b ? 1.0 : 0.0) : double(v.i));
+  auto set = [&](dsl::VarId v, int64_t lo, int64_t hi) { env.vars[static_cast<int>(v)] = {lo, hi}; };
+  set(dsl::VarId::B, 0, shape.batch - 1);
+  set(dsl::VarId::H, 0, shape.heads - 1);
+  set(dsl::VarId::KvHead, 0, shape.kv_heads - 1);
+  set(dsl::VarId::Q, a.q_offset, a.q_offset + shape.seqlen_q - 1);
+  set(dsl::VarId::KV, a.kv_offset, a.kv_offset + shape.seqlen_kv - 1);
+  try {
+    return classify_box(ir_.mask_mod, env) != TriBool::False;
+  } catch (const std::exception&) {
+    return true;  // undecided is always sound: the launch runs and masks per element
+  }
 }
 
 std::unique_ptr<Workspace> KernelImpl::make_workspace(int device, int batch, int heads, int seqlen_q, int seqlen_kv) {

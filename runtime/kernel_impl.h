@@ -50,6 +50,7 @@ class KernelImpl : public Kernel {
   void forward(const AttentionArgs& a) override;
 
   std::unique_ptr<BlockMask> build_block_mask(const AttentionArgs& a) override;
+  bool may_attend(const AttentionArgs& a) override;
 
   std::unique_ptr<Workspace> make_workspace(int device, int batch, int heads, int seqlen_q, int seqlen_kv) override;
 

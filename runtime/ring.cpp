@@ -278,6 +278,7 @@ void RingAttention::forward(const RingArgs& args) {
   const DType kt = args.shards[0].k.dtype, vt = args.shards[0].v.dtype, ot = args.shards[0].o.dtype;
   std::vector<unsigned char> o_part;
   std::vector<float> lse_part;
+  stats_ = {};
   for (int step = 0; step < R; ++step) {
     each_block(options_, d, kt, vt, held,
                [&](int r, RingPacket&, int64_t, const RingChunk& qc, const RingChunk& kc, const Tensor& k, const Tensor& v) {
@@ -294,6 +295,11 @@ void RingAttention::forward(const RingArgs& args) {
                  a.buffers = args.buffers;
                  a.params = args.params;
                  set_positions(a, qc, kc, options_.seqlen);
+                 if (!kernel_->may_attend(a)) {  // all masked: O = 0, LSE = -inf, which the merge would ignore
+                   ++stats_.skipped;
+                   return;
+                 }
+                 ++stats_.launched;
                  kernel_->forward(a);
                  merge_block(merged[size_t(r)], s.q.shape[2], qc.local, a.o, lse_part);
                });
@@ -331,6 +337,7 @@ void RingAttention::backward(const RingArgs& args) {
   for (size_t i = 0; i < args.grads.size(); ++i) grad_sum[i].assign(static_cast<size_t>(numel(args.grads[i].second.shape)), 0.0f);
   const DType qt = args.shards[0].q.dtype, kt = args.shards[0].k.dtype, vt = args.shards[0].v.dtype;
   std::vector<unsigned char> dq_part, dk_part, dv_part;
+  stats_ = {};
   // R hops: after each step's blocks the packets move on, and the last hop brings each home with its gradients.
   for (int step = 0; step < R; ++step) {
     each_block(options_, d, kt, vt, held,
@@ -357,6 +364,14 @@ void RingAttention::backward(const RingArgs& args) {
                    a.grads.push_back({args.grads[i].first, Tensor::contiguous(grad_part[i].data(), DType::F32, args.grads[i].second.shape)});
                  }
                  set_positions(a, qc, kc, options_.seqlen);
+                 AttentionArgs shape;  // the block's operands, for may_attend
+                 shape.q = a.q, shape.k = a.k, shape.v = a.v, shape.o = a.o, shape.buffers = a.buffers, shape.params = a.params;
+                 set_positions(shape, qc, kc, options_.seqlen);
+                 if (!kernel_->may_attend(shape)) {  // all masked: no gradient
+                   ++stats_.skipped;
+                   return;
+                 }
+                 ++stats_.launched;
                  kernel_->backward(a);
                  add_rows(dq[size_t(r)], s.q.shape[2], qc.local, a.dq);
                  add_rows(p.dk, kv_rows, kc.local, a.dk);

@@ -95,11 +95,19 @@ class InProcessRingTransport final : public RingTransport {
   void shift(std::vector<RingPacket>& held) override;
 };
 
+// Blocks of the last forward or backward: launched, and skipped because the mask empties them (Kernel::may_attend;
+// causal masks empty about a quarter of a zigzag ring's blocks). A skipped block's packet still travels, so no rank
+// waits on another.
+struct RingStats {
+  int64_t launched = 0, skipped = 0;
+};
+
 // The ring schedule over a compiled kernel: forward and backward for all R ranks of one process.
 class RingAttention {
  public:
   RingAttention(std::shared_ptr<Kernel> kernel, RingOptions options);
   const RingOptions& options() const { return options_; }
+  const RingStats& last_stats() const { return stats_; }
   // Writes every shard's o and lse.
   void forward(const RingArgs& args);
   // Writes every shard's dq, dk, dv and args.grads, from its o, lse and d_o (the merged forward's).
@@ -109,6 +117,7 @@ class RingAttention {
   std::shared_ptr<Kernel> kernel_;
   RingOptions options_;
   InProcessRingTransport transport_;
+  RingStats stats_;
 };
 
 }  // namespace flexjit

@@ -111,6 +111,7 @@ void require_all_close(const std::vector<float>& got, const std::vector<float>& 
 
 struct Whole {
   std::vector<float> o, lse, dq, dk, dv, grad;
+  RingStats forward_blocks, backward_blocks;  // the ring's
 };
 
 // One launch of the whole sequence: forward, then the backward with its own O and LSE.
@@ -190,7 +191,9 @@ Whole ring(std::shared_ptr<Kernel> kernel, Inputs& in, const Case& c, int R, Rin
     args.grads.push_back({c.grad, Tensor::contiguous(w.grad.data(), DType::F32, {static_cast<int64_t>(w.grad.size())})});
   }
   ring.forward(args);
+  w.forward_blocks = ring.last_stats();
   ring.backward(args);
+  w.backward_blocks = ring.last_stats();
   w.o.assign(in.q.size(), kNanF);
   w.lse.assign(static_cast<size_t>(B * H * S), kNanF);
   w.dq.assign(in.q.size(), kNanF);
@@ -223,6 +226,14 @@ void check_ring(const Case& c, int R, RingSharding sharding, uint32_t seed) {
   require_all_close(got.dv, want.dv, 1e-5, 2e-6, what + ": dv");
   // A buffer gradient sums many terms that cancel: its error is bounded absolutely too.
   require_all_close(got.grad, want.grad, 1e-5, 1e-5, what + ": the gradient of " + c.grad);
+  // Every (query chunk, KV chunk) pair is a block; those a causal mask empties are skipped, nothing else is.
+  const int64_t chunks = sharding == RingSharding::Zigzag ? 2 * R : R;
+  INFO(what << ": " << got.forward_blocks.launched << " blocks launched, " << got.forward_blocks.skipped << " skipped");
+  REQUIRE(got.forward_blocks.launched + got.forward_blocks.skipped == chunks * chunks);
+  REQUIRE(got.backward_blocks.launched == got.forward_blocks.launched);
+  REQUIRE(got.backward_blocks.skipped == got.forward_blocks.skipped);
+  const bool triangular = c.mask_mod.rfind("q >= kv", 0) == 0;
+  REQUIRE((got.forward_blocks.skipped > 0) == triangular);
 }
 
 }  // namespace
@@ -266,6 +277,35 @@ TEST_CASE("CPU ring attention over 2, 3 and 4 virtual ranks equals one launch of
     SECTION(c.name + ", 3 ranks, contiguous") { check_ring(c, 3, RingSharding::Contiguous, seed); }
     ++seed;
   }
+}
+
+TEST_CASE("may_attend: a block the mask empties at its global positions, by interval arithmetic", "[cpu][ring]") {
+  cpu::install();
+  Runtime rt;
+  Inputs in(2990);
+  auto block = [&](Kernel& k, int64_t q0, int64_t rows_q, int64_t kv0, int64_t rows_kv) {
+    AttentionArgs a;
+    a.q = Tensor{in.q.data(), DType::F32, {B, H, rows_q, D}, {H * S * D, S * D, D, 1}};
+    a.k = a.v = Tensor{in.k.data(), DType::F32, {B, Hkv, rows_kv, D}, {Hkv * S * D, S * D, D, 1}};
+    a.o = a.q;
+    a.buffers = in.buffers(k.spec());
+    a.device = Device::cpu();
+    a.q_offset = q0;
+    a.kv_offset = kv0;
+    a.seqlen_q = a.seqlen_kv = S;
+    return k.may_attend(a);
+  };
+  std::shared_ptr<Kernel> causal = rt.compile(make_spec(cases()[0]));
+  CHECK_FALSE(block(*causal, 0, 100, 100, 50));  // q <= 99 < kv
+  CHECK(block(*causal, 0, 101, 100, 50));        // q = 100 meets kv = 100
+  CHECK(block(*causal, 200, 50, 0, 50));         // every q >= kv
+  std::shared_ptr<Kernel> window = rt.compile(make_spec(cases()[2]));
+  CHECK_FALSE(block(*window, 200, 50, 0, 100));  // q - kv >= 101 > 40 everywhere
+  CHECK(block(*window, 200, 50, 150, 60));
+  std::shared_ptr<Kernel> document = rt.compile(make_spec(cases()[1]));
+  CHECK(block(*document, 0, 10, 290, 10));  // reads buffers: undecided, so it may attend
+  std::shared_ptr<Kernel> bias = rt.compile(make_spec(cases()[4]));
+  CHECK(block(*bias, 0, 10, 290, 10));  // no mask_mod
 }
 
 TEST_CASE("CPU ring attention: argument errors say what to change", "[cpu][ring][errors]") {

@@ -21,6 +21,8 @@ struct Value {
   static Value of_int(int64_t v) { return {ir::Type::Int, v, 0, false}; }
   static Value of_float(float v) { return {ir::Type::Float, 0, v, false}; }
   static Value of_bool(bool v) { return {ir::Type::Bool, 0, 0, v}; }
+  // As a double, the form launch parameters and interval environments take (ints and bools exactly).
+  double as_double() const { return type == ir::Type::Float ? double(f) : type == ir::Type::Bool ? (b ? 1.0 : 0.0) : double(i); }
 };
 
 // A captured buffer as the interpreter reads it (host memory).

@@ -214,7 +214,7 @@ bool KernelImpl::may_attend(const AttentionArgs& a) {
   const BoundValues values = runtime::bind_launch(ir_.checked, runtime::mods_shape(shape, runtime::window_of(a)), buffers, a);
   IntervalEnv env;
   env.symbols = values.symbols;
-  for (const Value& v : values.params) env.params.push_back(v.type == ir::Type::Float ? v.f : v.type == ir::Type::Bool ? (v.b ? 1.0 : 0.0) : double(v.i));
+  for (const Value& v : values.params) env.params.push_back(v.as_double());
   auto set = [&](dsl::VarId v, int64_t lo, int64_t hi) { env.vars[static_cast<int>(v)] = {lo, hi}; };
   set(dsl::VarId::B, 0, shape.batch - 1);
   set(dsl::VarId::H, 0, shape.heads - 1);
@@ -536,11 +536,12 @@ Workspace& KernelImpl::workspace_for(Workspace* given, CUstream stream, int devi
 
 void KernelImpl::check_mask(const BlockMask& m, const runtime::LaunchShape& s, const runtime::SequenceWindow& w, const ForwardConfig& cfg,
                             int device) const {
-  if (m.q_offset_ != w.q_offset || m.kv_offset_ != w.kv_offset || m.seqlen_q_whole_ != w.seqlen_q || m.seqlen_kv_whole_ != w.seqlen_kv)
-    throw Error(fmt::format("the block mask was built for q_offset={} kv_offset={} seqlen_q={} seqlen_kv={} but this launch has {}, {}, {}, "
-                            "{}; build it with build_block_mask for the same shard of the sequence",
-                            m.q_offset_, m.kv_offset_, m.seqlen_q_whole_, m.seqlen_kv_whole_, w.q_offset, w.kv_offset, w.seqlen_q,
-                            w.seqlen_kv));
+  const runtime::LaunchShape whole = runtime::mods_shape(s, w);  // 0 lengths mean the tensors' own
+  if (m.q_offset_ != w.q_offset || m.kv_offset_ != w.kv_offset || m.seqlen_q_whole_ != whole.seqlen_q || m.seqlen_kv_whole_ != whole.seqlen_kv)
+    throw Error(fmt::format("the block mask was built for q_offset={} kv_offset={} of a sequence of {} x {} positions but this launch has "
+                            "{}, {}, {} x {}; build it with build_block_mask for the same shard of the sequence",
+                            m.q_offset_, m.kv_offset_, m.seqlen_q_whole_, m.seqlen_kv_whole_, w.q_offset, w.kv_offset, whole.seqlen_q,
+                            whole.seqlen_kv));
   if (m.q_tile_ != cfg.block_m || m.kv_tile_ != cfg.block_n)
     throw Error(fmt::format("the block mask was built for {}x{} tiles but this kernel uses {}x{}; build it with this kernel's "
                             "build_block_mask for the same launch shape (the backward uses other tiles than the forward: pass the "
@@ -574,8 +575,9 @@ void KernelImpl::build_mask_into(BlockMask& m, VariantState& var, std::vector<ui
                                  const runtime::SequenceWindow& w, const ForwardConfig& cfg, int device, CUstream stream, bool rank_tiles) {
   m.q_offset_ = w.q_offset;
   m.kv_offset_ = w.kv_offset;
-  m.seqlen_q_whole_ = w.seqlen_q;
-  m.seqlen_kv_whole_ = w.seqlen_kv;
+  const runtime::LaunchShape whole = runtime::mods_shape(s, w);
+  m.seqlen_q_whole_ = whole.seqlen_q;
+  m.seqlen_kv_whole_ = whole.seqlen_kv;
   FlexBlockMask fm{};
   set_mask(fm, m);
   FlexBlockMaskBuildParams bp{};

@@ -245,18 +245,38 @@ void set_positions(Args& a, const RingChunk& qc, const RingChunk& kc, int64_t se
   a.device = Device::cpu();
 }
 
-// One step of the ring: f(r, packet, kv_rows, qc, kc, k, v) for every rank r and every non-empty pair of a query chunk
-// of r and a KV chunk of the packet r holds (kv_rows: the packet's rows; k, v: the KV chunk's rows of the packet).
+// One step of the ring: f(r, packet, kv_rows, qc, kc, k, v) for every rank r and every pair of a query chunk of r and
+// a KV chunk of the packet r holds (kv_rows: the packet's rows; k, v: the KV chunk's rows of the packet) that has
+// rows and that the mask may attend (Kernel::may_attend; an emptied block gives O = 0, LSE = -inf and no gradient,
+// which the merges and sums would ignore). stats counts both.
 template <class F>
-void each_block(const RingOptions& o, const Dims& d, DType kt, DType vt, std::vector<RingPacket>& held, F f) {
+void each_block(Kernel& kernel, const RingArgs& args, const RingOptions& o, const Dims& d, std::vector<RingPacket>& held, RingStats& stats,
+                F f) {
+  const DType kt = args.shards[0].k.dtype, vt = args.shards[0].v.dtype;
   for (int r = 0; r < o.ranks; ++r) {
+    const RingShard& s = args.shards[size_t(r)];
     RingPacket& p = held[size_t(r)];
     const int64_t kv_rows = ring_shard_rows(o.seqlen, o.ranks, p.owner, o.sharding);
     const Tensor k = Tensor::contiguous(p.k.data(), kt, {d.B, d.Hkv, kv_rows, d.D});
     const Tensor v = Tensor::contiguous(p.v.data(), vt, {d.B, d.Hkv, kv_rows, d.Dv});
     for (const RingChunk& qc : ring_chunks(o.seqlen, o.ranks, r, o.sharding))
-      for (const RingChunk& kc : ring_chunks(o.seqlen, o.ranks, p.owner, o.sharding))
-        if (qc.rows > 0 && kc.rows > 0) f(r, p, kv_rows, qc, kc, row_view(k, kc.local, kc.rows), row_view(v, kc.local, kc.rows));
+      for (const RingChunk& kc : ring_chunks(o.seqlen, o.ranks, p.owner, o.sharding)) {
+        if (qc.rows == 0 || kc.rows == 0) continue;
+        AttentionArgs block;
+        block.q = row_view(s.q, qc.local, qc.rows);
+        block.k = row_view(k, kc.local, kc.rows);
+        block.v = row_view(v, kc.local, kc.rows);
+        block.o = row_view(s.o, qc.local, qc.rows);
+        block.buffers = args.buffers;
+        block.params = args.params;
+        set_positions(block, qc, kc, o.seqlen);
+        if (!kernel.may_attend(block)) {
+          ++stats.skipped;
+          continue;
+        }
+        ++stats.launched;
+        f(r, p, kv_rows, qc, kc, block.k, block.v);
+      }
   }
 }
 
@@ -275,12 +295,12 @@ void RingAttention::forward(const RingArgs& args) {
     merged[size_t(r)].o.assign(static_cast<size_t>(d.B * d.H * s.q.shape[2] * d.Dv), 0.0f);
     merged[size_t(r)].lse.assign(static_cast<size_t>(d.B * d.H * s.q.shape[2]), kNegInf);
   }
-  const DType kt = args.shards[0].k.dtype, vt = args.shards[0].v.dtype, ot = args.shards[0].o.dtype;
+  const DType ot = args.shards[0].o.dtype;
   std::vector<unsigned char> o_part;
   std::vector<float> lse_part;
   stats_ = {};
   for (int step = 0; step < R; ++step) {
-    each_block(options_, d, kt, vt, held,
+    each_block(*kernel_, args, options_, d, held, stats_,
                [&](int r, RingPacket&, int64_t, const RingChunk& qc, const RingChunk& kc, const Tensor& k, const Tensor& v) {
                  const RingShard& s = args.shards[size_t(r)];
                  o_part.assign(static_cast<size_t>(d.B * d.H * qc.rows * d.Dv * dsl::dtype_size(ot)), 0);
@@ -295,11 +315,6 @@ void RingAttention::forward(const RingArgs& args) {
                  a.buffers = args.buffers;
                  a.params = args.params;
                  set_positions(a, qc, kc, options_.seqlen);
-                 if (!kernel_->may_attend(a)) {  // all masked: O = 0, LSE = -inf, which the merge would ignore
-                   ++stats_.skipped;
-                   return;
-                 }
-                 ++stats_.launched;
                  kernel_->forward(a);
                  merge_block(merged[size_t(r)], s.q.shape[2], qc.local, a.o, lse_part);
                });
@@ -340,7 +355,7 @@ void RingAttention::backward(const RingArgs& args) {
   stats_ = {};
   // R hops: after each step's blocks the packets move on, and the last hop brings each home with its gradients.
   for (int step = 0; step < R; ++step) {
-    each_block(options_, d, kt, vt, held,
+    each_block(*kernel_, args, options_, d, held, stats_,
                [&](int r, RingPacket& p, int64_t kv_rows, const RingChunk& qc, const RingChunk& kc, const Tensor& k, const Tensor& v) {
                  const RingShard& s = args.shards[size_t(r)];
                  dq_part.assign(static_cast<size_t>(d.B * d.H * qc.rows * d.D * dsl::dtype_size(qt)), 0);
@@ -364,14 +379,6 @@ void RingAttention::backward(const RingArgs& args) {
                    a.grads.push_back({args.grads[i].first, Tensor::contiguous(grad_part[i].data(), DType::F32, args.grads[i].second.shape)});
                  }
                  set_positions(a, qc, kc, options_.seqlen);
-                 AttentionArgs shape;  // the block's operands, for may_attend
-                 shape.q = a.q, shape.k = a.k, shape.v = a.v, shape.o = a.o, shape.buffers = a.buffers, shape.params = a.params;
-                 set_positions(shape, qc, kc, options_.seqlen);
-                 if (!kernel_->may_attend(shape)) {  // all masked: no gradient
-                   ++stats_.skipped;
-                   return;
-                 }
-                 ++stats_.launched;
                  kernel_->backward(a);
                  add_rows(dq[size_t(r)], s.q.shape[2], qc.local, a.dq);
                  add_rows(p.dk, kv_rows, kc.local, a.dk);

@@ -142,7 +142,7 @@ int run_bench_decode(const BenchOptions& o, dsl::Spec spec, const std::vector<in
     const dsl::ParamDecl* p = spec.find_param(st.substr(0, eq));
     if (!p) throw Error(fmt::format("--set names `{}`, which is not a parameter", st.substr(0, eq)));
     Value v = parse_param_value(*p, st.substr(eq + 1));
-    args.params.emplace_back(p->name, v.type == ir::Type::Float ? double(v.f) : v.type == ir::Type::Bool ? double(v.b) : double(v.i));
+    args.params.emplace_back(p->name, v.as_double());
   }
   DecodePlanOptions po;
   po.device = device;
@@ -246,7 +246,7 @@ int run_bench(const BenchOptions& o) {
     const dsl::ParamDecl* p = spec.find_param(name);
     if (!p) throw Error(fmt::format("--set names `{}`, which is not a parameter", name));
     Value v = parse_param_value(*p, value);
-    args.params.emplace_back(name, v.type == ir::Type::Float ? double(v.f) : v.type == ir::Type::Bool ? double(v.b) : double(v.i));
+    args.params.emplace_back(name, v.as_double());
     values[name] = value;
   }
   std::vector<std::optional<std::vector<int64_t>>> shapes;

@@ -96,7 +96,7 @@ int run_run(const RunOptions& o) {
     const dsl::ParamDecl* p = spec.find_param(name);
     if (!p) throw Error(fmt::format("--set names `{}`, which is not a parameter of the spec", name));
     Value val = parse_param_value(*p, value);
-    args.params.emplace_back(name, val.type == ir::Type::Float ? double(val.f) : val.type == ir::Type::Bool ? double(val.b) : double(val.i));
+    args.params.emplace_back(name, val.as_double());
   }
   if (ring.ranks > 0) ring_forward(kernel, ring, args);
   else kernel->forward(args);

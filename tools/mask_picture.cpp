@@ -84,7 +84,7 @@ MaskPicture compute_mask_picture(const SpecIR& ir, EvalEnv env, const MaskPictur
   p.tiles_kv = (p.skv + r.tile_kv - 1) / r.tile_kv;
   IntervalEnv box;
   box.symbols = env.symbols;
-  for (const Value& v : env.params) box.params.push_back(v.type == ir::Type::Float ? v.f : v.type == ir::Type::Bool ? (v.b ? 1.0 : 0.0) : double(v.i));
+  for (const Value& v : env.params) box.params.push_back(v.as_double());
   box.params.resize(ir.spec().params.size(), 0.0);
   auto set = [&](dsl::VarId v, int64_t lo, int64_t hi) { box.vars[static_cast<int>(v)] = {lo, hi}; };
   set(dsl::VarId::B, r.b, r.b);

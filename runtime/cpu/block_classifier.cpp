@@ -21,7 +21,7 @@ BlockClassifier::BlockClassifier(const BlockSparsity& s, const BlockGrid& grid)
     table_ = std::make_unique<std::atomic<uint8_t>[]>(static_cast<size_t>(entries));
     for (int64_t i = 0; i < entries; ++i) table_[i].store(kUnknown, std::memory_order_relaxed);
   }
-  for (const Value& v : values_.params) params_.push_back(v.type == ir::Type::Float ? v.f : v.type == ir::Type::Bool ? (v.b ? 1.0 : 0.0) : double(v.i));
+  for (const Value& v : values_.params) params_.push_back(v.as_double());
 }
 
 uint8_t BlockClassifier::classify(const void* ctx, int64_t b, int64_t h, int64_t qt, int64_t kt) {

@@ -82,9 +82,10 @@ struct MainloopSm90 {
   static constexpr int kPSteps = kBlockN / 16;         // k-steps of O += P V
   static constexpr bool kPingpong = Traits::kPolicy.pingpong;
   static constexpr int kQueryEmptyThreads = Traits::kConsumerThreads + 32;  // the consumers and the producer warp
-  // Some exponentials on the FMA pipe (flex::Softmax::exp_kstep) where MUFU bounds the softmax: at head dim 128, and at
-  // 64 and below with a score_mod (plain attention at 64 is faster with every exponential on MUFU).
-  static constexpr bool kFmaShare = Traits::kTileD == 128 || (Traits::kTileD <= 64 && Variant::kHasScoreMod);
+  // Some exponentials on the FMA pipe (flex::Softmax::exp_kstep) where MUFU bounds the softmax: at head dim 64 and below
+  // with a score_mod, whose softmax is longest next to its GEMMs (plain attention is faster with every exponential on
+  // MUFU, as are head dims above 64 once the softmax overlaps P V).
+  static constexpr bool kFmaShare = Traits::kTileD <= 64 && Variant::kHasScoreMod;
 
   unsigned base;  // the aligned shared-memory base
   Pipe k_pipe, v_pipe;
@@ -175,6 +176,12 @@ struct MainloopSm90 {
     wgmma_commit();
   }
 
+  // Waits for every GEMM this warpgroup issued (P V), whose accumulators O then become readable.
+  __device__ __forceinline__ static void wait_pv(float (&o)[1][kDTiles][4]) {
+    wgmma_wait<0>();
+    fence_operands(reinterpret_cast<float(&)[kDTiles * 4]>(o));
+  }
+
   // One consumer warpgroup's 64 rows of a work tile with at least one KV tile: accumulates O (zeroed by the caller)
   // and the softmax state. wg: the consumer warpgroup; warp: the consumer warp (0 .. kConsumerWarps - 1).
   // Per KV tile t after the first (intra-warpgroup overlap): issue S(t) and then P V(t - 1), hand the turn on, wait for
@@ -229,10 +236,15 @@ struct MainloopSm90 {
       fence_operands(reinterpret_cast<float(&)[kNTiles * 4]>(s));
       k_pipe.consumer_release(k_st, lane);
       const bool jumped = mods_and_softmax(s, t, k0, alpha);
-      wgmma_wait<0>();  // P V(t - 1)
-      fence_operands(reinterpret_cast<float(&)[kDTiles * 4]>(o));
+      // P V(t - 1) must complete before O is rescaled and P(t) packed over P(t - 1). The wait sits behind the branch on
+      // the rescale vote: ptxas hoists a wgmma wait to the top of its basic block, and in the softmax's block it would
+      // wait for P V(t - 1) before the softmax, so no exponential would overlap the GEMM.
+      if (SoftmaxT::warp_jumped(jumped)) {
+        wait_pv(o);
+        softmax.scale_o(o, alpha);
+      }
+      wait_pv(o);  // returns at once after the branch's wait
       v_pipe.consumer_release(v_st, lane);
-      softmax.rescale_o(o, alpha, jumped);
       pack(s, pa);
     }
 
@@ -240,8 +252,7 @@ struct MainloopSm90 {
     named_barrier_arrive(Traits::kBarQueryEmpty, kQueryEmptyThreads);
     v_pipe.consumer_wait(v_st);
     issue_pv(o, pa, v_smem(v_st.index));
-    wgmma_wait<0>();
-    fence_operands(reinterpret_cast<float(&)[kDTiles * 4]>(o));
+    wait_pv(o);
     v_pipe.consumer_release(v_st, lane);
   }
 };

@@ -96,19 +96,28 @@ struct Softmax {
     return jumped;
   }
 
+  // Whether some row of the warp jumped, so O needs rescaling. A runtime vote even where no row can jump (kFixedMax):
+  // the Hopper mainloop branches on it (flex_mainloop_sm90.cuh says why).
+  __device__ __forceinline__ static bool warp_jumped(bool jumped) { return __any_sync(0xffffffffu, jumped); }
+
+  // O *= alpha (nothing under kFixedMax, where alpha is 1).
+  template <int kDTiles>
+  __device__ __forceinline__ void scale_o(float (&o)[kMTiles][kDTiles][4], const float (&alpha)[kRows]) const {
+    if constexpr (kFixedMax) return;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[mt][dt][e] *= alpha[mt * 2 + e / 2];
+  }
+
   // O *= alpha when some row of the warp jumped; rows that did not have alpha = 1 exactly (or O = 0 while still
   // empty), so the skip is exact.
   template <int kDTiles>
   __device__ __forceinline__ void rescale_o(float (&o)[kMTiles][kDTiles][4], const float (&alpha)[kRows], bool jumped) const {
     if constexpr (kFixedMax) return;
-    if (__any_sync(0xffffffffu, jumped)) {
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) o[mt][dt][e] *= alpha[mt * 2 + e / 2];
-    }
+    if (warp_jumped(jumped)) scale_o(o, alpha);
   }
 
   // P = exp2(S * mult - max_scaled) in place for the 16 columns kk of m-tile mt (n8 tiles 2 kk and 2 kk + 1), and

@@ -64,7 +64,9 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
     // ============================================ Consumers ============================================
     flex::setmaxnreg_inc<Traits::kPolicy.consumer_regs>();
     const int ctid = tid - 128;
-    const int wg = ctid / 128;
+    // Through a shuffle the compiler knows wg is warp-uniform, so the Q descriptors of the S GEMM live in uniform
+    // registers, computed once; from ctid / 128 it rebuilt each in vector registers (seven instructions per wgmma).
+    const int wg = __shfl_sync(0xffffffffu, ctid / 128, 0);
     const int cwarp = ctid / 32;
     mainloop.consumer_init(wg);
     const flex::ScoreFactors f = flex::ScoreFactors::of<Variant>(vp, p.scale);

@@ -229,7 +229,9 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   const unsigned s_base = raw_base + pad;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int wg = warp / 4;  // warpgroup: KV rows 64 wg .. 64 wg + 63
+  // warpgroup: KV rows 64 wg .. 64 wg + 63. Through a shuffle the compiler knows it is warp-uniform and keeps the
+  // wgmma descriptors that depend on it in uniform registers (from warp / 4 it rebuilt each in vector registers).
+  const int wg = __shfl_sync(0xffffffffu, warp / 4, 0);
   // Launch order: groups of kHeadGroup (KV head, batch) pairs, and inside a group every pair's KV block n before
   // block n + 1. Under causal-like masks the low KV blocks see the most query tiles, so each group's heaviest
   // CTAs start first and the last wave holds light ones (with the KV block fastest, the heavy CTAs of the last

@@ -363,6 +363,16 @@ void KernelImpl::backward(const BackwardArgs& a) {
   if (ir_.mask_mod) {
     ForwardConfig fcfg = forward_config(spec().head_dim);
     const BlockMask* mask = a.block_mask;
+    if (mask && (mask->q_tile_ != fcfg.block_m || mask->kv_tile_ != fcfg.block_n)) {
+      // The forward's mask (build_block_mask, reused for both passes as create_block_mask is), whose tiles are the
+      // warp-specialised forward's: checked against the launch, then the backward builds its own at the tiles it
+      // reads.
+      ForwardConfig built_for = fcfg;
+      built_for.block_m = mask->q_tile_;
+      built_for.block_n = mask->kv_tile_;
+      check_mask(*mask, shape, runtime::SequenceWindow{}, built_for, device);
+      mask = nullptr;
+    }
     if (mask) {
       check_mask(*mask, shape, runtime::SequenceWindow{}, fcfg, device);
     } else {

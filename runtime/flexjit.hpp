@@ -190,9 +190,10 @@ class DecodePlan {
 
 // Per-(b, h, query tile) lists of partial and full KV tiles, on one device. Immutable once
 // built; may be shared by many launches with the same B, H, Sq, Skv (and parameters).
-// Its tiles are the kernel's: 128 x 64, except the Hopper forward of a data-dependent mask
-// (one that reads buffers, e.g. documents), which uses 64 x 64; the backward keeps 128 x 64
-// and builds its own mask when given none. A launch refuses a mask of other tiles.
+// Its tiles are the forward kernel's (flex_tile_policy.cuh: 128 x 64 on the mma.sync kernel; on the
+// Hopper one 128 rows by the policy's KV tile). The backward reads 128 x 64 tiles: given a mask of
+// other tiles (the forward's, reused for both passes), it checks it against the launch and builds
+// its own, as it does when given none. A forward launch refuses a mask of other tiles.
 class BlockMask {
  public:
   ~BlockMask();

@@ -544,8 +544,7 @@ void KernelImpl::check_mask(const BlockMask& m, const runtime::LaunchShape& s, c
                             whole.seqlen_kv));
   if (m.q_tile_ != cfg.block_m || m.kv_tile_ != cfg.block_n)
     throw Error(fmt::format("the block mask was built for {}x{} tiles but this kernel uses {}x{}; build it with this kernel's "
-                            "build_block_mask for the same launch shape (the backward uses other tiles than the forward: pass the "
-                            "backward no mask and it builds its own)",
+                            "build_block_mask for the same launch shape",
                             m.q_tile_, m.kv_tile_, cfg.block_m, cfg.block_n));
   if (m.sq_ != s.seqlen_q || m.skv_ != s.seqlen_kv)
     throw Error(fmt::format("the block mask was built for Sq={} Skv={} but this launch has Sq={} Skv={}", m.sq_, m.skv_, s.seqlen_q, s.seqlen_kv));

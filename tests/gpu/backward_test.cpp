@@ -109,7 +109,7 @@ std::vector<std::pair<std::string, Tensor>> buffer_args(const Problem& pr) {
 
 // Backward only, with the given o (device, dtype of q) and lse (device f32).
 GpuGrads run_backward(Kernel& kernel, const Problem& pr, const Tensor& o, const Tensor& lse, bool deterministic, const Tensor& k, const Tensor& v,
-                      int64_t Skv, BackwardDqMode dq_mode) {
+                      int64_t Skv, BackwardDqMode dq_mode, const BlockMask* mask = nullptr) {
   const BwdCase& c = pr.c;
   std::vector<uint16_t> zq(size_t(c.B * c.H * c.Sq * pr.D)), zk(size_t(c.B * c.Hkv * Skv * pr.D));
   DeviceTensor4 gq = upload4(0, zq, c.dtype, c.B, c.H, c.Sq, pr.D, false);
@@ -134,6 +134,7 @@ GpuGrads run_backward(Kernel& kernel, const Problem& pr, const Tensor& o, const 
   a.deterministic = deterministic;
   a.dq_mode = dq_mode;
   a.scale = static_cast<float>(c.scale);
+  a.block_mask = mask;
   std::vector<int> marked;
   for (size_t i = 0; i < pr.spec.buffers.size(); ++i) {
     if (!pr.spec.buffers[i].requires_grad) continue;
@@ -164,19 +165,26 @@ struct FwdOut {
   std::vector<float> o_host, lse_host;
 };
 
-FwdOut run_forward(Kernel& kernel, const Problem& pr, const Tensor& k, const Tensor& v, int64_t Skv) {
+AttentionArgs forward_args(const Problem& pr, const Tensor& k, const Tensor& v) {
   const BwdCase& c = pr.c;
-  std::vector<uint16_t> z(size_t(c.B * c.H * c.Sq * pr.D), 0);
-  FwdOut f{upload4(0, z, c.dtype, c.B, c.H, c.Sq, pr.D, false), runtime::DeviceBuffer(0, size_t(c.B * c.H * c.Sq) * 4), {}, {}};
   AttentionArgs a;
   a.q = pr.dq_in.tensor;
   a.k = k;
   a.v = v;
-  a.o = f.o.tensor;
-  a.lse = Tensor{f.lse.data(), dsl::DType::F32, {c.B, c.H, c.Sq}, {}};
   a.params = c.params;
   a.buffers = buffer_args(pr);
   a.scale = static_cast<float>(c.scale);
+  return a;
+}
+
+FwdOut run_forward(Kernel& kernel, const Problem& pr, const Tensor& k, const Tensor& v, int64_t Skv, const BlockMask* mask = nullptr) {
+  const BwdCase& c = pr.c;
+  std::vector<uint16_t> z(size_t(c.B * c.H * c.Sq * pr.D), 0);
+  FwdOut f{upload4(0, z, c.dtype, c.B, c.H, c.Sq, pr.D, false), runtime::DeviceBuffer(0, size_t(c.B * c.H * c.Sq) * 4), {}, {}};
+  AttentionArgs a = forward_args(pr, k, v);
+  a.o = f.o.tensor;
+  a.lse = Tensor{f.lse.data(), dsl::DType::F32, {c.B, c.H, c.Sq}, {}};
+  a.block_mask = mask;
   kernel.forward(a);
   kernel.check_errors(0, nullptr);
   f.o_host = download4(f.o, c.dtype);
@@ -402,6 +410,49 @@ TEST_CASE("backward: document mask, fully masked rows, GQA 4:1", "[gpu][backward
   g.Skv = 270;
   check_case(load_spec(backward_data("alibi_learnable.json")), g);
   check_case(load_spec(gallery_dir() / "causal.json"), g);
+}
+
+// FlexAttention users build one block mask and pass it to the forward and the backward. Kernel::build_block_mask
+// builds it at the forward's tiles, which on Hopper differ from the 128 x 64 ones the backward reads: the backward
+// must take it (and build its own) and give the gradients it gives without a mask, bit for bit in deterministic mode.
+// A mask for another shape is still refused.
+TEST_CASE("backward: the forward's block mask serves the backward too", "[gpu][backward]") {
+  FLEXJIT_REQUIRE_GPU();
+  BwdCase c;
+  c.H = 4;
+  c.Hkv = 2;
+  c.Sq = 300;
+  c.Skv = 520;
+  const dsl::Spec docs = inline_spec("docs", std::nullopt, std::string("dq[q] == dk[kv]"), 128, {"dq: i32[Sq]", "dk: i32[Skv]"});
+  for (const dsl::Spec& spec : {load_spec(gallery_dir() / "causal.json"), docs}) {
+    INFO(spec.name);
+    c.int_hi = 5;
+    Problem pr = make_problem(spec, c);
+    Runtime rt;
+    auto kernel = rt.compile(pr.spec);
+    FwdOut unmasked = run_forward(*kernel, pr, pr.dk_in.tensor, pr.dv_in.tensor, c.Skv);
+    AttentionArgs shape = forward_args(pr, pr.dk_in.tensor, pr.dv_in.tensor);
+    shape.o = unmasked.o.tensor;
+    std::unique_ptr<BlockMask> mask = kernel->build_block_mask(shape);
+    FwdOut f = run_forward(*kernel, pr, pr.dk_in.tensor, pr.dv_in.tensor, c.Skv, mask.get());
+    CHECK(bitwise_equal(f.o_host, unmasked.o_host));
+    Tensor lse{f.lse.data(), dsl::DType::F32, {c.B, c.H, c.Sq}, {}};
+    for (BackwardDqMode mode : kDqModes) {
+      INFO(dq_mode_name(mode));
+      GpuGrads with = run_backward(*kernel, pr, f.o.tensor, lse, true, pr.dk_in.tensor, pr.dv_in.tensor, c.Skv, mode, mask.get());
+      GpuGrads without = run_backward(*kernel, pr, f.o.tensor, lse, true, pr.dk_in.tensor, pr.dv_in.tensor, c.Skv, mode);
+      CHECK(bitwise_equal(with.dq, without.dq));
+      CHECK(bitwise_equal(with.dk, without.dk));
+      CHECK(bitwise_equal(with.dv, without.dv));
+    }
+    BwdCase other = c;
+    other.Sq = 200;
+    Problem po = make_problem(spec, other);
+    FwdOut fo = run_forward(*kernel, po, po.dk_in.tensor, po.dv_in.tensor, other.Skv);
+    Tensor lse_o{fo.lse.data(), dsl::DType::F32, {other.B, other.H, other.Sq}, {}};
+    REQUIRE_THROWS_WITH(run_backward(*kernel, po, fo.o.tensor, lse_o, true, po.dk_in.tensor, po.dv_in.tensor, other.Skv, kDqModes[0], mask.get()),
+                        Catch::Matchers::Contains("of a sequence of 300 x 520 positions but this launch has 0, 0, 200 x 520"));
+  }
 }
 
 // A buffer marked for a gradient that the score_mod does not read (read by the mask only, or not at all) has no

@@ -12,8 +12,8 @@
 // small next to K/V (docs/notes/RING_NOTES.md).
 //
 // What runs today: R virtual ranks in one process over the in-process transport, on the CPU backend (the merges and
-// sums are host loops). The GPU forward takes global positions; the GPU backward, device-side merges and the NCCL
-// transport are not written yet.
+// sums are host loops). The GPU forward takes global positions and NCCL loads at run time (runtime/nccl.h); the GPU
+// backward with global positions, device-side merges and the NCCL transport are not written yet.
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -7,7 +7,8 @@ launch: the median over rounds of `--launches` back-to-back launches.
 Columns: C++ (Kernel::forward with its arguments read once, in the extension), the extension's
 forward (arguments read from Python objects; outputs preallocated), flexjit.flex_attention (the
 string API: allocates o), the drop-in flexjit.torch.flex_attention (a translated callable), and
-the custom op path that autograd takes (inputs requiring grad). Prints a markdown table."""
+the path autograd takes (q requires grad: an autograd.Function in eager mode, the custom op under
+torch.compile). Prints a markdown table."""
 import argparse
 import statistics
 import time
@@ -74,7 +75,7 @@ def main():
         rows.append((name, cpp, binding, api, dropin, op))
     sdpa = host_us(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v), args.launches, args.rounds)
     print(f"| {torch.cuda.get_device_name()} | C++ launch | extension forward | flexjit.flex_attention | over C++ | drop-in | over C++ | "
-          "autograd op | over C++ |")
+          "with autograd | over C++ |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, cpp, binding, api, dropin, op in rows:
         print(f"| {name} | {cpp:.2f} us | {binding:.2f} | {api:.2f} | **{api - cpp:+.2f}** | {dropin:.2f} | {dropin - cpp:+.2f} | "

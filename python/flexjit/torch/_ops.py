@@ -80,15 +80,38 @@ def parse_config(text):
     return config
 
 
-@torch.library.custom_op("flexjit::attention", mutates_args=())
-def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, buffers: list[torch.Tensor], config: str, params: list[float],
-                 scale: float, block_mask: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward(q, k, v, buffers, config, params, scale, block_mask):
+    """O and LSE of a launch (what the forward op computes)."""
     c = parse_config(config)
     o = q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
     lse = q.new_empty(q.shape[:3], dtype=torch.float32)
     _ext.forward(c.score_mod, c.mask_mod, c.buffer_dict(buffers), c.param_dict(params), c.grads or None, q, k, v, o, lse, scale,
                  device_masks_by_handle(block_mask), current_stream(q))
     return o, lse
+
+
+def _backward_grads(q, k, v, o, lse, grad_out, buffers, config, params, scale, block_mask):
+    """dq, dk, dv and the f32 gradients of the buffers the config marks (what the backward op computes)."""
+    c = parse_config(config)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    grads = {c.buffers[i][0]: buffers[i].new_empty(buffers[i].shape, dtype=torch.float32) for i in c.grad_indices}
+    _ext.backward(c.score_mod, c.mask_mod, c.buffer_dict(buffers), c.param_dict(params), q, k, v, o, lse, grad_out, dq, dk, dv,
+                  grads or None, scale, False, device_masks_by_handle(block_mask), current_stream(q))
+    return dq, dk, dv, list(grads.values())
+
+
+def _buffer_grads(config, buffers, buffer_grads):
+    """One entry per buffer: its gradient in the buffer's dtype, or None where the config marks none."""
+    grads = [None] * len(buffers)
+    for i, g in zip(parse_config(config).grad_indices, buffer_grads):
+        grads[i] = g.to(buffers[i].dtype)
+    return grads
+
+
+@torch.library.custom_op("flexjit::attention", mutates_args=())
+def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, buffers: list[torch.Tensor], config: str, params: list[float],
+                 scale: float, block_mask: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return _forward(q, k, v, buffers, config, params, scale, block_mask)
 
 
 @attention_op.register_fake
@@ -100,12 +123,7 @@ def _attention_fake(q, k, v, buffers, config, params, scale, block_mask):
 def attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, grad_out: torch.Tensor,
                           buffers: list[torch.Tensor], config: str, params: list[float], scale: float,
                           block_mask: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-    c = parse_config(config)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    grads = {c.buffers[i][0]: buffers[i].new_empty(buffers[i].shape, dtype=torch.float32) for i in c.grad_indices}
-    _ext.backward(c.score_mod, c.mask_mod, c.buffer_dict(buffers), c.param_dict(params), q, k, v, o, lse, grad_out, dq, dk, dv,
-                  grads or None, scale, False, device_masks_by_handle(block_mask), current_stream(q))
-    return dq, dk, dv, list(grads.values())
+    return _backward_grads(q, k, v, o, lse, grad_out, buffers, config, params, scale, block_mask)
 
 
 @attention_backward_op.register_fake
@@ -129,14 +147,33 @@ def _backward(ctx, grad_o, grad_lse):
     q, k, v, o, lse, *buffers = ctx.saved_tensors
     dq, dk, dv, buffer_grads = attention_backward_op(q, k, v, o, lse, grad_o.contiguous(), buffers, ctx.config, ctx.params, ctx.scale,
                                                      ctx.block_mask)
-    grads = [None] * len(buffers)
-    for i, g in zip(parse_config(ctx.config).grad_indices, buffer_grads):
-        grads[i] = g.to(buffers[i].dtype)
     # A list of floats is one leaf of the inputs' structure, but an empty list is an empty node.
-    return dq, dk, dv, grads, None, (None if ctx.params else []), None, None
+    return dq, dk, dv, _buffer_grads(ctx.config, buffers, buffer_grads), None, (None if ctx.params else []), None, None
 
 
 attention_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """The same forward and backward as the custom ops, for eager mode: a custom op's Python dispatch and autograd
+    wrapping cost about 130 us of host time per call (a plain call takes 5-8 us over C++), while an
+    autograd.Function costs a few. torch.compile traces the custom op instead (flex_attention chooses)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, config, params, scale, block_mask, *buffers):
+        o, lse = _forward(q, k, v, list(buffers), config, params, scale, block_mask)
+        ctx.save_for_backward(q, k, v, o, lse, *buffers)
+        ctx.config, ctx.params, ctx.scale, ctx.block_mask = config, params, scale, block_mask
+        ctx.block_mask_object = block_mask_by_handle(block_mask)  # keeps the mask's device tile lists alive
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, grad_o, grad_lse):
+        q, k, v, o, lse, *buffers = ctx.saved_tensors
+        dq, dk, dv, buffer_grads = _backward_grads(q, k, v, o, lse, grad_o.contiguous(), buffers, ctx.config, ctx.params, ctx.scale,
+                                                   ctx.block_mask)
+        return dq, dk, dv, None, None, None, None, *_buffer_grads(ctx.config, buffers, buffer_grads)
 
 
 def _needs_grad(q, k, v, tensors):
@@ -172,5 +209,9 @@ def flex_attention(q, k, v, score_mod, mask_mod, buffers, params, block_mask, sc
     grad_names = [name for name, t in zip(buffers, tensors) if t.requires_grad and torch.is_grad_enabled()]
     config = make_config(score_mod, mask_mod, entries, [name + ":" + kind for name, (kind, _) in zip(params, kinds)], grad_names)
     handle = block_mask.handle if block_mask is not None else ""
-    o, lse = attention_op(q, k, v, tensors, config, [value for _, value in kinds], scale, handle)
+    values = [value for _, value in kinds]
+    if torch.compiler.is_compiling():
+        o, lse = attention_op(q, k, v, tensors, config, values, scale, handle)
+    else:
+        o, lse = _EagerAttention.apply(q, k, v, config, values, scale, handle, *tensors)
     return (o, lse) if return_lse else o

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# A/B timing of flexjit builds on the GPU machine: each case runs every build in turn, the order reversed every
+# round, with 300 warm-up launches so the clock settles (20 left a 5% spread between builds of one kernel that ran
+# in a different order; 300 brought four rounds under 0.3%). Prints the median, min and max per case and build.
+#
+# Here: stage each build (templates are embedded, so a changed template is a changed build), e.g.
+#   FLEXJIT_STAGE=.device/base bash tools/build_for_gpu.sh     # before the change
+#   FLEXJIT_STAGE=.device/new  bash tools/build_for_gpu.sh     # after it
+# There (device tool, carry [".device"]):
+#   bash tools/device/ab.sh "base new" 3 "full causal"            # forward cases
+#   MODE=backward bash tools/device/ab.sh "base new" 3 "causal sam"   # backward cases (flexjit bench-backward)
+# Cases: full, full8k, causal, softcap, softcaprt, sam64, full64, full192, full256 (forward); causal, sam (backward).
+set -uo pipefail
+builds=$1
+rounds=$2
+cases=$3
+mode=${MODE:-forward}
+out=${OUT:-.}
+export FLEXJIT_CACHE_DIR=${FLEXJIT_CACHE_DIR:-/tmp/flexjit-ab}
+results=$out/ab_$mode.txt
+: > "$results"
+
+forward_args() {
+  case $1 in
+    full) echo "--name full --shape 4,16,16,4096,4096,128" ;;
+    full8k) echo "--name full --shape 2,16,16,8192,8192,128" ;;
+    causal) echo "--name causal --mask q>=kv --shape 4,16,16,4096,4096,128" ;;
+    softcap) echo "--name softcap --score cap*tanh(score/cap) --const cap:float=30 --shape 4,16,16,4096,4096,128" ;;
+    softcaprt) echo "--name softcap_rt --score cap*tanh(score/cap) --param cap:float --set cap=30 --shape 4,16,16,4096,4096,128" ;;
+    sam64) echo "--name sam_d64 --score score+rel_h[b,h,q,kv//64]+rel_w[b,h,q,kv%64] --buffer rel_h:bf16[B,H,Sq,64] --buffer rel_w:bf16[B,H,Sq,64] --shape 8,12,12,4096,4096,64" ;;
+    full64) echo "--name full_d64 --shape 8,12,12,4096,4096,64" ;;
+    full192) echo "--name full_d192 --shape 4,16,16,4096,4096,192" ;;
+    full256) echo "--name full_d256 --shape 4,16,16,4096,4096,256" ;;
+    *) echo "unknown forward case $1" >&2; return 1 ;;
+  esac
+}
+backward_args() {
+  case $1 in
+    causal) echo "--name causal --mask q>=kv --shape 4,16,16,4096,4096,128" ;;
+    sam) echo "--name sam_vitb --score score+rel_h[b,h,q,kv//64]+rel_w[b,h,q,kv%64] --buffer rel_h:bf16[B,H,Sq,64] --buffer rel_w:bf16[B,H,Sq,64] --grad rel_h --grad rel_w --shape 8,12,12,4096,4096,64" ;;
+    *) echo "unknown backward case $1" >&2; return 1 ;;
+  esac
+}
+
+set -f  # the case arguments hold * and [ ]: no globbing when they are split into words
+for r in $(seq 1 "$rounds"); do
+  for c in $cases; do
+    order=$builds
+    [ $((r % 2)) -eq 0 ] && order=$(echo "$builds" | tr ' ' '\n' | tac | tr '\n' ' ')
+    for b in $order; do
+      if [ "$mode" = backward ]; then
+        a=$(backward_args "$c") || exit 2
+        ms=$(timeout 120 ".device/$b/flexjit" bench-backward $a --json --iters 30 --warmup 10 2>>"$out/ab_errors.txt" | tail -1 |
+          python3 -c "import sys, json; print(json.loads(sys.stdin.read())['bwd_ms'])" 2>/dev/null || echo ERR)
+      else
+        a=$(forward_args "$c") || exit 2
+        ms=$(timeout 120 ".device/$b/flexjit" bench $a --json --iters 100 --warmup 300 2>>"$out/ab_errors.txt" | tail -1 |
+          python3 -c "import sys, json; print(json.loads(sys.stdin.read())['ms'])" 2>/dev/null || echo ERR)
+      fi
+      echo "$b $r $c $ms" >> "$results"
+    done
+  done
+done
+set +f
+python3 - "$results" <<'PY'
+import collections, statistics, sys
+d = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    build, _, case, ms = line.split()
+    if ms != "ERR":
+        d[(case, build)].append(float(ms))
+for (case, build), v in sorted(d.items()):
+    print(f"{case} {build} median {statistics.median(v):.4f} min {min(v):.4f} max {max(v):.4f} n {len(v)}")
+PY

@@ -1,4 +1,4 @@
-"""flexjit.torch on CPU tensors (the CPU backend): the custom ops (autograd, opcheck,
+"""flexjit.torch on CPU tensors (the CPU backend): autograd (eager, and the custom ops' opcheck and
 torch.compile without graph breaks) and the drop-in's translation of FlexAttention callables.
 Skipped where torch is not installed (CI)."""
 import pytest
@@ -48,6 +48,16 @@ def test_gallery_backward_with_buffer_gradients(name):
         want = torch.autograd.grad(expected, leaves, d_o)
         for what, a, b in zip(["dq", "dk", "dv"] + list(case.grads), got, want):
             assert_close(a, b, atol=2e-4, rtol=1e-4, what=f"{api}: {what}")
+
+
+def test_eager_gradients_skip_the_custom_op_dispatch():
+    # Eager calls that need gradients take the autograd.Function (a few us of host time), not the custom op (about
+    # 130 us of Python dispatch); torch.compile traces the op (test_compile_fullgraph_string_api_and_drop_in).
+    q, k, v = qkv(requires_grad=True)
+    o = flexjit.flex_attention(q, k, v, mask_mod="q >= kv")
+    assert type(o.grad_fn).__name__ == "_EagerAttentionBackward"
+    with torch.no_grad():
+        assert flexjit.flex_attention(q, k, v, mask_mod="q >= kv").grad_fn is None
 
 
 @pytest.mark.parametrize("name,score_mod,mask_mod", attention_gym(B, H, S, "cpu"), ids=lambda x: x if isinstance(x, str) else "")

@@ -162,10 +162,7 @@ class _EagerAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, config, params, scale, block_mask, *buffers):
         o, lse = _forward(q, k, v, list(buffers), config, params, scale, block_mask)
-        ctx.save_for_backward(q, k, v, o, lse, *buffers)
-        ctx.config, ctx.params, ctx.scale, ctx.block_mask = config, params, scale, block_mask
-        ctx.block_mask_object = block_mask_by_handle(block_mask)  # keeps the mask's device tile lists alive
-        ctx.mark_non_differentiable(lse)
+        _setup_context(ctx, (q, k, v, buffers, config, params, scale, block_mask), (o, lse))
         return o, lse
 
     @staticmethod

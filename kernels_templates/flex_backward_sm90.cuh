@@ -110,9 +110,12 @@ __device__ __forceinline__ float (&flat(float (&a)[M][N]))[M * N] {
 // first 16 columns hold its selector (flex_backward_staged.cuh); those 16 columns of the product, the staged
 // gradient sums, go to `sel` (the m64n16 accumulator layout). One GEMM instead of a second one over the same dS^T
 // tile: dS^T is read from shared memory once.
-template <int kN, class Layout, class Element, bool kDeterministic, bool kBulk, class Overlap>
+// `issue_next` issues one more wgmma group right behind dQ's (the dK GEMM): dQ's partial then goes out while that
+// group runs, which is left in flight on return.
+template <int kN, class Layout, class Element, bool kDeterministic, bool kBulk, class IssueNext, class Overlap>
 __device__ __forceinline__ void dq_block(const FlexBackwardParams& p, unsigned s_ds, unsigned s_k, int col0, long long row_base,
-                                         int q_row0, int t4, float* dq_buf, int m0, float (&sel)[8], Overlap&& overlap) {
+                                         int q_row0, int t4, float* dq_buf, int m0, float (&sel)[8], IssueNext&& issue_next,
+                                         Overlap&& overlap) {
   constexpr int kHeadDim = Layout::kHeadDim;
   constexpr int kNSel = kN + Layout::kSelectorCols;
   float acc[kNSel / 2];
@@ -122,8 +125,9 @@ __device__ __forceinline__ void dq_block(const FlexBackwardParams& p, unsigned s
     flex::Wgmma<kNSel>::template ss<Element, 1, 1>(acc, flex::desc_mn_major<typename Layout::TileDS>(s_ds, kk * 16, 0),
                                                    flex::desc_mn_major<typename Layout::TileK>(s_k, kk * 16, col0), kk > 0 ? 1 : 0);
   flex::wgmma_commit();
+  issue_next();
   overlap();
-  flex::wgmma_wait<0>();
+  flex::wgmma_wait<1>();
   flex::fence_operands(acc);
   if constexpr (Layout::kSelectorCols > 0) {
 #pragma unroll
@@ -532,11 +536,16 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
         *reinterpret_cast<unsigned*>(smem + S::kOffDS + TileDS::chunk_offset(r + 8, 2 * kk + 1) + 4 * t4) = da[kk][3];
       }
     }
-    flex::wgmma_fence();
+    // dK's GEMM: right here without dQ; with dQ behind dQ's GEMM (dq_block), so that dQ's partial goes out while it
+    // runs.
+    auto issue_dk = [&] {
+      flex::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk)
-      flex::Wgmma<kHeadDim>::template rs<Element, 1>(acc_dk, da[kk], flex::desc_mn_major<TileQ>(sq, kk * 16, 0), 1);
-    flex::wgmma_commit();
+      for (int kk = 0; kk < kBlockM / 16; ++kk)
+        flex::Wgmma<kHeadDim>::template rs<Element, 1>(acc_dk, da[kk], flex::desc_mn_major<TileQ>(sq, kk * 16, 0), 1);
+      flex::wgmma_commit();
+    };
+    if constexpr (!kDq) issue_dk();
     if constexpr (kSplitScatter) {
       if constexpr (TileScatter0::kClass == flex_bwd::kScatterDiagonal) split_scatter.warp_sum_planes(sh_red, sh_planes, warp, ln);
       else split_scatter.warp_sum(sh_red, warp, ln);
@@ -569,13 +578,14 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
       };
       if constexpr (S::kDqN0 == S::kDqN1) {
         flex_bwd_sm90::dq_block<S::kDqN0, S, Element, kDeterministic, kDqBulk>(p, s_ds, s_k, wg * S::kDqN0, row_base, q_row0, t4, sh_dq, m0,
-                                                                                sel_acc, while_dq);
+                                                                                sel_acc, issue_dk, while_dq);
       } else {
         if (wg == 0)
-          flex_bwd_sm90::dq_block<S::kDqN0, S, Element, kDeterministic, kDqBulk>(p, s_ds, s_k, 0, row_base, q_row0, t4, sh_dq, m0, sel_acc, while_dq);
+          flex_bwd_sm90::dq_block<S::kDqN0, S, Element, kDeterministic, kDqBulk>(p, s_ds, s_k, 0, row_base, q_row0, t4, sh_dq, m0, sel_acc, issue_dk,
+                                                                                while_dq);
         else
           flex_bwd_sm90::dq_block<S::kDqN1, S, Element, kDeterministic, kDqBulk>(p, s_ds, s_k, S::kDqN0, row_base, q_row0, t4, sh_dq, m0,
-                                                                                  sel_acc, while_dq);
+                                                                                  sel_acc, issue_dk, while_dq);
       }
       if constexpr (kGradGemm) {
         flex::fence_operands(sel_acc);
@@ -588,9 +598,9 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
         bulk_row_base = row_base + m0;
         bulk_rows = min(kBlockM, seqlen_q - m0);
       }
-    } else {
-      flex::wgmma_wait<0>();
     }
+    // dK's GEMM reads this stage's Q, which the next tile's loads (behind its first barrier) overwrite.
+    flex::wgmma_wait<0>();
     flex::fence_operands(acc_dk);
     flex::fence_operands(acc_dv);
 

@@ -9,7 +9,8 @@
 # There (device tool, carry [".device"]):
 #   bash tools/device/ab.sh "base new" 3 "full causal"            # forward cases
 #   MODE=backward bash tools/device/ab.sh "base new" 3 "causal sam"   # backward cases (flexjit bench-backward)
-# Cases: full, full8k, causal, softcap, softcaprt, sam64, full64, full192, full256 (forward); causal, sam (backward).
+# Cases: full, full8k, causal, softcap, softcaprt, sam64, full64, full192, full256 (forward); causal, full, causal96,
+# causal64, sam (backward).
 set -uo pipefail
 builds=$1
 rounds=$2
@@ -37,6 +38,9 @@ forward_args() {
 backward_args() {
   case $1 in
     causal) echo "--name causal --mask q>=kv --shape 4,16,16,4096,4096,128" ;;
+    full) echo "--name full --shape 4,16,16,4096,4096,128" ;;
+    causal96) echo "--name causal --mask q>=kv --shape 4,16,16,4096,4096,96" ;;
+    causal64) echo "--name causal --mask q>=kv --shape 8,12,12,4096,4096,64" ;;
     sam) echo "--name sam_vitb --score score+rel_h[b,h,q,kv//64]+rel_w[b,h,q,kv%64] --buffer rel_h:bf16[B,H,Sq,64] --buffer rel_w:bf16[B,H,Sq,64] --grad rel_h --grad rel_w --shape 8,12,12,4096,4096,64" ;;
     *) echo "unknown backward case $1" >&2; return 1 ;;
   esac

@@ -34,6 +34,7 @@ struct Tensor {
 
   static Tensor contiguous(void* data, DType dtype, std::vector<int64_t> shape);
   std::vector<int64_t> effective_strides() const;
+  int64_t stride(size_t dim) const;  // effective_strides()[dim], without building the vector
 };
 
 class BlockMask;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -19,16 +20,18 @@ void check_tensor(const Tensor& t, const char* name, size_t rank) {
     throw Error(fmt::format("{} has {} strides for {} dimensions", name, t.strides.size(), rank));
   for (size_t i = 0; i < rank; ++i)
     if (t.shape[i] < 1) throw Error(fmt::format("{} dimension {} is {}; every dimension must be at least 1", name, i, t.shape[i]));
-  check_addressable(t, name);
+  if (!is_addressable(t)) check_addressable(t, name);
 }
 
+// Every launch runs these checks: they build no vectors or strings unless they throw.
 void check_gpu_layout(const Tensor& t, const char* name) {
-  std::vector<int64_t> s = t.effective_strides();
-  if (s.back() != 1) throw Error(fmt::format("{} must be contiguous in its last dimension (stride 1), but its stride is {}", name, s.back()));
-  for (size_t i = 0; i + 1 < s.size(); ++i)
-    if (s[i] % 8 != 0)
+  const size_t rank = t.shape.size();
+  const int64_t last = t.stride(rank - 1);
+  if (last != 1) throw Error(fmt::format("{} must be contiguous in its last dimension (stride 1), but its stride is {}", name, last));
+  for (size_t i = 0; i + 1 < rank; ++i)
+    if (t.stride(i) % 8 != 0)
       throw Error(fmt::format("{} stride {} is {} elements; the GPU kernel needs strides that are multiples of 8 elements (16 bytes)", name,
-                              i, s[i]));
+                              i, t.stride(i)));
   if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) throw Error(fmt::format("{} must be 16-byte aligned", name));
 }
 
@@ -37,21 +40,26 @@ void check_gpu_layout(const Tensor& t, const char* name) {
 // Throws when `t`'s elements span more bytes than a pointer offset can hold: such shapes and
 // strides come from a caller's bug, and no launch may compute addresses from them. Other
 // mistakes (ranks, dims below 1, missing data) are the launch's to report.
-void check_addressable(const Tensor& t, const std::string& name) {
+bool is_addressable(const Tensor& t) {
   constexpr __int128 kLimit = __int128{1} << 62;
   const size_t rank = t.shape.size();
-  if (!t.data || (!t.strides.empty() && t.strides.size() != rank)) return;
+  if (!t.data || (!t.strides.empty() && t.strides.size() != rank)) return true;
   for (int64_t n : t.shape)
-    if (n < 1) return;
+    if (n < 1) return true;
   __int128 contiguous = 1, reach = 0;
   for (size_t i = rank; i-- > 0;) {
     const __int128 s = t.strides.empty() ? contiguous : t.strides[i];
     reach += (s < 0 ? -s : s) * (t.shape[i] - 1);
-    if (reach > kLimit / 8)
-      throw Error(fmt::format("{} has shape [{}] and strides [{}]: its elements lie further apart than any memory; check them", name,
-                                       fmt::join(t.shape, ", "), t.strides.empty() ? "contiguous" : fmt::format("{}", fmt::join(t.strides, ", "))));
+    if (reach > kLimit / 8) return false;
     contiguous = std::min(contiguous * t.shape[i], kLimit);
   }
+  return true;
+}
+
+void check_addressable(const Tensor& t, const std::string& name) {
+  if (is_addressable(t)) return;
+  throw Error(fmt::format("{} has shape [{}] and strides [{}]: its elements lie further apart than any memory; check them", name,
+                          fmt::join(t.shape, ", "), t.strides.empty() ? "contiguous" : fmt::format("{}", fmt::join(t.strides, ", "))));
 }
 
 LaunchShape validate_operands(const dsl::Spec& spec, const AttentionArgs& a, bool gpu) {
@@ -60,8 +68,8 @@ LaunchShape validate_operands(const dsl::Spec& spec, const AttentionArgs& a, boo
   check_tensor(a.v, "v", 4);
   check_tensor(a.o, "o", 4);
   LaunchShape s{a.q.shape[0], a.q.shape[1], a.k.shape[1], a.q.shape[2], a.k.shape[2], a.q.shape[3], a.v.shape[3]};
-  auto expect = [](const Tensor& t, const char* name, std::vector<int64_t> want, const char* layout) {
-    if (t.shape != want)
+  auto expect = [](const Tensor& t, const char* name, std::initializer_list<int64_t> want, const char* layout) {
+    if (!std::equal(t.shape.begin(), t.shape.end(), want.begin(), want.end()))
       throw Error(fmt::format("{} has shape [{}] but must be {} = [{}]", name, fmt::join(t.shape, ", "), layout, fmt::join(want, ", ")));
   };
   if (a.k.shape[0] != s.batch) throw Error(fmt::format("k has batch {} but q has {}", a.k.shape[0], s.batch));
@@ -84,7 +92,7 @@ LaunchShape validate_operands(const dsl::Spec& spec, const AttentionArgs& a, boo
     check_tensor(a.lse, "lse", 3);
     expect(a.lse, "lse", {s.batch, s.heads, s.seqlen_q}, "[B, H, Sq]");
     if (a.lse.dtype != dsl::DType::F32) throw Error("lse must be f32");
-    if (a.lse.effective_strides().back() != 1) throw Error("lse must be contiguous in its last dimension");
+    if (a.lse.stride(2) != 1) throw Error("lse must be contiguous in its last dimension");
   }
   for (int64_t v : {s.batch, s.heads, s.seqlen_q, s.seqlen_kv})
     if (v > INT32_MAX) throw Error("B, H, Sq and Skv must each be below 2^31");
@@ -155,7 +163,7 @@ std::vector<Tensor> collect_buffers(const dsl::Spec& spec, const AttentionArgs& 
       throw Error(fmt::format("buffer `{}` is declared {} but the given tensor is {}", d.name, d.str(), dsl::dtype_name(out[i].dtype)));
     if (!out[i].strides.empty() && out[i].strides.size() != out[i].shape.size())
       throw Error(fmt::format("buffer `{}` has {} strides for {} dimensions", d.name, out[i].strides.size(), out[i].shape.size()));
-    check_addressable(out[i], fmt::format("buffer `{}`", d.name));
+    if (!is_addressable(out[i])) check_addressable(out[i], fmt::format("buffer `{}`", d.name));
   }
   return out;
 }

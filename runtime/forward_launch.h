@@ -46,6 +46,7 @@ LaunchShape validate_operands(const dsl::Spec& spec, const AttentionArgs& args, 
 // Throws when `t`'s elements span more bytes than a pointer offset can hold (a stride like INT64_MIN): such shapes
 // and strides come from a caller's bug, and no launch may compute addresses from them. Other mistakes (ranks, dims
 // below 1, missing data) are left to the checks that name them.
+bool is_addressable(const Tensor& t);  // check_addressable's test, for callers that build the name only to throw
 void check_addressable(const Tensor& t, const std::string& name);
 
 // The captured buffers of a launch in spec order: from args, else from `bound` (same order,

@@ -73,6 +73,13 @@ Tensor Tensor::contiguous(void* data, DType dtype, std::vector<int64_t> shape) {
 
 std::vector<int64_t> Tensor::effective_strides() const { return strides.empty() ? contiguous_strides(shape) : strides; }
 
+int64_t Tensor::stride(size_t dim) const {
+  if (!strides.empty()) return strides.at(dim);
+  int64_t s = 1;
+  for (size_t i = shape.size(); i-- > dim + 1;) s *= shape[i];
+  return s;
+}
+
 BlockMask::~BlockMask() {
   if (memory_ && owns_)
     if (const runtime::CudaDriver* d = cuda_driver()) {
@@ -296,21 +303,24 @@ std::vector<Tensor> KernelImpl::bound_for(int device) {
 }
 
 void KernelImpl::check_pointers(const AttentionArgs& a, const std::vector<Tensor>& buffers, int device) const {
-  auto check = [&](const void* p, const std::string& what) {
+  // The name is only built for the message: this runs on every launch.
+  auto check = [&](const void* p, auto&& name) {
     int dev = runtime::pointer_device(p);
     if (dev == device) return;
+    const std::string what = name();
     if (dev < 0)
       throw Error(fmt::format("{} is not CUDA device memory, but this launch runs on cuda:{}", what, device));
     throw Error(fmt::format("{} lives on cuda:{}, but this launch runs on cuda:{}; copy it to cuda:{} or bind a replica with "
                             "Kernel::bind_buffer",
                             what, dev, device, device));
   };
-  check(a.q.data, "q");
-  check(a.k.data, "k");
-  check(a.v.data, "v");
-  check(a.o.data, "o");
-  if (a.lse.data) check(a.lse.data, "lse");
-  for (size_t i = 0; i < buffers.size(); ++i) check(buffers[i].data, fmt::format("buffer `{}`", spec().buffers[i].name));
+  auto named = [](const char* n) { return [n] { return std::string(n); }; };
+  check(a.q.data, named("q"));
+  check(a.k.data, named("k"));
+  check(a.v.data, named("v"));
+  check(a.o.data, named("o"));
+  if (a.lse.data) check(a.lse.data, named("lse"));
+  for (size_t i = 0; i < buffers.size(); ++i) check(buffers[i].data, [&] { return fmt::format("buffer `{}`", spec().buffers[i].name); });
   if (a.block_mask && a.block_mask->device() != device)
     throw Error(fmt::format("the block mask was built on cuda:{}, but this launch runs on cuda:{}", a.block_mask->device(), device));
   if (a.workspace && a.workspace->device() != device)

@@ -17,9 +17,8 @@ struct Dims4 {
   int64_t shape[4], strides[4];
 };
 Dims4 as_4d(const Tensor& t) {
-  const std::vector<int64_t> s = t.effective_strides();
-  if (t.shape.size() == 3) return Dims4{{1, t.shape[1], t.shape[0], t.shape[2]}, {0, s[1], s[0], s[2]}};
-  return Dims4{{t.shape[0], t.shape[1], t.shape[2], t.shape[3]}, {s[0], s[1], s[2], s[3]}};
+  if (t.shape.size() == 3) return Dims4{{1, t.shape[1], t.shape[0], t.shape[2]}, {0, t.stride(1), t.stride(0), t.stride(2)}};
+  return Dims4{{t.shape[0], t.shape[1], t.shape[2], t.shape[3]}, {t.stride(0), t.stride(1), t.stride(2), t.stride(3)}};
 }
 
 bool describable(const Tensor& t) {
@@ -69,17 +68,21 @@ FlexForwardTmaMaps encode_forward_tensor_maps(const CudaDriver& d, const Tensor&
 }
 
 const FlexForwardTmaMaps& TensorMapCache::get(const CudaDriver& d, const Tensor& q, const Tensor& k, const Tensor& v, const ForwardConfig& cfg) {
-  std::vector<int64_t> key = {cfg.head_dim, cfg.block_m, cfg.block_n, cfg.swizzle_bytes};
+  // A fixed-size key (no allocation on the launch path); as_4d's view is what the maps encode.
+  Key key{};
+  size_t n = 0;
+  for (int64_t x : {int64_t{cfg.head_dim}, int64_t{cfg.block_m}, int64_t{cfg.block_n}, int64_t{cfg.swizzle_bytes}}) key[n++] = x;
   for (const Tensor* t : {&q, &k, &v}) {
-    key.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(t->data)));
-    key.push_back(static_cast<int64_t>(t->dtype));
-    key.insert(key.end(), t->shape.begin(), t->shape.end());
-    const std::vector<int64_t> s = t->effective_strides();
-    key.insert(key.end(), s.begin(), s.end());
+    const Dims4 dims = as_4d(*t);
+    key[n++] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(t->data));
+    key[n++] = static_cast<int64_t>(t->dtype) * 8 + static_cast<int64_t>(t->shape.size());
+    for (int i = 0; i < 4; ++i) key[n++] = dims.shape[i];
+    for (int i = 0; i < 4; ++i) key[n++] = dims.strides[i];
   }
-  if (key != key_) {
+  if (!valid_ || key != key_) {
     maps_ = encode_forward_tensor_maps(d, q, k, v, cfg);
-    key_ = std::move(key);
+    key_ = key;
+    valid_ = true;
   }
   return maps_;
 }

@@ -2,6 +2,8 @@
 // described as rank-4 tensors {D, S, heads, B} with the launch's strides, encoded by the driver
 // (cuTensorMapEncodeTiled).
 #pragma once
+
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -30,7 +32,9 @@ class TensorMapCache {
   const FlexForwardTmaMaps& get(const CudaDriver& d, const Tensor& q, const Tensor& k, const Tensor& v, const ForwardConfig& cfg);
 
  private:
-  std::vector<int64_t> key_;
+  using Key = std::array<int64_t, 4 + 3 * 10>;  // the config, then per tensor: pointer, dtype and rank, shape, strides
+  Key key_{};
+  bool valid_ = false;
   FlexForwardTmaMaps maps_{};
 };
 

@@ -1,6 +1,10 @@
 """Forward+backward benchmarks on one GPU in one run: flexjit (`flexjit bench-backward`) against PyTorch
-FlexAttention (torch.compile(flex_attention)) and SDPA, same shapes, bf16. FLOPs of forward+backward =
-3.5 * 4 * B * H * Sq * Skv * D * density (forward 1, backward 2.5: five GEMMs against two).
+FlexAttention (torch.compile(flex_attention)) with its FLASH backend (FlashAttention-4 kernels,
+kernel_options={"BACKEND": "FLASH"}) and its Triton one, FlashAttention-4 itself, and SDPA (cuDNN and flash), same
+shapes, bf16, each where it can run the case. FLOPs of forward+backward = 3.5 * 4 * B * H * Sq * Skv * D * density
+(forward 1, backward 2.5: five GEMMs against two); the backward alone 2.5 of them.
+FlashAttention-4 and the FLASH backend need the flash-attn-4 package in the site directory passed with --site
+(../shared/tools/fa4/prepare.sh brings it to the GPU machine).
 The causal and SAM cases also run each dQ strategy (`--dq atomic`: the KV-major kernel's atomics; `--dq qmajor`:
 the query-major pass), plain and deterministic, for the "dQ strategy" table.
 Writes backward.json and backward_table.md (date, GPU, commit) to --out, for bench/RESULTS.md.
@@ -9,6 +13,7 @@ import argparse
 import datetime
 import json
 import os
+import site
 import subprocess
 
 import torch
@@ -35,6 +40,57 @@ def bench(fn, rep=100):
     return tt.do_bench(fn, warmup=10, rep=rep, return_mode="median")
 
 
+def fa4_function():
+    try:
+        from flash_attn.cute import flash_attn_func  # noqa: PLC0415
+        return flash_attn_func
+    except Exception as e:  # noqa: BLE001
+        return str(e)[:200]
+
+
+def error_text(e):
+    return str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+
+
+def time_flex(row, q, k, v, do, sm, mask_mod, s):
+    """FlexAttention forward+backward through its FLASH and Triton backends (flex_flash_ms, flex_ms)."""
+    bm = create_block_mask(mask_mod, None, None, s, s, device=dev) if mask_mod else None
+    for key, opts in (("flex_flash", {"BACKEND": "FLASH"}), ("flex", None)):
+        try:
+            def f():
+                flex(q, k, v, score_mod=sm, block_mask=bm, kernel_options=opts).backward(do)
+            f()
+            row[key + "_ms"] = bench(f, rep=50)
+        except Exception as e:  # noqa: BLE001
+            row[key + "_error"] = error_text(e)
+
+
+def time_dense(row, q, k, v, do, fa4):
+    """Causal attention without mods: FlashAttention-4 and SDPA (cuDNN, flash), forward+backward."""
+    if callable(fa4):
+        try:
+            qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_(True) for x in (q, k, v))  # FA4 takes [B, S, H, D]
+            dot = do.transpose(1, 2).contiguous()
+            def g():
+                out = fa4(qt, kt, vt, causal=True)
+                (out[0] if isinstance(out, tuple) else out).backward(dot)
+            g()
+            row["fa4_ms"] = bench(g)
+        except Exception as e:  # noqa: BLE001
+            row["fa4_error"] = error_text(e)
+    else:
+        row["fa4_error"] = fa4
+    for backend, key in ((SDPBackend.FLASH_ATTENTION, "sdpa_flash"), (SDPBackend.CUDNN_ATTENTION, "sdpa_cudnn")):
+        try:
+            with sdpa_kernel([backend]):
+                def g():
+                    F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(do)
+                g()
+                row[key + "_ms"] = bench(g)
+        except Exception as e:  # noqa: BLE001
+            row[key + "_error"] = error_text(e)
+
+
 # Cases whose rows also compare the dQ strategies.
 DQ_CASES = ("causal", "sam_vitb_rel_grads")
 
@@ -58,7 +114,11 @@ def main():
     ap.add_argument("--only", nargs="*", default=None)
     ap.add_argument("--flex-learnable", action="store_true", help="also run FlexAttention on the learnable slope / bias cases")
     ap.add_argument("--no-torch", action="store_true", help="flexjit only: skip FlexAttention and SDPA")
+    ap.add_argument("--site", default="/tmp/site", help="site directory of flash-attn-4 (prepare.sh)")
     args = ap.parse_args()
+    if os.path.isdir(args.site):
+        site.addsitedir(args.site)
+    fa4 = fa4_function()
     os.makedirs(args.out, exist_ok=True)
     torch.manual_seed(0)
     B, H, S, D = 4, 16, 4096, 128
@@ -93,6 +153,7 @@ def main():
         row["flexjit"] = ours
         if "fwd_bwd_ms" in ours:
             row["flexjit_ms"] = ours["fwd_bwd_ms"]
+            row["flexjit_bwd_tflops"] = flops / 3.5 * 2.5 / ours["bwd_ms"] / 1e9
         det = run_flexjit(args.flexjit, flags + ["--head-dim", str(d)], [b, h, h, s, s, d], deterministic=True)
         row["flexjit_det"] = det
         if name in DQ_CASES:
@@ -125,27 +186,12 @@ def main():
         if name in ANCHOR_NOTES and not args.flex_learnable:
             row["flex_note"] = ANCHOR_NOTES[name]
         else:
-            try:
-                bm = create_block_mask(mask_mod, None, None, s, s, device=dev) if mask_mod else None
-                def f():
-                    flex(q, k, v, score_mod=sm, block_mask=bm).backward(do)
-                f()
-                row["flex_ms"] = bench(f, rep=50)
-            except Exception as e:  # noqa: BLE001
-                row["flex_error"] = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+            time_flex(row, q, k, v, do, sm, mask_mod, s)
         if name == "causal":
-            for backend, key in ((SDPBackend.FLASH_ATTENTION, "sdpa_flash_ms"), (SDPBackend.CUDNN_ATTENTION, "sdpa_cudnn_ms")):
-                try:
-                    with sdpa_kernel([backend]):
-                        def g():
-                            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(do)
-                        g()
-                        row[key] = bench(g)
-                except Exception as e:  # noqa: BLE001
-                    row[key.replace("_ms", "_error")] = str(e)[:120]
+            time_dense(row, q, k, v, do, fa4)
         del q, k, v, do
         torch.cuda.empty_cache()
-        for key in ("flexjit_ms", "flex_ms", "sdpa_flash_ms", "sdpa_cudnn_ms"):
+        for key in ("flexjit_ms", "flex_ms", "flex_flash_ms", "fa4_ms", "sdpa_flash_ms", "sdpa_cudnn_ms"):
             if key in row:
                 row[key.replace("_ms", "_tflops")] = flops / row[key] / 1e9
         print(json.dumps(row), flush=True)
@@ -154,26 +200,28 @@ def main():
     gpu = torch.cuda.get_device_name()
     commit = os.environ.get("FLEXJIT_COMMIT", "unknown")
     lines = [f"\n### Forward + backward, {datetime.date.today()}, {gpu}, commit {commit}, torch {torch.__version__}\n",
-             "TFLOP/s = 3.5 · 4·B·H·S²·D·density / time. flexjit columns: forward / backward / both (ms); deterministic = backward "
-             "with fixed-point accumulation.\n",
-             "| case | flexjit fwd / bwd / fwd+bwd ms | flexjit TFLOP/s | deterministic bwd ms | FlexAttention fwd+bwd ms · TFLOP/s | "
-             "Flex / flexjit | SDPA flash | SDPA cuDNN |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "TFLOP/s = 3.5 · 4·B·H·S²·D·density / time (the backward alone: 2.5 ·). flexjit columns: forward / backward / both (ms); "
+             "deterministic = backward with fixed-point accumulation. Other columns: forward+backward ms · TFLOP/s; ratio = the "
+             "FLASH backend's time over flexjit's (above 1: flexjit is faster).\n",
+             "| case | flexjit fwd / bwd / fwd+bwd ms | flexjit TFLOP/s (bwd alone) | deterministic bwd ms | Flex FLASH | ratio | "
+             "Flex Triton | FlashAttention-4 | cuDNN SDPA | SDPA flash |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+
+    def cell(r, key):
+        if key + "_ms" in r:
+            return f"{r[key + '_ms']:.3f} · {r[key + '_tflops']:.0f}"
+        if key + "_error" in r:
+            return "fails: " + r[key + "_error"][:80]
+        return r.get("flex_note", "–") if key == "flex" else "–"
+
     for r in rows:
         fj = r["flexjit"]
         ours = f"{fj['fwd_ms']:.3f} / {fj['bwd_ms']:.3f} / {fj['fwd_bwd_ms']:.3f}" if "fwd_ms" in fj else "fails: " + fj.get("error", "")[:80]
-        tf = f"{r['flexjit_tflops']:.0f}" if "flexjit_tflops" in r else "–"
+        tf = f"{r['flexjit_tflops']:.0f} ({r['flexjit_bwd_tflops']:.0f})" if "flexjit_tflops" in r else "–"
         det = f"{r['flexjit_det']['bwd_ms']:.3f}" if "bwd_ms" in r.get("flexjit_det", {}) else "–"
-        if "flex_ms" in r:
-            fl = f"{r['flex_ms']:.3f} · {r['flex_tflops']:.0f}"
-        elif "flex_error" in r:
-            fl = "fails: " + r["flex_error"][:80]
-        else:
-            fl = r.get("flex_note", "–")
-        ratio = f"{r['flex_ms'] / r['flexjit_ms']:.2f}×" if "flex_ms" in r and "flexjit_ms" in r else "–"
-        sf = f"{r['sdpa_flash_ms']:.3f} · {r['sdpa_flash_tflops']:.0f}" if "sdpa_flash_ms" in r else "–"
-        sc = f"{r['sdpa_cudnn_ms']:.3f} · {r['sdpa_cudnn_tflops']:.0f}" if "sdpa_cudnn_ms" in r else "–"
-        lines.append(f"| {r['case']} | {ours} | {tf} | {det} | {fl} | {ratio} | {sf} | {sc} |")
+        ratio = f"{r['flex_flash_ms'] / r['flexjit_ms']:.2f}×" if "flex_flash_ms" in r and "flexjit_ms" in r else "–"
+        lines.append(f"| {r['case']} | {ours} | {tf} | {det} | {cell(r, 'flex_flash')} | {ratio} | {cell(r, 'flex')} | {cell(r, 'fa4')} | "
+                     f"{cell(r, 'sdpa_cudnn')} | {cell(r, 'sdpa_flash')} |")
     dq_rows = [r for r in rows if "flexjit_dq" in r]
     if dq_rows:
         lines += ["", "dQ strategy (`--dq`): atomic = fp32 (or fixed-point) atomics in the KV-major kernel; qmajor = the query-major pass "

@@ -3,8 +3,8 @@ FlexAttention (torch.compile(flex_attention)) with its FLASH backend (FlashAtten
 kernel_options={"BACKEND": "FLASH"}) and its Triton one, FlashAttention-4 itself, and SDPA (cuDNN and flash), same
 shapes, bf16, each where it can run the case. FLOPs of forward+backward = 3.5 * 4 * B * H * Sq * Skv * D * density
 (forward 1, backward 2.5: five GEMMs against two); the backward alone 2.5 of them.
-FlashAttention-4 and the FLASH backend need the flash-attn-4 package in the site directory passed with --site
-(../shared/tools/fa4/prepare.sh brings it to the GPU machine).
+FlashAttention-4 and the FLASH backend need the flash-attn-4 package and the CuTe DSL runtime in the site directory
+passed with --site (the GPU machine has no package registry: they travel as wheels).
 The causal and SAM cases also run each dQ strategy (`--dq atomic`: the KV-major kernel's atomics; `--dq qmajor`:
 the query-major pass), plain and deterministic, for the "dQ strategy" table.
 Writes backward.json and backward_table.md (date, GPU, commit) to --out, for bench/RESULTS.md.

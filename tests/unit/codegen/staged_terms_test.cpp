@@ -138,6 +138,13 @@ TEST_CASE("staged terms: only the Hopper kernel of an atomic module stages, and 
   CHECK(auto_picks_query_major(b.grad, b.ranges, det));
   Built nograd = build(kSam, kSamBufs, {});
   CHECK(!auto_picks_query_major(nograd.grad, nograd.ranges, det));
+  // Deterministic with nothing staged: the pass on the Hopper kernel (dq without fixed-point atomics), not on sm_80.
+  Built plain = build("score", {}, {});
+  CHECK(!auto_picks_query_major(plain.grad, plain.ranges, bo));
+  CHECK(auto_picks_query_major(plain.grad, plain.ranges, det));
+  BackwardKernelOptions det80 = det;
+  det80.arch = "sm_80";
+  CHECK(!auto_picks_query_major(plain.grad, plain.ranges, det80));
   BackwardKernelOptions d192 = bo;
   d192.head_dim = 192;
   CHECK(auto_picks_query_major(b.grad, b.ranges, d192));

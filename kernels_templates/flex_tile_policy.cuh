@@ -64,7 +64,7 @@ constexpr FlexForwardPolicy flex_forward_policy_mma_sync(int head_dim) {
 //   - two consumer warpgroups of 64 query rows (block_m 128) and one producer warpgroup: 384 threads;
 //   - KV tiles as wide as registers and shared memory allow: S (block_n / 2 floats per thread), P (block_n / 4) and
 //     O (tile_head_dim / 2) live at once while the next S GEMM overlaps the softmax. Plain attention takes 176 columns
-//     at head dim 128 and 192 up to 64; a score_mod's registers (softcap's temporaries, SAM's per-column state) spill
+//     at head dim 128 and 192 at 96 (80 included) and up to 64; a score_mod's registers (softcap's temporaries, SAM's per-column state) spill
 //     there, and a masked launch's diagonal costs a partial tile per query tile, so mods get 128. A mask that reads
 //     buffers (documents) keeps an irregular area, which 64-column tiles follow closer. At 192 and 256 what the
 //     two-stage rings leave room for next to Q, 64 for variants whose state needs 64-aligned tiles;
@@ -86,7 +86,7 @@ constexpr FlexForwardPolicy flex_forward_policy_sm90(int head_dim, FlexVariantFe
   if (p.tile_head_dim <= 64) {
     p.block_n = plain ? 192 : 128;
   } else if (p.tile_head_dim <= 128) {
-    p.block_n = plain && p.tile_head_dim == 128 ? 176 : f.data_dependent_mask ? 64 : 128;
+    p.block_n = plain && p.tile_head_dim == 128 ? 176 : plain && p.tile_head_dim == 96 ? 192 : f.data_dependent_mask ? 64 : 128;
   } else if (p.tile_head_dim <= 192) {
     p.block_n = f.tile_aligned ? 64 : 112;
   } else {

@@ -74,7 +74,8 @@ def current_stream(like):
             return 0
         import torch
 
-        return torch.cuda.current_stream(like.device).cuda_stream
+        # The raw handle, as flexjit.torch's ops read it: torch.cuda.current_stream builds a Stream object per call.
+        return torch._C._cuda_getCurrentRawStream(like.get_device())
     module = type(like).__module__.split(".")[0]
     if module == "cupy":
         import cupy

@@ -64,8 +64,8 @@ constexpr FlexForwardPolicy flex_forward_policy_mma_sync(int head_dim) {
 //   - two consumer warpgroups of 64 query rows (block_m 128) and one producer warpgroup: 384 threads;
 //   - KV tiles as wide as registers and shared memory allow: S (block_n / 2 floats per thread), P (block_n / 4) and
 //     O (tile_head_dim / 2) live at once while the next S GEMM overlaps the softmax. Plain attention takes 176 columns
-//     at head dim 128 and 192 at 96 (80 included) and up to 64; a score_mod's registers (softcap's temporaries, SAM's per-column state) spill
-//     there, and a masked launch's diagonal costs a partial tile per query tile, so mods get 128. A mask that reads
+//     at head dim 128, 192 at 96 (80 included) and up to 64; a score_mod's registers (softcap's temporaries, SAM's
+//     per-column state) spill there, and a masked launch's diagonal costs a partial tile per query tile, so mods get 128. A mask that reads
 //     buffers (documents) keeps an irregular area, which 64-column tiles follow closer. At 192 and 256 what the
 //     two-stage rings leave room for next to Q, 64 for variants whose state needs 64-aligned tiles;
 //   - head dims 80 is laid out as 96 (a 64-byte swizzle instead of 32, whose bank conflicts cost more than the

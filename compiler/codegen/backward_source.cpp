@@ -93,9 +93,8 @@ bool auto_picks_query_major(const ScoreModGradient& grad, const RangeInfo& range
     for (const StagedTerm& t : staged.terms)
       if (t.scatter >= 0) return true;
   // Deterministic, nothing staged, the Hopper kernel: the pass computes dq without atomics, where the KV-major kernel
-  // adds it by 64-bit fixed-point atomics per element. Backward ms on an H100 (B4 H16 S4096, causal unless said),
-  // KV-major -> pass: D128 3.89 -> 3.08, full 7.08 -> 5.29, softcap 3.98 -> 3.62, learnable bias 4.04 -> 4.00,
-  // learnable slope 3.95 -> 3.14, D96 3.01 -> 2.59, D64 (B8 H12) 3.10 -> 2.91.
+  // adds it by 64-bit fixed-point atomics per element, which cost more than the pass's extra GEMMs at every head dim
+  // and mod measured (docs/BACKWARD.md, dQ strategy).
   if (options.deterministic && staged.terms.empty() && backward_config(options.head_dim, options.arch).hopper) return true;
   return needs_query_major_pass(grad, staged);
 }

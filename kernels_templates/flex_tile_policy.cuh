@@ -61,15 +61,16 @@ constexpr FlexForwardPolicy flex_forward_policy_mma_sync(int head_dim) {
 }
 
 // The warp-specialised kernel (FlashAttention-3's hopper/tile_size.h plays the same role there):
-//   - two consumer warpgroups of 64 query rows (block_m 128) and one producer warpgroup: 384 threads. At head dim 64
-//     a warpgroup's GEMMs are short next to its softmax, so three consumer warpgroups (block_m 192, 512 threads, no
-//     ping-pong) share every K and V tile and keep the tensor cores fed from three softmaxes; their 160 registers
-//     hold 128 KV columns (64 with a score_mod, whose state would spill), and three stages fit;
+//   - two consumer warpgroups of 64 query rows (block_m 128) and one producer warpgroup: 384 threads. At head dims
+//     up to 96 a warpgroup's GEMMs are short next to its softmax, so three consumer warpgroups (block_m 192, 512
+//     threads, no ping-pong) share every K and V tile and keep the tensor cores fed from three softmaxes; their 160
+//     registers hold 128 KV columns at head dim 64 (64 with a score_mod, whose state would spill) and 96 at 96 (plain
+//     attention only: mods spill there), and three stages fit;
 //   - KV tiles as wide as registers and shared memory allow: S (block_n / 2 floats per thread), P (block_n / 4) and
 //     O (tile_head_dim / 2) live at once while the next S GEMM overlaps the softmax. Plain attention takes 176 columns
-//     at head dim 128 and 192 at 96 (80 included); a score_mod's registers (softcap's temporaries, SAM's
-//     per-column state) spill there, and a masked launch's diagonal costs a partial tile per query tile, so mods get 128. A mask that reads
-//     buffers (documents) keeps an irregular area, which 64-column tiles follow closer. At 192 and 256 what the
+//     at head dim 128; a score_mod's registers (softcap's temporaries, SAM's per-column state) spill there, and a
+//     masked launch's diagonal costs a partial tile per query tile, so mods get 128. A mask that reads buffers
+//     (documents) keeps an irregular area, which 64-column tiles follow closer. At 192 and 256 what the
 //     two-stage rings leave room for next to Q, 64 for variants whose state needs 64-aligned tiles;
 //   - head dims 80 is laid out as 96 (a 64-byte swizzle instead of 32, whose bank conflicts cost more than the
 //     zero columns);
@@ -86,18 +87,18 @@ constexpr FlexForwardPolicy flex_forward_policy_sm90(int head_dim, FlexVariantFe
   p.producer_regs = 40;
   p.consumer_regs = 232;
   const bool plain = !f.has_score_mod && !f.has_mask_mod;
-  if (p.tile_head_dim <= 64 && !f.data_dependent_mask) {
+  if ((p.tile_head_dim <= 64 && !f.data_dependent_mask) || (p.tile_head_dim == 96 && plain)) {
     p.block_m = 192;
     p.consumer_warpgroups = 3;
     p.threads = 128 * (p.consumer_warpgroups + 1);
     p.stages = 3;
     p.producer_regs = 32;  // 32 x 128 + 160 x 384 = the 65536 registers of 512 threads at the launch bound's 128
     p.consumer_regs = 160;
-    p.block_n = f.has_score_mod ? 64 : 128;
+    p.block_n = p.tile_head_dim == 96 ? 96 : f.has_score_mod ? 64 : 128;
   } else if (p.tile_head_dim <= 64) {
     p.block_n = 128;
   } else if (p.tile_head_dim <= 128) {
-    p.block_n = plain && p.tile_head_dim == 128 ? 176 : plain && p.tile_head_dim == 96 ? 192 : f.data_dependent_mask ? 64 : 128;
+    p.block_n = plain ? 176 : f.data_dependent_mask ? 64 : 128;
   } else if (p.tile_head_dim <= 192) {
     p.block_n = f.tile_aligned ? 64 : 112;
   } else {

@@ -64,8 +64,8 @@ constexpr FlexForwardPolicy flex_forward_policy_mma_sync(int head_dim) {
 //   - two consumer warpgroups of 64 query rows (block_m 128) and one producer warpgroup: 384 threads. At head dims
 //     up to 96 a warpgroup's GEMMs are short next to its softmax, so three consumer warpgroups (block_m 192, 512
 //     threads, no ping-pong) share every K and V tile and keep the tensor cores fed from three softmaxes; their 160
-//     registers hold 128 KV columns at head dim 64 (64 with a score_mod, whose state would spill) and 96 at 96 (plain
-//     attention only: mods spill there), and three stages fit;
+//     registers hold 128 KV columns at head dim 64 and 96 at 96 (80 included), 64 with a score_mod, whose state
+//     would spill; three stages fit. Masks that read buffers keep two warpgroups (at 128 columns they spill at 160);
 //   - KV tiles as wide as registers and shared memory allow: S (block_n / 2 floats per thread), P (block_n / 4) and
 //     O (tile_head_dim / 2) live at once while the next S GEMM overlaps the softmax. Plain attention takes 176 columns
 //     at head dim 128; a score_mod's registers (softcap's temporaries, SAM's per-column state) spill there, and a
@@ -87,14 +87,14 @@ constexpr FlexForwardPolicy flex_forward_policy_sm90(int head_dim, FlexVariantFe
   p.producer_regs = 40;
   p.consumer_regs = 232;
   const bool plain = !f.has_score_mod && !f.has_mask_mod;
-  if ((p.tile_head_dim <= 64 && !f.data_dependent_mask) || (p.tile_head_dim == 96 && plain)) {
+  if (p.tile_head_dim <= 96 && !f.data_dependent_mask) {
     p.block_m = 192;
     p.consumer_warpgroups = 3;
     p.threads = 128 * (p.consumer_warpgroups + 1);
     p.stages = 3;
     p.producer_regs = 32;  // 32 x 128 + 160 x 384 = the 65536 registers of 512 threads at the launch bound's 128
     p.consumer_regs = 160;
-    p.block_n = p.tile_head_dim == 96 ? 96 : f.has_score_mod ? 64 : 128;
+    p.block_n = f.has_score_mod ? 64 : p.tile_head_dim == 96 ? 96 : 128;
   } else if (p.tile_head_dim <= 64) {
     p.block_n = 128;
   } else if (p.tile_head_dim <= 128) {

@@ -9,7 +9,7 @@
 # There (device tool, carry [".device"]):
 #   bash tools/device/ab.sh "base new" 3 "full causal"            # forward cases
 #   MODE=backward bash tools/device/ab.sh "base new" 3 "causal sam"   # backward cases (flexjit bench-backward)
-# Cases: full, full8k, causal, softcap, softcaprt, sam64, full64, causal64, full80, full96, full192, full256 (forward); causal, full, causal96,
+# Cases: full, full8k, causal, softcap, softcaprt, sam64, sam80, full64, causal64, causal96, full80, full96, full192, full256 (forward); causal, full, causal96,
 # causal64, sam (backward).
 set -uo pipefail
 builds=$1
@@ -31,6 +31,8 @@ forward_args() {
     sam64) echo "--name sam_d64 --score score+rel_h[b,h,q,kv//64]+rel_w[b,h,q,kv%64] --buffer rel_h:bf16[B,H,Sq,64] --buffer rel_w:bf16[B,H,Sq,64] --shape 8,12,12,4096,4096,64" ;;
     full64) echo "--name full_d64 --shape 8,12,12,4096,4096,64" ;;
     causal64) echo "--name causal_d64 --mask q>=kv --shape 8,12,12,4096,4096,64" ;;
+    sam80) echo "--name sam_d80 --score score+rel_h[b,h,q,kv//64]+rel_w[b,h,q,kv%64] --buffer rel_h:bf16[B,H,Sq,64] --buffer rel_w:bf16[B,H,Sq,64] --shape 8,16,16,4096,4096,80" ;;
+    causal96) echo "--name causal_d96 --mask q>=kv --shape 4,16,16,4096,4096,96" ;;
     full80) echo "--name full_d80 --shape 4,16,16,4096,4096,80" ;;
     full96) echo "--name full_d96 --shape 4,16,16,4096,4096,96" ;;
     full192) echo "--name full_d192 --shape 4,16,16,4096,4096,192" ;;

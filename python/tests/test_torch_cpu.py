@@ -80,10 +80,11 @@ def test_translations_read_as_the_language():
         d = kv_idx - q_idx
         return torch.where(d.abs() <= window, score + slope[h] * d, -float("inf"))
 
-    assert fjt.translate(softcap, "score_mod").text == "(cap * tanh((score / cap)))"
+    # Captured numbers are constants of the translation, as torch.compile specialises them.
+    assert fjt.translate(softcap, "score_mod").text == "(20.0 * tanh((score / 20.0)))"
     t = fjt.translate(alibi_window, "score_mod")
-    assert t.text == "let tmp0 = (kv - q);\nwhere((abs(tmp0) <= window), (score + (slope[h] * tmp0)), (-inf))"
-    assert [name for name, _ in t.buffers] == ["slope"] and [name for name, _ in t.params] == ["window"]
+    assert t.text == "let tmp0 = (kv - q);\nwhere((abs(tmp0) <= 16), (score + (slope[h] * tmp0)), (-inf))"
+    assert [name for name, _ in t.buffers] == ["slope"] and t.params == () and [v for _, v in t.consts] == [16]
     assert fjt.translate(torch_flex.noop_mask, "mask_mod").text == "true"
 
     def control_flow(b, h, q_idx, kv_idx):
@@ -142,10 +143,51 @@ def test_captures_through_modules_methods_and_globals():
     assert_close(o, expected, atol=2e-5, what="o")
     g = torch.randn_like(o)
     assert_close(torch.autograd.grad(o, m.bias, g)[0], torch.autograd.grad(expected, m.bias, g)[0], atol=2e-4, what="d bias")
-    assert [name for name, _ in fjt.translate(m.score_mod, "score_mod").params] == ["scale"]
-    m.scale = 2.0  # a new value of a captured number is read at the next call, without tracing again
+    assert fjt.translate(m.score_mod, "score_mod").params == ()  # scale is a constant until it changes
+    m.scale = 2.0  # a new value of a captured number: translated again, with the number as a runtime parameter
     with torch.no_grad():
         assert_close(fjt.flex_attention(q, k, v, score_mod=m.score_mod), reference(q, k, v, m.score_mod)[0], atol=2e-5, what="new scale")
+    assert [name for name, _ in fjt.translate(m.score_mod, "score_mod").params] == ["scale"]
+
+
+def make_block_bias(table, block):
+    def block_bias(score, b, h, q_idx, kv_idx):
+        return score + table[h, kv_idx // block]
+
+    return block_bias
+
+
+def test_captured_numbers_are_constants_until_they_change():
+    # A captured int as a divisor: as a constant the kernel divides by a constant (and proves the index in range);
+    # a mod made for several values becomes one translation with a runtime parameter, not one per value.
+    table = torch.randn(H, S)
+    q, k, v = qkv()
+    texts = []
+    for block in (16, 8, 4, 16):
+        fn = make_block_bias(table, block)
+        with torch.no_grad():
+            assert_close(fjt.flex_attention(q, k, v, score_mod=fn), reference(q, k, v, fn)[0], atol=2e-5, what=f"block {block}")
+        t = fjt.translate(fn, "score_mod")
+        texts.append((t.text, [name for name, _ in t.params]))
+    assert texts[0] == ("(score + table[h, (kv // 16)])", [])
+    assert texts[1] == texts[2] == ("(score + table[h, (kv // block)])", ["block"])
+    assert texts[3] == texts[0]  # the specialised translation still serves its value
+
+
+def test_compiled_graph_guards_on_a_specialised_number():
+    # One closure whose captured number changes between calls of a compiled model: the graph holds the translation's
+    # text as a constant, so it must guard on the number the text holds.
+    table = torch.randn(H, S)
+    block = 16
+
+    def block_bias(score, b, h, q_idx, kv_idx):
+        return score + table[h, kv_idx // block]
+
+    compiled = torch.compile(lambda q, k, v: fjt.flex_attention(q, k, v, score_mod=block_bias), fullgraph=True, backend="aot_eager")
+    q, k, v = qkv()
+    for block in (16, 8, 4, 16, 2):
+        with torch.no_grad():
+            assert_close(compiled(q, k, v), reference(q, k, v, block_bias)[0], atol=2e-5, what=f"compiled, block {block}")
 
 
 def test_one_tensor_in_two_cells_then_two():

@@ -11,11 +11,16 @@ from . import _ops, _trace
 def _translated(fn, kind, avoid):
     # A constant of the compiled graph: torch.compile calls this once per guarded callable.
     t = _trace.translate(fn, kind, avoid)
-    return t.text, t.buffers, t.params
+    return t.text, t.buffers, t.params, t.consts
 
 
 def _captures(fn, translation):
-    _, buffers, params = translation
+    _, buffers, params, consts = translation
+    for path, value in consts:
+        # In eager mode translate() has just checked these. Under torch.compile, _translated is a constant of the graph:
+        # reading each number the text holds makes the graph guard on it, so a new value traces (and translates) again.
+        if _trace.resolve(fn, path) != value:
+            raise RuntimeError(f"flexjit: a captured number changed between translating a mod and launching it ({path})")
     return ({name: _trace.resolve(fn, path) for name, path in buffers}, {name: _trace.resolve(fn, path) for name, path in params})
 
 
@@ -41,7 +46,8 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
                    kernel_options=None, *, return_aux=None):
     """torch.nn.attention.flex_attention.flex_attention on flexjit. score_mod(score, b, h, q_idx,
     kv_idx) is translated once per function (captured tensors become buffers, with gradients when
-    they require grad; captured Python numbers become parameters); block_mask comes from
+    they require grad; captured Python numbers become constants, and runtime parameters once their
+    value changes between calls); block_mask comes from
     flexjit.torch.create_block_mask (a torch BlockMask is accepted too: its mask_mod is translated
     and the tile lists are built per launch). kernel_options are Triton tuning knobs and are ignored.
     Anything the translation cannot express raises flexjit.torch.TranslationError naming it."""

@@ -1,8 +1,12 @@
 """Translating a FlexAttention score_mod / mask_mod (a Python callable) into flexjit's language
 by symbolic tracing: the callable runs once on symbolic b, h, q_idx, kv_idx (and score), with
-every value it captures replaced by a proxy. Captured tensors become buffers, captured Python
-numbers runtime parameters (constants where Python needs their value: an `if`, range()),
-captured functions and objects are traced through.
+every value it captures replaced by a proxy. Captured tensors become buffers; captured Python
+numbers become constants of the translation, as torch.compile specialises them (the kernel then
+gets what constants give: exact range proofs, constant divisors, staged columns), and a number
+whose value changes between calls becomes a runtime parameter from the next translation on, so
+a mod made for many values costs one more kernel, not one per value (torch.compile's automatic
+dynamic); a parameter that Python needs the value of (an `if`, range()) stays a constant.
+Captured functions and objects are traced through.
 
 A translation records the path from the callable to each capture (closure cell, attribute,
 global, ...), so the values of a new closure of the same code are read again at each call
@@ -42,8 +46,9 @@ def current_tracer():
 class Translation(NamedTuple):
     text: str        # the program
     buffers: tuple   # (name, path) of each captured tensor
-    params: tuple    # (name, path) of each captured number
+    params: tuple    # (name, path) of each captured number that is a runtime parameter
     checks: tuple    # (path, signature): what must hold for another callable of the same code to reuse it
+    consts: tuple    # (path, value) of each captured number the text holds as a constant (specialised)
 
 
 def resolve(fn, path):
@@ -212,9 +217,11 @@ class _TracedGlobals(dict):
 
 
 class Tracer:
-    def __init__(self, kind, demoted, avoid):
+    def __init__(self, kind, demoted, avoid, dynamic=frozenset()):
         self.kind = kind
         self.demoted = demoted        # paths of numbers Python needs as constants
+        self.dynamic = dynamic        # paths of numbers seen with several values: runtime parameters
+        self.consts = {}              # path -> value of the numbers specialised as constants
         self.names = set(avoid)
         self.buffers = {}             # path -> (name, BufferProxy)
         self.by_tensor = {}           # id(tensor) -> path
@@ -243,7 +250,11 @@ class Tracer:
             if path in self.demoted:
                 self.checks.append((path, ("value", type(value), value)))
                 return value
-            return self.param(value, path, hint)
+            if path in self.dynamic:
+                return self.param(value, path, hint)
+            self.checks.append((path, ("const", type(value), value)))
+            self.consts[path] = value
+            return value
         if isinstance(value, (types.FunctionType, types.MethodType)):
             return self.rebind(value, path)
         if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
@@ -384,7 +395,7 @@ def _valid(translation, fn):
                 ok = tuple(value.shape) == signature[1]
             elif signature[0] == "same":
                 ok = value is resolve(fn, signature[1])
-            elif signature[0] == "value":
+            elif signature[0] in ("value", "const"):
                 ok = type(value) is signature[1] and value == signature[2]
             elif signature[0] == "raw":
                 ok = type(value) is signature[1]
@@ -398,6 +409,21 @@ def _valid(translation, fn):
 
 
 _cache = {}
+_dynamic = {}  # cache key -> paths of the specialised numbers that changed value: parameters from then on
+
+
+def _changed_consts(entries, fn):
+    """Paths of numbers that earlier translations specialised and that `fn` holds with another value."""
+    changed = set()
+    for translation in entries:
+        for path, value in translation.consts:
+            try:
+                now = resolve(fn, path)
+            except Exception:
+                continue
+            if type(now) is not type(value) or now != value:
+                changed.add(path)
+    return changed
 
 
 def _code_of(fn):
@@ -414,7 +440,8 @@ def _where(fn):
 
 def translate(fn, kind, avoid=()):
     """The Translation of callable `fn` as a `kind` ("score_mod" or "mask_mod"), whose capture
-    names avoid `avoid`: cached per code, reused while the captures keep their signatures."""
+    names avoid `avoid`: cached per code, reused while the captures keep their signatures (and the
+    specialised numbers their values)."""
     if not callable(fn):
         raise TypeError(f"{kind} must be callable (or a str in flexjit's language), got {type(fn).__name__}")
     key = (_code_of(fn), kind, tuple(avoid))
@@ -422,9 +449,11 @@ def translate(fn, kind, avoid=()):
     for translation in entries:
         if _valid(translation, fn):
             return translation
+    dynamic = _dynamic.setdefault(key, set())
+    dynamic |= _changed_consts(entries, fn)
     demoted = set()
     while True:
-        tracer = Tracer(kind, demoted, avoid)
+        tracer = Tracer(kind, demoted, avoid, frozenset(dynamic))
         try:
             text = tracer.run(fn)
         except E.Demote as d:
@@ -435,6 +464,7 @@ def translate(fn, kind, avoid=()):
         except TranslationError as e:
             raise TranslationError(f"cannot translate {kind} {_where(fn)}: {e}") from None
         translation = Translation(text, tuple((name, path) for path, (name, _) in tracer.buffers.items()),
-                                  tuple((name, path) for path, (name, _) in tracer.params.items()), tuple(tracer.checks))
+                                  tuple((name, path) for path, (name, _) in tracer.params.items()), tuple(tracer.checks),
+                                  tuple(tracer.consts.items()))
         entries.append(translation)
         return translation

@@ -120,6 +120,21 @@ TEST_CASE("ragged prefill: packed sequences of lengths 1 to 3000 match the float
   run_varlen(load_spec(gallery_dir() / "softcap.json"), 4, 1, lq, lq, {}, 3);
 }
 
+// The Hopper kernel's three-warpgroup tiles (192 query rows) at head dims 64 and 96: query tiles that straddle the
+// end of a packed sequence, and sequences shorter than one tile.
+TEST_CASE("ragged prefill at head dims 64 and 96", "[gpu][varlen]") {
+  FLEXJIT_REQUIRE_GPU();
+  const std::vector<int> lq = {1, 191, 192, 193, 700, 385};
+  const std::vector<int> lkv = {5, 191, 250, 193, 700, 1000};
+  for (int d : {64, 96}) {
+    INFO("head dim " << d);
+    dsl::Spec causal = load_spec(gallery_dir() / "causal.json"), window = load_spec(gallery_dir() / "sliding_window.json");
+    causal.head_dim = window.head_dim = d;
+    run_varlen(causal, 4, 2, lq, lkv, {}, 4 + d);
+    run_varlen(window, 4, 1, lq, lkv, {{"window", 150}}, 5 + d);
+  }
+}
+
 // Hidden (run with "[forward_bench]"): full and causal forward, B4 H16 S4096 D128 bf16, to check that the
 // ragged-batch branch of flex_forward.cuh does not slow the dense path (compare with a build of the old template).
 TEST_CASE("forward timings of the dense path", "[.][forward_bench]") {

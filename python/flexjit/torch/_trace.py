@@ -250,7 +250,7 @@ class Tracer:
             if path in self.demoted:
                 self.checks.append((path, ("value", type(value), value)))
                 return value
-            if path in self.dynamic:
+            if path in self.dynamic or value != value:  # NaN has no literal in the language
                 return self.param(value, path, hint)
             self.checks.append((path, ("const", type(value), value)))
             self.consts[path] = value

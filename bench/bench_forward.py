@@ -154,6 +154,7 @@ def main():
                        "--buffer", "rel_w: bf16[B, H, Sq, 64]", "--name", f"sam_d{Ds}"], {}, []))
     for (Bs, Hs, Ds) in [(8, 12, 64), (4, 16, 80), (4, 16, 96), (4, 16, 192), (4, 16, 256)]:
         cases.append((f"full_D{Ds}", Bs, Hs, S, Ds, None, None, ["--name", f"full_d{Ds}"], {}, []))
+    cases.append(("causal_D64", 8, 12, S, 64, None, causal, ["--mask", "q >= kv", "--name", "causal_d64"], {}, []))
     rows = []
     for (name, b, h, s, d, score_mod, mask_mod, flags, loads, sets) in cases:
         if args.only and name not in args.only:

@@ -87,7 +87,10 @@ constexpr FlexForwardPolicy flex_forward_policy_sm90(int head_dim, FlexVariantFe
   p.producer_regs = 40;
   p.consumer_regs = 232;
   const bool plain = !f.has_score_mod && !f.has_mask_mod;
-  if (p.tile_head_dim <= 96 && !f.data_dependent_mask) {
+  // A mask alone that needs 64-aligned tiles (kv // 64 hoisted per tile) would not fit 96 columns at head dim 96: it
+  // keeps the two warpgroups' 128.
+  const bool three_warpgroups = !f.data_dependent_mask && (p.tile_head_dim <= 64 || (p.tile_head_dim == 96 && (f.has_score_mod || !f.tile_aligned)));
+  if (three_warpgroups) {
     p.block_m = 192;
     p.consumer_warpgroups = 3;
     p.threads = 128 * (p.consumer_warpgroups + 1);

@@ -34,6 +34,32 @@ TEST_CASE("every gallery forward kernel compiles for sm_80 and for sm_90a with t
   }
 }
 
+// Head dims up to 96 take the three-warpgroup tiles, whose KV width depends on the variant: one spec per policy branch
+// (plain, a mask, a mask that needs 64-aligned tiles, a score_mod that does, one that does not), bf16.
+TEST_CASE("the three-warpgroup tiles compile for every kind of variant at head dims 64, 80 and 96", "[nvrtc]") {
+  const std::vector<std::pair<std::string, std::string>> mods = {
+      {"", ""}, {"", "q >= kv"}, {"", "kv // 64 <= q // 64"}, {"score + rel[b, h, q, kv // 64]", ""}, {"30.0 * tanh(score / 30.0)", ""}};
+  for (int d : {64, 80, 96}) {
+    for (const auto& [score, mask] : mods) {
+      const std::vector<std::string> buffers = score.find("rel") != std::string::npos ? std::vector<std::string>{"rel: bf16[B, H, Sq, 64]"}
+                                                                                         : std::vector<std::string>{};
+      dsl::Spec spec = test::f32_spec("policy", score, mask, buffers, {}, d);
+      spec.dtype = dsl::DType::BF16;
+      INFO("head dim " << d << ", score_mod '" << score << "', mask_mod '" << mask << "'");
+      SpecIR ir = build_spec_ir(spec);
+      ForwardKernelOptions fo;
+      fo.dtype = spec.dtype;
+      fo.head_dim = d;
+      fo.arch = "sm_90a";
+      KernelSource ks = forward_kernel_source(ir, analyze_ir_ranges(ir), fo);
+      CHECK(ks.config.warp_specialized);
+      runtime::CacheLookup r = runtime::compile_kernel(ks, canonical_ir_text(ir), "sm_90a");
+      REQUIRE(r.artefact);
+      CHECK(r.artefact->binary.size() > 1000);
+    }
+  }
+}
+
 TEST_CASE("the fully checked and 64-bit variants compile too", "[nvrtc]") {
   dsl::Spec spec = test::load_spec(test::gallery_dir() / "sam_relpos.json");
   SpecIR ir = build_spec_ir(spec);

@@ -80,20 +80,17 @@ constexpr FlexForwardPolicy flex_forward_policy_sm90(int head_dim, FlexVariantFe
   p.kind = kFlexForwardWarpSpecialized;
   p.head_dim = head_dim;
   p.tile_head_dim = head_dim == 80 ? 96 : head_dim;
-  p.block_m = 128;
-  p.consumer_warpgroups = 2;
-  p.threads = 128 * (p.consumer_warpgroups + 1);
-  p.stages = 2;
-  p.producer_regs = 40;
-  p.consumer_regs = 232;
   const bool plain = !f.has_score_mod && !f.has_mask_mod;
   // A mask alone that needs 64-aligned tiles (kv // 64 hoisted per tile) would not fit 96 columns at head dim 96: it
   // keeps the two warpgroups' 128.
   const bool three_warpgroups = !f.data_dependent_mask && (p.tile_head_dim <= 64 || (p.tile_head_dim == 96 && (f.has_score_mod || !f.tile_aligned)));
+  p.consumer_warpgroups = three_warpgroups ? 3 : 2;
+  p.block_m = 64 * p.consumer_warpgroups;
+  p.threads = 128 * (p.consumer_warpgroups + 1);
+  p.stages = 2;
+  p.producer_regs = 40;
+  p.consumer_regs = 232;
   if (three_warpgroups) {
-    p.block_m = 192;
-    p.consumer_warpgroups = 3;
-    p.threads = 128 * (p.consumer_warpgroups + 1);
     p.stages = 3;
     p.producer_regs = 32;  // 32 x 128 + 160 x 384 = the 65536 registers of 512 threads at the launch bound's 128
     p.consumer_regs = 160;

@@ -48,7 +48,7 @@ class Translation(NamedTuple):
     buffers: tuple   # (name, path) of each captured tensor
     params: tuple    # (name, path) of each captured number that is a runtime parameter
     checks: tuple    # (path, signature): what must hold for another callable of the same code to reuse it
-    consts: tuple    # (path, value) of each captured number the text holds as a constant (specialised)
+    consts: tuple    # (path, value) of each captured number the text holds as a constant
 
 
 def resolve(fn, path):
@@ -221,7 +221,7 @@ class Tracer:
         self.kind = kind
         self.demoted = demoted        # paths of numbers Python needs as constants
         self.dynamic = dynamic        # paths of numbers seen with several values: runtime parameters
-        self.consts = {}              # path -> value of the numbers specialised as constants
+        self.consts = {}              # path -> value of the captured numbers the text holds as constants
         self.names = set(avoid)
         self.buffers = {}             # path -> (name, BufferProxy)
         self.by_tensor = {}           # id(tensor) -> path
@@ -247,12 +247,9 @@ class Tracer:
         if isinstance(value, torch.Tensor):
             return self.buffer(value, path, hint)
         if isinstance(value, (bool, numbers.Number)) and not isinstance(value, complex):
-            if path in self.demoted:
-                self.checks.append((path, ("value", type(value), value)))
-                return value
-            if path in self.dynamic or value != value:  # NaN has no literal in the language
+            if path not in self.demoted and (path in self.dynamic or value != value):  # NaN has no literal
                 return self.param(value, path, hint)
-            self.checks.append((path, ("const", type(value), value)))
+            self.checks.append((path, ("value", type(value), value)))
             self.consts[path] = value
             return value
         if isinstance(value, (types.FunctionType, types.MethodType)):
@@ -395,7 +392,7 @@ def _valid(translation, fn):
                 ok = tuple(value.shape) == signature[1]
             elif signature[0] == "same":
                 ok = value is resolve(fn, signature[1])
-            elif signature[0] in ("value", "const"):
+            elif signature[0] == "value":
                 ok = type(value) is signature[1] and value == signature[2]
             elif signature[0] == "raw":
                 ok = type(value) is signature[1]
@@ -413,7 +410,8 @@ _dynamic = {}  # cache key -> paths of the specialised numbers that changed valu
 
 
 def _changed_consts(entries, fn):
-    """Paths of numbers that earlier translations specialised and that `fn` holds with another value."""
+    """Paths of numbers that earlier translations hold as constants and that `fn` holds with another value (one that
+    Python needs as a constant is demoted again while tracing)."""
     changed = set()
     for translation in entries:
         for path, value in translation.consts:

@@ -16,6 +16,10 @@ struct FlexVariantFeatures {
   bool has_mask_mod;   // kHasMaskMod: masked launches get KV tiles of 128 columns (more of them skipped or full)
   bool tile_aligned;   // kTileAligned: the variant's per-tile / per-column state needs KV tiles at multiples of 64
   bool data_dependent_mask;  // kDataDependentMask: the mask reads buffers (documents): its kept area is irregular
+  bool column_state;   // kColumnState: the mods hoist values per column of a 64-column part (SAM's rel_w[q, kv % 64]),
+                       // which stay in registers across the work tile: 32 per thread at head dim 64
+  bool fixed_max;      // kFixedMax: a bounded score_mod (softcap); its softmax runs half of the exponentials on the
+                       // FMA pipe at head dim 64, whose polynomial temporaries take registers
 };
 
 struct FlexForwardPolicy {
@@ -64,8 +68,10 @@ constexpr FlexForwardPolicy flex_forward_policy_mma_sync(int head_dim) {
 //   - two consumer warpgroups of 64 query rows (block_m 128) and one producer warpgroup: 384 threads. At head dims
 //     up to 96 a warpgroup's GEMMs are short next to its softmax, so three consumer warpgroups (block_m 192, 512
 //     threads, no ping-pong) share every K and V tile and keep the tensor cores fed from three softmaxes; their 160
-//     registers hold 128 KV columns at head dim 64 and 96 at 96 (80 included), 64 with a score_mod, whose state
-//     would spill; three stages fit. Masks that read buffers keep two warpgroups (at 128 columns they spill at 160);
+//     registers hold 128 KV columns at head dim 64 and 96 at 96 (80 included). Narrower where the mods' registers
+//     would spill: 64 columns at head dim 64 for per-column state or a fixed maximum's FMA exponentials, at 96 for
+//     any score_mod (softcap's temporaries);
+//     three stages fit. Masks that read buffers keep two warpgroups (at 128 columns they spill at 160);
 //   - KV tiles as wide as registers and shared memory allow: S (block_n / 2 floats per thread), P (block_n / 4) and
 //     O (tile_head_dim / 2) live at once while the next S GEMM overlaps the softmax. Plain attention takes 176 columns
 //     at head dim 128; a score_mod's registers (softcap's temporaries, SAM's per-column state) spill there, and a
@@ -94,7 +100,7 @@ constexpr FlexForwardPolicy flex_forward_policy_sm90(int head_dim, FlexVariantFe
     p.stages = 3;
     p.producer_regs = 32;  // 32 x 128 + 160 x 384 = the 65536 registers of 512 threads at the launch bound's 128
     p.consumer_regs = 160;
-    p.block_n = f.has_score_mod ? 64 : p.tile_head_dim == 96 ? 96 : 128;
+    p.block_n = p.tile_head_dim == 64 ? (f.column_state || f.fixed_max ? 64 : 128) : f.has_score_mod ? 64 : 96;
   } else if (p.tile_head_dim <= 64) {
     p.block_n = 128;
   } else if (p.tile_head_dim <= 128) {

@@ -19,7 +19,7 @@ namespace flex {
 // them once per kTileCols-column part of its tile; kTileAligned says whether the variant relies on that alignment at
 // all (without it, any k0 and j with kv = k0 + j serve, and kernel tiles need not be multiples of kTileCols).
 // kDataDependentMask: the mask reads buffers, so its block mask comes from the dense builder (and its kept area is
-// irregular, which the tile policy weighs).
+// irregular, which the tile policy weighs). kColumnState: Col is not empty (the tile policy weighs its registers).
 // The variant is only ever called with q < Sq and k0 + j < Skv.
 //
 // Optional refinements, each with a default here:
@@ -46,6 +46,7 @@ struct VariantBase {
   static constexpr int kTileCols = 64;
   static constexpr bool kTileAligned = false;
   static constexpr bool kDataDependentMask = false;
+  static constexpr bool kColumnState = false;
   static constexpr bool kSplitScore = false;
   static constexpr bool kFixedMax = false;
   static constexpr float kScoreCoreMax = 0.f;

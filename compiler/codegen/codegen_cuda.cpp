@@ -559,6 +559,7 @@ GeneratedVariant generate_cuda_variant(const SpecIR& ir, const RangeInfo& ranges
     const char* what = s == Stage::Row ? "constant along a query row" : s == Stage::Col ? "per column j of a KV tile, the same in every tile" : "per query row and KV tile";
     code += fmt::format("  struct {} {{{} }};  // values {}\n", s == Stage::Row ? "Row" : s == Stage::Col ? "Col" : "Tile", fields, what);
   }
+  if (out.col_values > 0) code += "  static constexpr bool kColumnState = true;\n";
   const char* attrs = "  __device__ static __forceinline__";
   auto stage_fn = [&](Stage s, const std::string& signature) {
     if (staged.count(s) == 0) return;
@@ -605,6 +606,7 @@ GeneratedVariant generate_cuda_variant(const SpecIR& ir, const RangeInfo& ranges
       code += fmt::format("{} float score_mod_core({}, float score) {{\n{}  }}\n", attrs, element_args, em.body(4));
       // A literal out scale decides here; a parameter's value decided at launch (VariantOptions::runtime_split).
       const bool fixed_max = scales.out.runtime() ? options.runtime_split == RuntimeSplit::FixedMax : scales.fixed_max_fits(scales.out.constant);
+      out.fixed_max = fixed_max;
       if (fixed_max) {
         code += "  // Every value of score_mod_core lies at or below kScoreCoreMax, and exp2 of its whole range stays normal: the\n"
                 "  // forward kernels subtract that fixed maximum in the softmax instead of each row's (flex::Softmax).\n";

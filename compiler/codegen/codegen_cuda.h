@@ -51,6 +51,7 @@ struct GeneratedVariant {
   int kv_col_values = 0;  // fields of KvCol (VariantOptions::stage_kv_cols); 0: no staged forms emitted
   bool tile_aligned = false;  // kTileAligned: the hooks need KV tiles at multiples of the staging tile
   bool has_score_mod = false;  // kHasScoreMod: score_mod (or its column terms) runs per element
+  bool fixed_max = false;      // kFixedMax: the softmax subtracts a fixed bound instead of each row's maximum
 };
 
 // `ranges` must come from analyze_ranges over the same (optimized) score_mod and mask_mod.

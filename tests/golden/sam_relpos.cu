@@ -41,6 +41,7 @@ struct FlexVariant : flex::VariantBase<FlexVariant> {
   static constexpr bool kTileAligned = true;
   struct Col { float v1; };  // values per column j of a KV tile, the same in every tile
   struct Tile { float v0; };  // values per query row and KV tile
+  static constexpr bool kColumnState = true;
   __device__ static __forceinline__ void col(const Params& p, const Row& row, Col& col, int b, int h, int hkv, int q, int j) {
     const int t0 = ((int)j % 64);
     // load rel_w[b, h, q, kv % 64]; stage col; unchecked: indices proven in range

@@ -209,16 +209,18 @@ TEST_CASE("every head dim, natively", "[gpu]") {
 
 // The mods the warp-specialised kernel's tests sweep: plain, causal, a mask whose kept blocks are 64-aligned (the
 // tile policy keeps such masks on 64-multiple KV tiles), a data-dependent mask (its dense block mask and ranked
-// schedule) and SAM's decomposed relative-position bias (per-tile and per-column hoisted state).
+// schedule), SAM's decomposed relative-position bias (per-tile and per-column hoisted state) and its rel_h term
+// alone (per-tile state only, which the policy gives wider tiles).
 std::vector<dsl::Spec> kernel_sweep_specs(int d) {
   return {inline_spec("full_sweep", std::nullopt, std::nullopt, d), inline_spec("causal_sweep", std::nullopt, "q >= kv", d),
           inline_spec("block_causal_sweep", std::nullopt, "kv // 64 <= q // 64", d),
           inline_spec("document_sweep", std::nullopt, "doc[q] == doc[kv]", d, {"doc: i32[Sq]"}),
           inline_spec("sam_sweep", std::string("score + rel_h[b, h, q, kv // 64] + rel_w[b, h, q, kv % 64]"), std::nullopt, d,
-                      {"rel_h: bf16[B, H, Sq, 64]", "rel_w: bf16[B, H, Sq, 64]"})};
+                      {"rel_h: bf16[B, H, Sq, 64]", "rel_w: bf16[B, H, Sq, 64]"}),
+          inline_spec("rel_h_sweep", std::string("score + rel_h[b, h, q, kv // 64]"), std::nullopt, d, {"rel_h: bf16[B, H, Sq, 64]"})};
 }
 
-TEST_CASE("every head dim x {full, causal, block-causal, document, SAM} x {bf16, fp16}", "[gpu]") {
+TEST_CASE("every head dim x {full, causal, block-causal, document, SAM, rel_h} x {bf16, fp16}", "[gpu]") {
   FLEXJIT_REQUIRE_GPU();
   // Lengths that fill no tile: 300 rows is 2 x 128 + 44, and 300 columns no multiple of any KV tile (64 .. 192).
   for (int d : {64, 80, 96, 128, 192, 256}) {

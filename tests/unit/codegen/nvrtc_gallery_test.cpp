@@ -35,10 +35,11 @@ TEST_CASE("every gallery forward kernel compiles for sm_80 and for sm_90a with t
 }
 
 // Head dims up to 96 take the three-warpgroup tiles, whose KV width depends on the variant: one spec per policy branch
-// (plain, a mask, a mask that needs 64-aligned tiles, a score_mod that does, one that does not), bf16.
+// (plain, a mask, a mask that needs 64-aligned tiles, a score_mod that does, one with per-column state, one that needs
+// neither), bf16.
 TEST_CASE("the three-warpgroup tiles compile for every kind of variant at head dims 64, 80 and 96", "[nvrtc]") {
   const std::vector<std::pair<std::string, std::string>> mods = {
-      {"", ""}, {"", "q >= kv"}, {"", "kv // 64 <= q // 64"}, {"score + rel[b, h, q, kv // 64]", ""}, {"30.0 * tanh(score / 30.0)", ""}};
+      {"", ""}, {"", "q >= kv"}, {"", "kv // 64 <= q // 64"}, {"score + rel[b, h, q, kv // 64]", ""}, {"score + rel[b, h, q, kv % 64]", ""}, {"30.0 * tanh(score / 30.0)", ""}};
   for (int d : {64, 80, 96}) {
     for (const auto& [score, mask] : mods) {
       const std::vector<std::string> buffers = score.find("rel") != std::string::npos ? std::vector<std::string>{"rel: bf16[B, H, Sq, 64]"}

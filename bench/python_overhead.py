@@ -8,9 +8,9 @@ Columns: C++ (Kernel::forward with its arguments read once, in the extension), t
 forward (arguments read from Python objects; outputs preallocated), flexjit.flex_attention (the
 string API: allocates o), the drop-in flexjit.torch.flex_attention (a translated callable), and
 the path autograd takes (q requires grad: an autograd.Function in eager mode, the custom op under
-torch.compile). Prints a markdown table. The last two columns are GPU time per launch (CUDA events over the
-same back-to-back launches) of the string API's and the drop-in's kernels: where one reaches the host figure,
-that row measures the kernel, not the host."""
+torch.compile). Prints a markdown table. The last two columns are the GPU time of the string API's and the
+drop-in's kernels per call (torch.profiler): the two translate a mod to one kernel, so they should agree; where the
+kernel time exceeds a host figure, back-to-back launches of that row measure the kernel, not the host."""
 import argparse
 import statistics
 import time
@@ -36,18 +36,17 @@ def host_us(fn, launches, rounds):
     return statistics.median(samples)
 
 
-def gpu_us(fn, launches):
-    """GPU time per launch of `fn`'s kernels, from CUDA events around back-to-back launches."""
-    for _ in range(20):
+def kernel_us(fn, launches=50):
+    """GPU kernel time per call of `fn`, from the profiler's device-side records (not CUDA events around back-to-back
+    launches: when the host is slower than the kernels, those measure the host)."""
+    for _ in range(10):
         fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
-    start.record()
-    for _ in range(launches):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / launches
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(launches):
+            fn()
+        torch.cuda.synchronize()
+    return sum(e.self_device_time_total for e in prof.key_averages()) / launches
 
 
 def make_mods(S):
@@ -90,10 +89,10 @@ def main():
         dropin_call = lambda: fjt.flex_attention(q, k, v, score_mod=score_fn, block_mask=bm)
         dropin = host_us(dropin_call, n, r)
         op = host_us(lambda: flexjit.flex_attention(qg, k, v, score_mod=score, mask_mod=mask, buffers=buffers), n, r)
-        rows.append((name, cpp, binding, api, dropin, op, gpu_us(api_call, n), gpu_us(dropin_call, n)))
+        rows.append((name, cpp, binding, api, dropin, op, kernel_us(api_call), kernel_us(dropin_call)))
     sdpa = host_us(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v), args.launches, args.rounds)
     print(f"| {torch.cuda.get_device_name()} | C++ launch | extension forward | flexjit.flex_attention | over C++ | drop-in | over C++ | "
-          "with autograd | over C++ | GPU per launch: string API | drop-in |")
+          "with autograd | over C++ | kernel time: string API | drop-in |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, cpp, binding, api, dropin, op, api_gpu, dropin_gpu in rows:
         print(f"| {name} | {cpp:.2f} us | {binding:.2f} | {api:.2f} | **{api - cpp:+.2f}** | {dropin:.2f} | {dropin - cpp:+.2f} | "

@@ -83,10 +83,7 @@ struct MainloopSm90 {
   static constexpr int kPSteps = kBlockN / 16;         // k-steps of O += P V
   static constexpr bool kPingpong = Traits::kPolicy.pingpong;
   static constexpr int kQueryEmptyThreads = Traits::kConsumerThreads + 32;  // the consumers and the producer warp
-  // Some exponentials on the FMA pipe (flex::Softmax::exp_kstep) where MUFU bounds the softmax: at head dim 64 and below
-  // with a score_mod, whose softmax is longest next to its GEMMs (plain attention is faster with every exponential on
-  // MUFU, as are head dims above 64 once the softmax overlaps P V).
-  static constexpr bool kFmaShare = Traits::kTileD <= 64 && Variant::kHasScoreMod;
+  static constexpr bool kFmaShare = Traits::kPolicy.exp_on_fma;
 
   unsigned base;  // the aligned shared-memory base
   Pipe k_pipe, v_pipe;

@@ -121,9 +121,9 @@ struct Softmax {
   }
 
   // P = exp2(S * mult - max_scaled) in place for the 16 columns kk of m-tile mt (n8 tiles 2 kk and 2 kk + 1), and
-  // the row sums. kFmaShare: some of the exponentials on the FMA pipe (flex::ex2_fma) instead of the MUFU unit,
-  // which softcap's tanh and the exponentials otherwise share: one in four, or one in two with kFixedMax (no row
-  // maximum holds the exponentials back there, so MUFU is what they wait on).
+  // the row sums. kFmaShare (the tile policy's exp_on_fma): some of the exponentials on the FMA pipe
+  // (flex::ex2_fma) instead of the MUFU unit: one in four, or one in two with kFixedMax (no row maximum holds the
+  // exponentials back there, so MUFU is what they wait on).
   template <bool kFmaShare = false>
   __device__ __forceinline__ void exp_kstep(float (&s)[kMTiles][kNTiles][4], int mt, int kk) {
 #pragma unroll

@@ -18,8 +18,7 @@ struct FlexVariantFeatures {
   bool data_dependent_mask;  // kDataDependentMask: the mask reads buffers (documents): its kept area is irregular
   bool column_state;   // kColumnState: the mods hoist values per column of a 64-column part (SAM's rel_w[q, kv % 64]),
                        // which stay in registers across the work tile: 32 per thread at head dim 64
-  bool fixed_max;      // kFixedMax: a bounded score_mod (softcap); its softmax runs half of the exponentials on the
-                       // FMA pipe at head dim 64, whose polynomial temporaries take registers
+  bool fixed_max;      // kFixedMax: a bounded score_mod (softcap, whose tanh temporaries take registers)
 };
 
 struct FlexForwardPolicy {
@@ -37,6 +36,8 @@ struct FlexForwardPolicy {
                             //   allocation only (threads x the launch bound's cap): a split beyond it never finishes
   bool pingpong;            // warp-specialised: the consumer warpgroups take turns issuing GEMMs (named barriers),
                             // so one's softmax runs under the other's GEMMs
+  bool exp_on_fma;          // warp-specialised: some of the softmax's exponentials on the FMA pipe instead of MUFU
+                            // (flex::Softmax::exp_kstep)
   int swizzle_bytes;        // warp-specialised: the tiles' swizzle (128 when the tile head dim is a multiple of 64)
   int smem_bytes;           // dynamic shared memory per CTA
   int min_blocks_per_sm;    // __launch_bounds__'s second argument
@@ -69,8 +70,8 @@ constexpr FlexForwardPolicy flex_forward_policy_mma_sync(int head_dim) {
 //     up to 96 a warpgroup's GEMMs are short next to its softmax, so three consumer warpgroups (block_m 192, 512
 //     threads, no ping-pong) share every K and V tile and keep the tensor cores fed from three softmaxes; their 160
 //     registers hold 128 KV columns at head dim 64 and 96 at 96 (80 included). Narrower where the mods' registers
-//     would spill: 64 columns at head dim 64 for per-column state or a fixed maximum's FMA exponentials, at 96 for
-//     any score_mod (softcap's temporaries);
+//     would spill: 64 columns at head dim 64 for per-column state or a bounded score_mod (softcap), at 96 for any
+//     score_mod;
 //     three stages fit. Masks that read buffers keep two warpgroups (at 128 columns they spill at 160);
 //   - KV tiles as wide as registers and shared memory allow: S (block_n / 2 floats per thread), P (block_n / 4) and
 //     O (tile_head_dim / 2) live at once while the next S GEMM overlaps the softmax. Plain attention takes 176 columns
@@ -80,7 +81,10 @@ constexpr FlexForwardPolicy flex_forward_policy_mma_sync(int head_dim) {
 //     two-stage rings leave room for next to Q, 64 for variants whose state needs 64-aligned tiles;
 //   - head dims 80 is laid out as 96 (a 64-byte swizzle instead of 32, whose bank conflicts cost more than the
 //     zero columns);
-//   - ping-pong scheduling where both GEMMs of a warpgroup are shorter than the other's softmax (head dims up to 128).
+//   - ping-pong scheduling where both GEMMs of a warpgroup are shorter than the other's softmax (head dims up to 128);
+//   - a quarter of the exponentials on the FMA pipe only where MUFU bounds the softmax most: head dim 64 with per-column
+//     state (SAM), whose 64-column tiles keep the softmax longest next to the GEMMs. Every other variant is faster
+//     with all of them on MUFU (softcap and 128-column score_mods at head dim 64 included).
 constexpr FlexForwardPolicy flex_forward_policy_sm90(int head_dim, FlexVariantFeatures f) {
   FlexForwardPolicy p{};
   p.kind = kFlexForwardWarpSpecialized;
@@ -111,6 +115,7 @@ constexpr FlexForwardPolicy flex_forward_policy_sm90(int head_dim, FlexVariantFe
     p.block_n = f.tile_aligned ? 64 : 80;
   }
   p.pingpong = p.consumer_warpgroups == 2 && p.tile_head_dim <= 128;
+  p.exp_on_fma = p.tile_head_dim == 64 && f.column_state;
   p.swizzle_bytes = p.tile_head_dim % 64 == 0 ? 128 : p.tile_head_dim % 32 == 0 ? 64 : 32;
   p.smem_bytes = flex_sm90_smem_bytes(p.block_m, p.block_n, p.tile_head_dim, p.stages);
   p.min_blocks_per_sm = 1;

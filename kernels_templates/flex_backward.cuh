@@ -3,6 +3,7 @@
 #pragma once
 #include "flex_backward_mods.cuh"
 #include "flex_backward_params.cuh"
+#include "flex_backward_policy.cuh"
 #include "flex_mma.cuh"
 #include "flex_staged_rows.cuh"
 
@@ -84,18 +85,19 @@ __device__ __forceinline__ void accumulate(void* base, long long off, float v) {
 
 }  // namespace flex_bwd
 
+// The main kernels' tiles (both kinds), read off the backward policy.
 template <int kHeadDim_, class Element_>
 struct FlexBackwardTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr bool kBig = kHeadDim > 128;
-  static constexpr int kBlockM = 64;
-  static constexpr int kBlockN = kBig ? 64 : 128;
-  static constexpr int kNWarps = 8;
+  static constexpr FlexBackwardPolicy kPolicy = flex_backward_tiles(kHeadDim_);
+  static constexpr int kBlockM = kPolicy.block_m;
+  static constexpr int kBlockN = kPolicy.block_n;
+  static constexpr int kNWarps = kPolicy.warps;
   static constexpr int kNThreads = kNWarps * 32;
   static constexpr int kRowGroups = kBlockN / 16;         // warps over KV rows
   static constexpr int kDSplit = kNWarps / kRowGroups;    // warps sharing one 16-row group (dK/dV columns split)
-  static constexpr int kStages = kBig ? 1 : 2;
+  static constexpr int kStages = kPolicy.stages;
   static constexpr int kD16 = kHeadDim / 16;              // 16-column units of D
   static constexpr int kUnitsPerSplit = (kD16 + kDSplit - 1) / kDSplit;
   static constexpr int kQGroups = kBlockM / 16;            // dQ: warps over query rows

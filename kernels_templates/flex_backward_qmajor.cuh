@@ -43,9 +43,10 @@ template <int kHeadDim_, class Element_>
 struct FlexBackwardQTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = 128;
-  static constexpr int kBlockN = 64;
-  static constexpr int kNWarps = 8;
+  static constexpr FlexBackwardPolicy kPolicy = flex_backward_tiles(kHeadDim_);
+  static constexpr int kBlockM = kPolicy.qmajor_block_m;
+  static constexpr int kBlockN = kPolicy.qmajor_block_n;
+  static constexpr int kNWarps = kPolicy.qmajor_warps;
   static constexpr int kNThreads = kNWarps * 32;
   static constexpr int kRowsPerWarp = kBlockM / kNWarps;  // one m16 tile
   static constexpr int kNTiles = kBlockN / 8;              // n8 accumulator tiles of S per warp
@@ -53,7 +54,7 @@ struct FlexBackwardQTraits {
   static constexpr int kD16 = kHeadDim / 16;
   static constexpr int kRowsPerThread = 2;                 // rows g and g + 8 of the warp's m16 tile
   static constexpr int kColsPerThread = 2 * kNTiles;       // Variant::Col arrays are [kRowsPerThread][kColsPerThread]
-  static constexpr int kStages = kHeadDim > 128 ? 1 : 2;   // K/V buffers
+  static constexpr int kStages = kPolicy.qmajor_stages;    // K/V buffers
   static constexpr int kChunksPerRow = kHeadDim / 8;
   static constexpr int kSmemStride = kHeadDim + 8;         // as the forward: odd count of 16-byte chunks per row
   static constexpr int kRowTileBytes = kBlockM * kSmemStride * 2;

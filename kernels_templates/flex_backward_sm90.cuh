@@ -22,16 +22,16 @@
 
 namespace flex_bwd_sm90 {
 
-// Shared-memory tiles and their offsets. Swizzle: 128 B at D = 128, 64 B at 64 and 96, 32 B at 32 and 80, so D
-// has at least two swizzle regions and the dQ column split lands on a region boundary. The variant adds the
-// regions of its staged terms (flex_backward_staged.cuh) at the end.
+// Shared-memory tiles and their offsets, in the policy's swizzle (flex_backward_policy.cuh: D has at least two swizzle
+// regions, so the dQ column split lands on a region boundary). The variant adds the regions of its staged terms
+// (flex_backward_staged.cuh) at the end. flex_backward_smem_bytes is the host's count of the same bytes.
 template <class Traits, class Variant = void, bool kDqBulk = false, bool kGradGemm = false>
 struct Smem {
   using Staged = flex_bwd_staged::Flags<Variant>;
   static constexpr int kHeadDim = Traits::kHeadDim;
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kBlockN = Traits::kBlockN;
-  static constexpr int kSwizzle = kHeadDim == 128 ? 128 : (kHeadDim == 64 || kHeadDim == 96) ? 64 : 32;
+  static constexpr int kSwizzle = Traits::kPolicy.swizzle_bytes;
   using TileKV = flex::SwizzledTile<kBlockN, kHeadDim, kSwizzle>;  // K, V: [128 kv][D]
   using TileQ = flex::SwizzledTile<kBlockM, kHeadDim, kSwizzle>;   // Q, dO: [64 q][D] per stage
   using TileDS = flex::SwizzledTile<kBlockN, kBlockM, 128>;        // dS^T: [128 kv][64 q]
@@ -240,9 +240,8 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   // block n + 1. Under causal-like masks the low KV blocks see the most query tiles, so each group's heaviest
   // CTAs start first and the last wave holds light ones (with the KV block fastest, the heavy CTAs of the last
   // heads ran in the tail). The groups keep the Q / dO tiles streamed at once to about kHeadGroup heads, which
-  // L2 holds: ordering all heads by KV block (no groups) took causal from 2.78 to 2.68 ms but made full
-  // attention 28% slower (H100, B4 H16 S4096 D128).
-  constexpr int kHeadGroup = 8;
+  // L2 holds (the policy's head_group).
+  constexpr int kHeadGroup = Traits::kPolicy.head_group;
   const int lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
   const int pairs = gridDim.y * gridDim.z;
   const int group_ctas = kHeadGroup * gridDim.x;

@@ -1,5 +1,7 @@
 #include "compiler/codegen/backward_source.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "dsl/error.h"
@@ -15,34 +17,19 @@ std::string BackwardConfig::str() const {
   return fmt::format("d{}_m{}_n{}_w{}_s{}{}{}{}", head_dim, block_m, block_n, warps, stages, hopper ? "_sm90" : "", staged, dq_bulk ? "_qb" : "");
 }
 
+FlexBackwardFeatures BackwardConfig::features() const {
+  FlexBackwardFeatures f{};
+  f.staged_col = staged_col;
+  f.staged_tile = staged_tile;
+  f.staged_grad = staged_grad;
+  f.spread_rows = spread_rows;
+  return f;
+}
+
 int BackwardConfig::shared_bytes() const {
-  if (hopper) {
-    // flex_bwd_sm90::Smem: dense swizzled K, V [block_n][D] and Q, dO [block_m][D] per stage, dS^T [block_n][block_m],
-    // lse2 / delta, the reduction slots, the diagonal scatter's planes [warps][4][block_m + 16] floats, the cached
-    // tile classes, and 1 KB to align the base.
-    int bytes = 2 * block_n * head_dim * 2 + 2 * stages * block_m * head_dim * 2 + block_n * block_m * 2;
-    bytes += 2 * stages * block_m * 4 + warps * block_m * 8 + warps * 4 * (block_m + 16) * 4 + 2048;
-    if (staged_col) bytes += stages * block_m * 64 * 2;
-    if (staged_tile) bytes += stages * block_m * (spread_rows ? 8 : 2) * 2;
-    // Selectors: two spare swizzle regions of K ([block_n][swizzle bytes]) where both warpgroups take as many dQ
-    // columns (head dims 32, 64, 128), else two [128][16] tiles and 1 KB to align them. The swizzle and the dQ split
-    // are flex_bwd_sm90::Smem's (kSwizzle, kDqN0: half of D rounded up to whole swizzle regions).
-    const int swizzle_bytes = head_dim == 128 ? 128 : (head_dim == 64 || head_dim == 96) ? 64 : 32;
-    const int region_cols = swizzle_bytes / 2;
-    const bool selectors_in_k = 2 * ((head_dim / 2 + region_cols - 1) / region_cols * region_cols) == head_dim;
-    if (staged_grad && grad_gemm) bytes += selectors_in_k ? 2 * block_n * swizzle_bytes : 2 * block_n * 16 * 2 + 1024;
-    else if (staged_grad) bytes += spread_rows ? 8 * block_m * 20 * 4 + 8 * (block_m + 4) * 4 : 2 * block_m * 68 * 4;
-    if (dq_bulk) bytes += block_m * (head_dim + 8) * 4;
-    return bytes + 1024;
-  }
-  const int stride = head_dim + 8;
-  int bytes = 2 * block_n * stride * 2;        // K, V
-  bytes += 2 * stages * block_m * stride * 2;  // Q, dO
-  bytes += block_n * (block_m + 8) * 2;        // dS^T
-  bytes += 2 * stages * block_m * 4;           // lse2, delta
-  bytes += warps * block_m * 8;                // reductions
-  bytes += 2048;                               // cached tile classes (FlexBackwardTraits::kMaxSched)
-  return bytes;
+  FlexBackwardPolicy p = flex_backward_tiles(head_dim);
+  p.kind = hopper ? kFlexBackwardWgmma : kFlexBackwardMmaSync;
+  return flex_backward_smem_bytes(p, features(), dq_bulk, grad_gemm);
 }
 
 int BackwardConfig::main_grid_x(int64_t seqlen_kv) const {
@@ -51,30 +38,24 @@ int BackwardConfig::main_grid_x(int64_t seqlen_kv) const {
 }
 
 BackwardConfig backward_config(int head_dim, const std::string& arch) {
-  if (is_hopper_arch(arch) && head_dim <= 128 && head_dim % 16 == 0) {
-    BackwardConfig c = backward_config(head_dim);
-    c.hopper = true;
-    return c;
-  }
-  switch (head_dim) {
-    case 32:
-    case 64:
-    case 80:
-    case 96:
-    case 128: return {head_dim, 64, 128, 8, 2};
-    case 192:
-    case 256: return {head_dim, 64, 64, 8, 1};
-    default: break;
-  }
-  throw Error(fmt::format("head dim {} is not supported by the GPU backward kernel; supported: {}", head_dim,
-                          fmt::join(dsl::supported_head_dims(), ", ")));
+  const auto& dims = dsl::supported_head_dims();
+  if (std::find(dims.begin(), dims.end(), head_dim) == dims.end())
+    throw Error(fmt::format("head dim {} is not supported by the GPU backward kernel; supported: {}", head_dim, fmt::join(dims, ", ")));
+  const FlexBackwardPolicy p = flex_backward_tiles(head_dim);
+  BackwardConfig c{head_dim, p.block_m, p.block_n, p.warps, p.stages};
+  c.hopper = flex_backward_kind(is_hopper_arch(arch), head_dim) == kFlexBackwardWgmma;
+  return c;
 }
 
 QueryMajorConfig query_major_config(int head_dim) {
   backward_config(head_dim);  // the same head dims (throws for others)
+  const FlexBackwardPolicy p = flex_backward_tiles(head_dim);
   QueryMajorConfig c;
   c.head_dim = head_dim;
-  c.stages = head_dim > 128 ? 1 : 2;
+  c.block_m = p.qmajor_block_m;
+  c.block_n = p.qmajor_block_n;
+  c.warps = p.qmajor_warps;
+  c.stages = p.qmajor_stages;
   return c;
 }
 
@@ -83,19 +64,34 @@ StagedTerms backward_staged_terms(const ScoreModGradient& grad, const RangeInfo&
   return find_staged_terms(grad, ranges, options.variant);
 }
 
+namespace {
+
+// What the backward policy weighs of a module (kernels_templates/flex_backward_policy.cuh).
+FlexBackwardFeatures backward_features(const ScoreModGradient& grad, const StagedTerms& staged, const BackwardKernelOptions& options) {
+  FlexBackwardFeatures f{};
+  f.query_major = options.query_major;
+  f.deterministic = options.deterministic;
+  f.bf16 = options.dtype == dsl::DType::BF16;
+  f.d_score_is_one = is_float_const(grad.d_score, 1.f);
+  for (const GradScatter& s : grad.scatters) f.diagonal_scatter = f.diagonal_scatter || classify_scatter(s) == ScatterClass::Diagonal;
+  f.staged_col = staged.find(StagedKind::Col) != nullptr;
+  const StagedTerm* tile_term = staged.find(StagedKind::Tile);
+  f.staged_tile = tile_term != nullptr;
+  f.tile_term_grad = tile_term && tile_term->scatter >= 0;
+  for (const StagedTerm& t : staged.terms) f.staged_grad = f.staged_grad || t.scatter >= 0;
+  f.spread_rows = staged.spreads_rows(grad.scatters.size());
+  return f;
+}
+
+int backward_kind(const BackwardKernelOptions& options) { return flex_backward_kind(is_hopper_arch(options.arch), options.head_dim); }
+
+}  // namespace
+
 bool auto_picks_query_major(const ScoreModGradient& grad, const RangeInfo& ranges, const BackwardKernelOptions& options) {
   BackwardKernelOptions atomic = options;
   atomic.query_major = false;
   const StagedTerms staged = backward_staged_terms(grad, ranges, atomic);
-  // Deterministic: the staged gradients would be 64-bit fixed-point atomics per element of each [64 q][64]
-  // block, slower than the query-major pass that owns those rows (SAM ViT-B on an H100: 16.8 against 9.0 ms).
-  if (options.deterministic)
-    for (const StagedTerm& t : staged.terms)
-      if (t.scatter >= 0) return true;
-  // Deterministic, nothing staged, the Hopper kernel: the pass computes dq without atomics, where the KV-major kernel
-  // adds it by 64-bit fixed-point atomics per element, which cost more than the pass's extra GEMMs at every head dim
-  // and mod measured (docs/BACKWARD.md, dQ strategy).
-  if (options.deterministic && staged.terms.empty() && backward_config(options.head_dim, options.arch).hopper) return true;
+  if (flex_backward_prefers_query_major(backward_kind(options), backward_features(grad, staged, atomic), !staged.terms.empty())) return true;
   return needs_query_major_pass(grad, staged);
 }
 
@@ -105,34 +101,14 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
   out.config = backward_config(options.head_dim, options.arch);
   const bool qm = options.query_major;
   const StagedTerms staged = backward_staged_terms(grad, ranges, options);
-  out.config.staged_col = staged.find(StagedKind::Col) != nullptr;
-  out.config.staged_tile = staged.find(StagedKind::Tile) != nullptr;
-  for (const StagedTerm& t : staged.terms) out.config.staged_grad = out.config.staged_grad || t.scatter >= 0;
-  out.config.spread_rows = staged.spreads_rows(grad.scatters.size());
-  // Selector GEMMs sum the bf16 dS^T tile that dQ reads, which is the terms' gradient only when d_score is 1; in
-  // fp16 small dS would lose bits the slab sums (fp32) keep. One GEMM per warpgroup: with rel_w's gradient alone
-  // warpgroup 0 did all of it and the slabs (all eight warps, during the dQ GEMM) were faster (H100, B8 H12 D64:
-  // 4.27 against 4.92 ms); SAM with both gradients 4.79-4.86 -> 4.59-4.64, D32 3.89-3.94 -> 3.81, D80 7.48-7.53 ->
-  // 7.03-7.06.
-  const StagedTerm* tile_term = staged.find(StagedKind::Tile);
-  out.config.grad_gemm = out.config.spread_rows && tile_term && tile_term->scatter >= 0 && options.dtype == dsl::DType::BF16 &&
-                         is_float_const(grad.d_score, 1.f);
-  // Bulk dQ reductions pay from head dim 96 (one bulk operation per query row of D * 4 bytes). H100, backward ms,
-  // atomics -> bulk: D128 causal 2.16 -> 1.97, full 3.90 -> 3.55; D96 causal 1.868 -> 1.846; D64 causal 1.41 ->
-  // 1.52, plain 3.69 -> 3.97; D32 causal 1.03 -> 1.35 (B4 H16 S4096, B8 H12 at D64 plain).
-  constexpr int kDqBulkMinHeadDim = 96;
-  constexpr int kSm90MaxDynamicShared = 227 * 1024;  // opt-in limit per block; fp16 SAM at head dim 128 (fp32 slabs) leaves no room
-  // Not with a diagonal scatter (the learnable bias[h, q - kv + S - 1]), whose split reduction runs its
-  // cross-warp sums while dQ runs: there the float4 atomics win. H100, B4 H16 S4096 D128, backward ms, bulk rows ->
-  // float4 atomics: bias 2.56 / 2.58 / 2.56 -> 2.47 / 2.45 / 2.48; causal 1.94 / 1.94 / 1.95 -> 2.04 / 2.02 / 2.01 and
-  // the learnable slope 2.23 -> 2.33 keep the rows.
-  bool diagonal_scatter = false;
-  for (const GradScatter& s : grad.scatters) diagonal_scatter = diagonal_scatter || classify_scatter(s) == ScatterClass::Diagonal;
-  if (out.config.hopper && !qm && !options.deterministic && options.head_dim >= kDqBulkMinHeadDim && !diagonal_scatter) {
-    BackwardConfig bulk = out.config;
-    bulk.dq_bulk = true;
-    out.config.dq_bulk = bulk.shared_bytes() <= kSm90MaxDynamicShared;
-  }
+  const FlexBackwardFeatures features = backward_features(grad, staged, options);
+  const FlexBackwardPolicy policy = flex_backward_policy(backward_kind(options), options.head_dim, features);
+  out.config.staged_col = features.staged_col;
+  out.config.staged_tile = features.staged_tile;
+  out.config.staged_grad = features.staged_grad;
+  out.config.spread_rows = features.spread_rows;
+  out.config.grad_gemm = policy.grad_gemm;
+  out.config.dq_bulk = policy.dq_bulk;
   GradVariantOptions kv_major;
   kv_major.query_major_pass = qm;
   kv_major.staged = &staged;

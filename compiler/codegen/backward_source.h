@@ -8,6 +8,7 @@
 
 #include "compiler/codegen/codegen_cuda_grad.h"
 #include "compiler/codegen/kernel_source.h"
+#include "kernels_templates/flex_backward_policy.cuh"
 
 namespace flexjit {
 
@@ -18,7 +19,8 @@ inline constexpr const char* kBwdConvertEntry = "flexjit_bwd_convert";
 inline constexpr const char* kBwdTileStateEntry = "flexjit_bwd_tile_state";
 inline constexpr const char* kBwdQMajorEntry = "flexjit_bwd_qmajor";
 
-// Host mirror of FlexBackwardTraits (flex_backward.cuh).
+// The main kernel's launch geometry and module flags, read off the backward policy
+// (kernels_templates/flex_backward_policy.cuh, which FlexBackwardTraits reads too).
 struct BackwardConfig {
   int head_dim;
   int block_m;  // query rows per tile
@@ -53,20 +55,21 @@ struct BackwardConfig {
   int main_grid_x(int64_t seqlen_kv) const;
   // Dynamic shared memory of the main kernel (the generated source static_asserts it against the template's).
   int shared_bytes() const;
+  // The staged-term flags as the policy's features (the rest left false).
+  FlexBackwardFeatures features() const;
 };
 
 // Throws flexjit::Error for an unsupported head dim. `arch` "sm_90a" selects the Hopper main kernel for head
 // dims up to 128; empty or anything else the portable one.
 BackwardConfig backward_config(int head_dim, const std::string& arch = "");
 
-// Host mirror of FlexBackwardQTraits (flex_backward_qmajor.cuh): the query-major pass, with the forward's
-// 128 x 64 tiles and 8 warps of 16 query rows.
+// The query-major pass's tiles (FlexBackwardQTraits, flex_backward_qmajor.cuh), read off the backward policy.
 struct QueryMajorConfig {
   int head_dim = 0;
-  int block_m = 128;  // query rows per CTA
-  int block_n = 64;   // KV rows per tile
-  int warps = 8;
-  int stages = 2;     // K / V buffers
+  int block_m = 0;  // query rows per CTA
+  int block_n = 0;  // KV rows per tile
+  int warps = 0;
+  int stages = 0;   // K / V buffers
   int threads() const { return warps * 32; }
   int shared_bytes() const { return (2 * block_m + 2 * stages * block_n) * (head_dim + 8) * 2; }
 };

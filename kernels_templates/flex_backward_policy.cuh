@@ -1,0 +1,131 @@
+// Every tuning choice of the backward kernels in one place, as flex_tile_policy.cuh is for the forward: a constexpr
+// function of (main kernel kind, head dim, module features). The kernels' traits, the generated module and the host's
+// launch geometry all read it.
+#pragma once
+
+// Plain data and constexpr code only: this header is also compiled as host C++20 (compiler/codegen/backward_source.cpp).
+
+// Which KV-major main kernel a module runs.
+enum FlexBackwardKind {
+  kFlexBackwardMmaSync = 0,  // flex_backward.cuh: mma.sync, padded tiles (sm_80 and later, every head dim)
+  kFlexBackwardWgmma = 1     // flex_backward_sm90.cuh: wgmma on swizzled tiles, two warpgroups (sm_90a)
+};
+
+// What the policy needs to know of the module: its dQ strategy and the generated gradient variant's staged terms
+// and scatters (compiler/codegen/backward_source.cpp fills it).
+struct FlexBackwardFeatures {
+  bool query_major;       // dQ by the query-major pass (flex_backward_qmajor.cuh) instead of the main kernel
+  bool deterministic;     // fixed-point accumulation, no float atomics
+  bool bf16;              // the element type is bf16 (else fp16)
+  bool d_score_is_one;    // score_mod's derivative in score is 1 (dS^T then holds the staged terms' gradient)
+  bool diagonal_scatter;  // a buffer gradient indexed by q - kv (the learnable bias[h, q - kv + S - 1])
+  bool staged_col;        // staged terms (flex_backward_staged.cuh): a kv % 64 term,
+  bool staged_tile;       //   a kv // 64 term,
+  bool staged_grad;       //   a gradient of either,
+  bool tile_term_grad;    //   a gradient of the kv // 64 term,
+  bool spread_rows;       //   and CTAs that own 16 kv % 64 columns of eight kv // 64 blocks
+};
+
+struct FlexBackwardPolicy {
+  int kind;        // FlexBackwardKind
+  int head_dim;
+  // The KV-major main kernel (both kinds): query rows per tile, KV rows per CTA, warps, Q / dO stages.
+  int block_m, block_n, warps, stages;
+  int swizzle_bytes;  // wgmma kind: the swizzle of K, V, Q and dO (at least two regions per row, for the dQ split)
+  // The launch order (flex_backward_main_sm90): groups of head_group (KV head, batch) pairs, every pair's KV block n
+  // before block n + 1, so the heavy low blocks of causal masks start first while the Q / dO tiles streamed at once
+  // stay within L2.
+  int head_group;
+  bool dq_bulk;    // wgmma kind: dQ partials by bulk reductions from shared memory instead of float4 atomics
+  bool grad_gemm;  // wgmma kind, spread rows: the staged gradients by selector GEMMs on the dS^T tile
+  int smem_bytes;  // the main kernel's dynamic shared memory
+  // The query-major pass (dQ and row-owned scatters): query rows per CTA, KV rows per tile, warps, K / V stages.
+  int qmajor_block_m, qmajor_block_n, qmajor_warps, qmajor_stages;
+};
+
+// The main kernel: wgmma on sm_90a up to head dim 128 (192 and 256 keep mma.sync; FlashAttention-3's tiles for them
+// are in docs/notes/BACKWARD_SM90.md), mma.sync otherwise.
+constexpr int flex_backward_kind(bool hopper_arch, int head_dim) {
+  return hopper_arch && head_dim <= 128 && head_dim % 16 == 0 ? kFlexBackwardWgmma : kFlexBackwardMmaSync;
+}
+
+// Shared memory of the main kernel. wgmma kind (flex_bwd_sm90::Smem): dense swizzled K, V [block_n][D] and Q, dO
+// [block_m][D] per stage, dS^T [block_n][block_m], lse2 / delta, the reduction slots, the diagonal scatter's planes
+// [warps][4][block_m + 16] floats, the cached tile classes, 1 KB to align the base; then the staged terms' tiles, their
+// gradients' planes, slabs or selectors, and the dQ rows. mma.sync kind (FlexBackwardTraits): the same tiles padded
+// by 8 columns, without the planes and the alignment.
+constexpr int flex_backward_smem_bytes(const FlexBackwardPolicy& p, const FlexBackwardFeatures& f, bool dq_bulk, bool grad_gemm) {
+  const int d = p.head_dim, m = p.block_m, n = p.block_n;
+  if (p.kind == kFlexBackwardMmaSync) {
+    const int stride = d + 8;
+    return 2 * n * stride * 2 + 2 * p.stages * m * stride * 2 + n * (m + 8) * 2 + 2 * p.stages * m * 4 + p.warps * m * 8 + 2048;
+  }
+  int bytes = 2 * n * d * 2 + 2 * p.stages * m * d * 2 + n * m * 2;
+  bytes += 2 * p.stages * m * 4 + p.warps * m * 8 + p.warps * 4 * (m + 16) * 4 + 2048;
+  if (f.staged_col) bytes += p.stages * m * 64 * 2;
+  if (f.staged_tile) bytes += p.stages * m * (f.spread_rows ? 8 : 2) * 2;
+  // Selectors: two spare swizzle regions of K ([block_n][swizzle bytes]) where both warpgroups take as many dQ
+  // columns (half of D rounded up to whole regions: head dims 32, 64, 128), else two [128][16] tiles and 1 KB to
+  // align them.
+  const int region_cols = p.swizzle_bytes / 2;
+  const bool selectors_in_k = 2 * ((d / 2 + region_cols - 1) / region_cols * region_cols) == d;
+  if (f.staged_grad && grad_gemm) bytes += selectors_in_k ? 2 * n * p.swizzle_bytes : 2 * n * 16 * 2 + 1024;
+  else if (f.staged_grad) bytes += f.spread_rows ? 8 * m * 20 * 4 + 8 * (m + 4) * 4 : 2 * m * 68 * 4;
+  if (dq_bulk) bytes += m * (d + 8) * 4;
+  return bytes + 1024;
+}
+
+// The policy:
+//   - 64 query rows x 128 KV rows per CTA with 8 warps and two Q / dO stages; at head dims above 128 64 KV rows and one
+//     stage (the tiles' shared memory). The query-major pass: the forward's 128 x 64 tiles, one K / V stage above 128;
+//   - the wgmma kind's swizzle: 128 bytes at D128, 64 at 64 and 96, 32 at 32 and 80, so a row has at least two
+//     regions and the dQ column split lands on a region boundary;
+//   - launch groups of 8 (KV head, batch) pairs: ordering all pairs by KV block helped causal as much but made full
+//     attention 28% slower (H100, B4 H16 S4096 D128), the Q / dO of every head streamed at once;
+//   - bulk dQ reductions from head dim 96, where one bulk operation per query row of D * 4 bytes pays (H100, backward
+//     ms, atomics -> bulk: D128 causal 2.16 -> 1.97, full 3.90 -> 3.55; D96 causal 1.868 -> 1.846; D64 causal 1.41
+//     -> 1.52; D32 causal 1.03 -> 1.35), fp32 accumulation only (not deterministic), with dQ in this kernel, when
+//     the rows fit the 227 KB of shared memory, and not with a diagonal scatter, whose split reduction runs its
+//     cross-warp sums while dQ runs (there float4 atomics win: bias 2.56 -> 2.47 ms at D128);
+//   - selector GEMMs for spread rows' staged gradients when dS^T is their gradient (bf16, d_score = 1; fp16 would lose
+//     small dS bits the fp32 slabs keep) and the kv // 64 term has one (one GEMM per warpgroup: with rel_w's gradient
+//     alone warpgroup 0 did all of it and the slabs were faster, 4.27 against 4.92 ms; SAM with both gradients
+//     4.79 -> 4.59-4.64 ms at D64, D32 3.89 -> 3.81, D80 7.48 -> 7.03).
+constexpr FlexBackwardPolicy flex_backward_policy(int kind, int head_dim, FlexBackwardFeatures f) {
+  FlexBackwardPolicy p{};
+  p.kind = kind;
+  p.head_dim = head_dim;
+  const bool big = head_dim > 128;
+  p.block_m = 64;
+  p.block_n = big ? 64 : 128;
+  p.warps = 8;
+  p.stages = big ? 1 : 2;
+  p.swizzle_bytes = head_dim == 128 ? 128 : (head_dim == 64 || head_dim == 96) ? 64 : 32;
+  p.head_group = 8;
+  p.qmajor_block_m = 128;
+  p.qmajor_block_n = 64;
+  p.qmajor_warps = 8;
+  p.qmajor_stages = big ? 1 : 2;
+  const bool wgmma = kind == kFlexBackwardWgmma;
+  p.grad_gemm = wgmma && f.spread_rows && f.tile_term_grad && f.bf16 && f.d_score_is_one;
+  constexpr int kDqBulkMinHeadDim = 96;
+  constexpr int kSm90MaxDynamicShared = 227 * 1024;  // the opt-in limit per block (fp16 SAM at D128 leaves no room)
+  p.dq_bulk = wgmma && !f.query_major && !f.deterministic && head_dim >= kDqBulkMinHeadDim && !f.diagonal_scatter &&
+              flex_backward_smem_bytes(p, f, true, p.grad_gemm) <= kSm90MaxDynamicShared;
+  p.smem_bytes = flex_backward_smem_bytes(p, f, p.dq_bulk, p.grad_gemm);
+  return p;
+}
+
+// The tiles alone, which depend on the head dim only: what the kernels' traits read.
+constexpr FlexBackwardPolicy flex_backward_tiles(int head_dim) { return flex_backward_policy(kFlexBackwardMmaSync, head_dim, FlexBackwardFeatures{}); }
+
+// The automatic dQ strategy's tuning half (compiler/codegen/backward_source.cpp adds the correctness half: scatters
+// only the query-major pass reduces). Deterministic, the query-major pass computes dQ without atomics, which beats:
+// staged gradients as 64-bit fixed-point atomics per element of each [64 q][64] block (SAM ViT-B on an H100: 16.8
+// against 9.0 ms), and, with nothing staged, the wgmma kernel's fixed-point dQ atomics per element, at every head
+// dim and mod measured (docs/BACKWARD.md, dQ strategy).
+constexpr bool flex_backward_prefers_query_major(int kind, const FlexBackwardFeatures& f, bool any_staged) {
+  if (!f.deterministic) return false;
+  if (f.staged_grad) return true;
+  return !any_staged && kind == kFlexBackwardWgmma;
+}

@@ -1,0 +1,103 @@
+// The backward policy (kernels_templates/flex_backward_policy.cuh) over every head dim, both main kernels and every
+// feature set a module can have: its tiles must fit the kernels' warp layouts and shared memory, and its dQ choices
+// the kernels' static_asserts, before NVRTC ever compiles a module that meets them.
+#include <catch2/catch.hpp>
+
+#include "compiler/codegen/backward_source.h"
+#include "dsl/spec.h"
+#include "kernels_templates/flex_backward_policy.cuh"
+
+namespace {
+
+// Staged terms exist only in the wgmma kernel's atomic (not query-major) modules; spread rows and gradients need a
+// staged term, and the kv // 64 term's gradient needs that term.
+std::vector<FlexBackwardFeatures> all_features(int kind) {
+  std::vector<FlexBackwardFeatures> out;
+  for (int bits = 0; bits < 1024; ++bits) {
+    FlexBackwardFeatures f{};
+    f.query_major = bits & 1;
+    f.deterministic = bits & 2;
+    f.bf16 = bits & 4;
+    f.d_score_is_one = bits & 8;
+    f.diagonal_scatter = bits & 16;
+    f.staged_col = bits & 32;
+    f.staged_tile = bits & 64;
+    f.staged_grad = bits & 128;
+    f.tile_term_grad = bits & 256;
+    f.spread_rows = bits & 512;
+    const bool staged = f.staged_col || f.staged_tile;
+    if (staged && (kind != kFlexBackwardWgmma || f.query_major)) continue;
+    if ((f.staged_grad || f.spread_rows) && !staged) continue;
+    if (f.tile_term_grad && !(f.staged_tile && f.staged_grad)) continue;
+    out.push_back(f);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the backward policy fits the kernels' warp layouts and shared memory at every head dim", "[codegen][policy]") {
+  constexpr int kSm90MaxDynamicShared = 227 * 1024;
+  for (int d : flexjit::dsl::supported_head_dims()) {
+    for (bool hopper : {false, true}) {
+      const int kind = flex_backward_kind(hopper, d);
+      for (const FlexBackwardFeatures& f : all_features(kind)) {
+        INFO("head dim " << d << ", kind " << kind << ", query-major " << f.query_major << ", deterministic " << f.deterministic
+                         << ", bf16 " << f.bf16 << ", staged col / tile / grad / spread " << f.staged_col << f.staged_tile << f.staged_grad
+                         << f.spread_rows);
+        const FlexBackwardPolicy p = flex_backward_policy(kind, d, f);
+        // FlexBackwardTraits: warps tile the KV rows in 16-row groups and dQ's query rows evenly.
+        CHECK(p.warps * 32 == 256);
+        CHECK(p.warps % (p.block_n / 16) == 0);
+        CHECK(p.warps % (p.block_m / 16) == 0);
+        CHECK((p.stages == 1 || p.stages == 2));
+        CHECK(p.qmajor_block_m == 16 * p.qmajor_warps);
+        CHECK(p.head_group >= 1);
+        CHECK(p.smem_bytes <= kSm90MaxDynamicShared);
+        if (kind == kFlexBackwardWgmma) {
+          // flex_bwd_sm90::Smem: 64 x 128 tiles, 1024-byte aligned tiles, at least two swizzle regions per row.
+          CHECK(p.block_m == 64);
+          CHECK(p.block_n == 128);
+          CHECK(d * 2 / p.swizzle_bytes >= 2);
+          CHECK(p.block_m * d * 2 % 1024 == 0);
+          CHECK((!p.dq_bulk || (!f.deterministic && !f.query_major)));
+          CHECK((!p.grad_gemm || (f.spread_rows && f.bf16 && f.d_score_is_one)));
+        } else {
+          CHECK_FALSE(p.dq_bulk);
+          CHECK_FALSE(p.grad_gemm);
+        }
+        // The host's geometry is the policy's.
+        flexjit::BackwardConfig c = flexjit::backward_config(d, hopper ? "sm_90a" : "sm_80");
+        CHECK(c.block_m == p.block_m);
+        CHECK(c.block_n == p.block_n);
+        CHECK(c.stages == p.stages);
+        CHECK(c.hopper == (kind == kFlexBackwardWgmma));
+      }
+    }
+  }
+}
+
+TEST_CASE("the backward policy's dQ choices: bulk rows from head dim 96, query-major when deterministic", "[codegen][policy]") {
+  FlexBackwardFeatures plain{};
+  plain.bf16 = true;
+  plain.d_score_is_one = true;
+  CHECK(flex_backward_policy(kFlexBackwardWgmma, 128, plain).dq_bulk);
+  CHECK(flex_backward_policy(kFlexBackwardWgmma, 96, plain).dq_bulk);
+  CHECK_FALSE(flex_backward_policy(kFlexBackwardWgmma, 64, plain).dq_bulk);
+  FlexBackwardFeatures bias = plain;
+  bias.diagonal_scatter = true;
+  CHECK_FALSE(flex_backward_policy(kFlexBackwardWgmma, 128, bias).dq_bulk);
+  FlexBackwardFeatures det = plain;
+  det.deterministic = true;
+  CHECK_FALSE(flex_backward_policy(kFlexBackwardWgmma, 128, det).dq_bulk);
+  CHECK(flex_backward_prefers_query_major(kFlexBackwardWgmma, det, false));
+  CHECK_FALSE(flex_backward_prefers_query_major(kFlexBackwardMmaSync, det, false));
+  CHECK_FALSE(flex_backward_prefers_query_major(kFlexBackwardWgmma, plain, false));
+  FlexBackwardFeatures sam = det;
+  sam.staged_col = sam.staged_tile = sam.staged_grad = sam.tile_term_grad = sam.spread_rows = true;
+  CHECK(flex_backward_prefers_query_major(kFlexBackwardWgmma, sam, true));
+  sam.deterministic = false;
+  CHECK(flex_backward_policy(kFlexBackwardWgmma, 64, sam).grad_gemm);
+  sam.bf16 = false;
+  CHECK_FALSE(flex_backward_policy(kFlexBackwardWgmma, 64, sam).grad_gemm);
+}

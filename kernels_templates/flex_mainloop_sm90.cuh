@@ -15,7 +15,7 @@ struct FlexSm90Traits {
   using Variant = Variant_;
   static constexpr FlexForwardPolicy kPolicy =
       flex_forward_policy_sm90(kHeadDim_, FlexVariantFeatures{Variant::kHasScoreMod, Variant::kHasMaskMod, Variant::kTileAligned, Variant::kDataDependentMask,
-                                                     Variant::kColumnState, Variant::kFixedMax});
+                                                     Variant::kColumnState, Variant::kFixedMax, Variant::kElementLoads});
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kTileD = kPolicy.tile_head_dim;
   static constexpr int kBlockM = kPolicy.block_m;

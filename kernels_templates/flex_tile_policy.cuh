@@ -19,6 +19,8 @@ struct FlexVariantFeatures {
   bool column_state;   // kColumnState: the mods hoist values per column of a 64-column part (SAM's rel_w[q, kv % 64]),
                        // which stay in registers across the work tile: 32 per thread at head dim 64
   bool fixed_max;      // kFixedMax: a bounded score_mod (softcap, whose tanh temporaries take registers)
+  bool element_loads;  // kElementLoads: the mods load buffers per element (bias[h, q - kv + Skv - 1]): addresses and
+                       // load latencies in registers
 };
 
 struct FlexForwardPolicy {
@@ -70,8 +72,8 @@ constexpr FlexForwardPolicy flex_forward_policy_mma_sync(int head_dim) {
 //     up to 96 a warpgroup's GEMMs are short next to its softmax, so three consumer warpgroups (block_m 192, 512
 //     threads, no ping-pong) share every K and V tile and keep the tensor cores fed from three softmaxes; their 160
 //     registers hold 128 KV columns at head dim 64 and 96 at 96 (80 included). Narrower where the mods' registers
-//     would spill: 64 columns at head dim 64 for per-column state or a bounded score_mod (softcap), at 96 for any
-//     score_mod;
+//     would spill: 64 columns at head dim 64 for per-column state, a bounded score_mod (softcap) or loads per element
+//     (a relative bias), at 96 for any score_mod;
 //     three stages fit. Masks that read buffers keep two warpgroups (at 128 columns they spill at 160);
 //   - KV tiles as wide as registers and shared memory allow: S (block_n / 2 floats per thread), P (block_n / 4) and
 //     O (tile_head_dim / 2) live at once while the next S GEMM overlaps the softmax. Plain attention takes 176 columns
@@ -104,7 +106,7 @@ constexpr FlexForwardPolicy flex_forward_policy_sm90(int head_dim, FlexVariantFe
     p.stages = 3;
     p.producer_regs = 32;  // 32 x 128 + 160 x 384 = the 65536 registers of 512 threads at the launch bound's 128
     p.consumer_regs = 160;
-    p.block_n = p.tile_head_dim == 64 ? (f.column_state || f.fixed_max ? 64 : 128) : f.has_score_mod ? 64 : 96;
+    p.block_n = p.tile_head_dim == 64 ? (f.column_state || f.fixed_max || f.element_loads ? 64 : 128) : f.has_score_mod ? 64 : 96;
   } else if (p.tile_head_dim <= 64) {
     p.block_n = 128;
   } else if (p.tile_head_dim <= 128) {

@@ -19,7 +19,8 @@ namespace flex {
 // them once per kTileCols-column part of its tile; kTileAligned says whether the variant relies on that alignment at
 // all (without it, any k0 and j with kv = k0 + j serve, and kernel tiles need not be multiples of kTileCols).
 // kDataDependentMask: the mask reads buffers, so its block mask comes from the dense builder (and its kept area is
-// irregular, which the tile policy weighs). kColumnState: Col is not empty (the tile policy weighs its registers).
+// irregular, which the tile policy weighs). kColumnState: Col is not empty; kElementLoads: the mods load buffers per
+// element (the tile policy weighs the registers of both).
 // The variant is only ever called with q < Sq and k0 + j < Skv.
 //
 // Optional refinements, each with a default here:
@@ -47,6 +48,7 @@ struct VariantBase {
   static constexpr bool kTileAligned = false;
   static constexpr bool kDataDependentMask = false;
   static constexpr bool kColumnState = false;
+  static constexpr bool kElementLoads = false;
   static constexpr bool kSplitScore = false;
   static constexpr bool kFixedMax = false;
   static constexpr float kScoreCoreMax = 0.f;

@@ -560,6 +560,12 @@ GeneratedVariant generate_cuda_variant(const SpecIR& ir, const RangeInfo& ranges
     code += fmt::format("  struct {} {{{} }};  // values {}\n", s == Stage::Row ? "Row" : s == Stage::Col ? "Col" : "Tile", fields, what);
   }
   if (out.col_values > 0) code += "  static constexpr bool kColumnState = true;\n";
+  // Loads left in the per-element code (not hoisted into Row, Col or Tile state): their addresses and latencies take
+  // registers the tile policy weighs.
+  for (const Expr& root : {staged.score_mod, staged.mask_mod})
+    if (root)
+      for_each_node(root, [&](const Expr& n) { out.element_loads = out.element_loads || (n.as<Load>() && staged.stage_of(n) == Stage::Element); });
+  if (out.element_loads) code += "  static constexpr bool kElementLoads = true;\n";
   const char* attrs = "  __device__ static __forceinline__";
   auto stage_fn = [&](Stage s, const std::string& signature) {
     if (staged.count(s) == 0) return;

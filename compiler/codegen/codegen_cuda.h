@@ -52,6 +52,7 @@ struct GeneratedVariant {
   bool tile_aligned = false;  // kTileAligned: the hooks need KV tiles at multiples of the staging tile
   bool has_score_mod = false;  // kHasScoreMod: score_mod (or its column terms) runs per element
   bool fixed_max = false;      // kFixedMax: the softmax subtracts a fixed bound instead of each row's maximum
+  bool element_loads = false;  // kElementLoads: the mods load buffers per element (loads no stage hoisted)
 };
 
 // `ranges` must come from analyze_ranges over the same (optimized) score_mod and mask_mod.

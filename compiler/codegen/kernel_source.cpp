@@ -50,7 +50,8 @@ KernelSource forward_module(const SpecIR& ir, const RangeInfo& ranges, const For
   ks.variant = generate_cuda_variant(ir, ranges, vo, "FlexVariant");
   ks.config = forward_config(options.head_dim, options.arch, options.tma_describable,
                              FlexVariantFeatures{ks.variant.has_score_mod, static_cast<bool>(ir.mask_mod), ks.variant.tile_aligned,
-                                                 mask_is_data_dependent(ir), ks.variant.col_values > 0, ks.variant.fixed_max});
+                                                 mask_is_data_dependent(ir), ks.variant.col_values > 0, ks.variant.fixed_max,
+                                                 ks.variant.element_loads});
   const char* element = cuda_element_type(options.dtype);
   const bool shard = options.shard_positions && !varlen;
   ks.name = fmt::format("{}_fwd{}_{}_{}{}", ir.spec().name, varlen ? "_varlen" : "", dsl::dtype_name(options.dtype), ks.config.str(),

@@ -25,6 +25,7 @@ struct FlexVariant : flex::VariantBase<FlexVariant> {
   static constexpr bool kHasMaskMod = true;
   static constexpr bool kDataDependentMask = true;
   struct Row { int v0; };  // values constant along a query row
+  static constexpr bool kElementLoads = true;
   __device__ static __forceinline__ void row(const Params& p, Row& row, int b, int h, int hkv, int q) {
     // load doc[q]; stage row; unchecked: indices proven in range
     const int t0 = (int)fj::load_i32(p.buf_doc, (long long)q * p.buf_doc_s0);

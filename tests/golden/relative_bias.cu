@@ -25,6 +25,7 @@ struct FlexVariant : flex::VariantBase<FlexVariant> {
     long long sym_L;
   };
   static constexpr bool kHasScoreMod = true;
+  static constexpr bool kElementLoads = true;
   __device__ static __forceinline__ float score_mod(const Params& p, const Row& row, const Col& col, const Tile& tile, int b, int h, int hkv, int q, int k0, int j, float score) {
     const int t0 = (k0 + j);
     const int t1 = (q - t0);

@@ -9,14 +9,15 @@
 namespace {
 
 // Every feature set a generated variant can have: tile alignment comes from a mod's kv // c or kv % c, a
-// data-dependent mask is a mask, per-column state is kv % c hoisted (so tile-aligned), and a fixed maximum bounds a
-// score_mod.
+// data-dependent mask is a mask, per-column state is kv % c hoisted (so tile-aligned), a fixed maximum bounds a
+// score_mod, and loads per element belong to a mod.
 std::vector<FlexVariantFeatures> all_features() {
   std::vector<FlexVariantFeatures> out;
-  for (int bits = 0; bits < 64; ++bits) {
-    const FlexVariantFeatures f{bool(bits & 1), bool(bits & 2), bool(bits & 4), bool(bits & 8), bool(bits & 16), bool(bits & 32)};
+  for (int bits = 0; bits < 128; ++bits) {
+    const FlexVariantFeatures f{bool(bits & 1),  bool(bits & 2),  bool(bits & 4), bool(bits & 8),
+                                bool(bits & 16), bool(bits & 32), bool(bits & 64)};
     if ((f.tile_aligned && !f.has_score_mod && !f.has_mask_mod) || (f.data_dependent_mask && !f.has_mask_mod) ||
-        (f.column_state && !f.tile_aligned) || (f.fixed_max && !f.has_score_mod))
+        (f.column_state && !f.tile_aligned) || (f.fixed_max && !f.has_score_mod) || (f.element_loads && !f.has_score_mod && !f.has_mask_mod))
       continue;
     out.push_back(f);
   }
@@ -30,7 +31,8 @@ TEST_CASE("the warp-specialised policy keeps its register, shared-memory and swi
     if (flex_forward_kind(90, d, true) != kFlexForwardWarpSpecialized) continue;
     for (const FlexVariantFeatures& f : all_features()) {
       INFO("head dim " << d << ", score_mod " << f.has_score_mod << ", mask_mod " << f.has_mask_mod << ", tile aligned "
-                       << f.tile_aligned << ", data-dependent mask " << f.data_dependent_mask << ", column state " << f.column_state << ", fixed max " << f.fixed_max);
+                       << f.tile_aligned << ", data-dependent mask " << f.data_dependent_mask << ", column state " << f.column_state << ", fixed max " << f.fixed_max
+                       << ", element loads " << f.element_loads);
       const FlexForwardPolicy p = flex_forward_policy(kFlexForwardWarpSpecialized, d, f);
       CHECK(p.block_m == 64 * p.consumer_warpgroups);
       CHECK(p.threads == 128 * (p.consumer_warpgroups + 1));

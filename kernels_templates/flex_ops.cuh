@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "flex_int_divisor.cuh"
+
 namespace fj {
 
 // ---- 64-bit integer arithmetic with wrap-around (through unsigned: no signed overflow) ----

@@ -8,6 +8,7 @@
 
 #include "compiler/interpreter.h"
 #include "dsl/error.h"
+#include "kernels_templates/flex_int_divisor.cuh"
 
 namespace flexjit::runtime {
 
@@ -231,6 +232,7 @@ std::vector<uint64_t> fill_variant_params(const ParamsLayout& layout, const std:
       case SlotKind::BufferExtent: out = static_cast<uint64_t>(buffers[s.index].shape[s.dim]); break;
       case SlotKind::Symbol: out = static_cast<uint64_t>(values.symbols[s.index]); break;
       case SlotKind::IntParam: out = static_cast<uint64_t>(values.params[s.index].i); break;
+      case SlotKind::IntParamDivisor: out = fj::divisor_magic(values.params[s.index].i); break;
       case SlotKind::BoolParam: out = values.params[s.index].b ? 1 : 0; break;
       case SlotKind::FloatParam:
       case SlotKind::FloatParamReciprocal: {

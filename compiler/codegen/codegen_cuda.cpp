@@ -314,6 +314,13 @@ class CudaEmitter {
         if (divisor && divisor->value > 0 && nonnegative(b->a)) return fmt::format("({} {} {})", cast(x), div ? "/" : "%", y);
         if (!(divisor && divisor->value != 0) && opt_.error_flags)
           lines_.push_back(fmt::format("if ({} == 0) atomicOr(p.error_flags, {}u);", y, kZeroDivisorFlag));
+        // A runtime int parameter dividing a non-negative 32-bit value: a multiply by the multiplier the host computed
+        // for the launch (flex_int_divisor.cuh) instead of a 64-bit division, which is a subroutine call per element.
+        if (const Param* pd = b->b.as<Param>(); pd && !wide(b->a) && nonnegative(b->a)) {
+          const dsl::ParamDecl& decl = ir_.spec().params.at(static_cast<size_t>(pd->index));
+          if (!decl.is_const && decl.type == dsl::ValueType::Int)
+            return fmt::format("fj::{}_by_param((int){}, {}, p.{})", div ? "floordiv" : "mod", x, y, divisor_field(decl));
+        }
         return fmt::format("fj::{}<{}>({}, {})", div ? "floordiv" : "mod", ct, cast(x), cast(y));
       }
       case BinaryOp::Min: return fmt::format("min({}, {})", cast(x), cast(y));

@@ -17,6 +17,7 @@ enum class SlotKind {
   IntParam,      // runtime int param `index` (long long)
   FloatParam,    // runtime float param `index` (float in the low 4 bytes)
   FloatParamReciprocal,  // 1 / runtime float param `index`, rounded once by the host (a division by it multiplies by this)
+  IntParamDivisor,  // fj::divisor_magic of runtime int param `index` (flex_int_divisor.cuh: a floor division by it multiplies)
   BoolParam,     // runtime bool param `index` (0 or 1 as long long)
 };
 
@@ -33,7 +34,8 @@ struct ParamsLayout {
 };
 
 // The layout every back end uses for a spec: the error word, then per buffer its pointer,
-// strides and extents, then every shape symbol, then the runtime parameters (a float one followed by its reciprocal).
+// strides and extents, then every shape symbol, then the runtime parameters (a float one followed by its reciprocal, an
+// int one by its divisor multiplier).
 ParamsLayout make_params_layout(const SpecIR& ir);
 
 // The name of a buffer's field in the Params struct ("buf_" + name).
@@ -41,5 +43,8 @@ std::string buffer_field(const dsl::BufferDecl& b);
 
 // The name of a runtime float parameter's reciprocal field ("param_" + name + "_inv").
 std::string reciprocal_field(const dsl::ParamDecl& p);
+
+// The name of a runtime int parameter's divisor multiplier field ("param_" + name + "_div").
+std::string divisor_field(const dsl::ParamDecl& p);
 
 }  // namespace flexjit

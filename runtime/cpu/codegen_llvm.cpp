@@ -94,6 +94,7 @@ struct CodeGenLLVM::Impl {
         case SlotKind::FloatParam:
         case SlotKind::BoolParam: param_slot[ps.index] = si; break;
         case SlotKind::FloatParamReciprocal:  // the JIT divides exactly
+        case SlotKind::IntParamDivisor:
         case SlotKind::ErrorFlags: break;
       }
     }

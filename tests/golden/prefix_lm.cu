@@ -19,6 +19,7 @@ struct FlexVariant : flex::VariantBase<FlexVariant> {
     long long sym_Skv;
     long long sym_D;
     long long param_prefix;
+    long long param_prefix_div;
   };
   static constexpr bool kHasMaskMod = true;
   __device__ static __forceinline__ bool mask_mod(const Params& p, const Row& row, const Col& col, const Tile& tile, int b, int h, int hkv, int q, int k0, int j) {

@@ -300,6 +300,28 @@ TEST_CASE("soft-capping with a runtime cap matches the constant form", "[gpu]") 
   }
 }
 
+// kv // W and kv % W with a runtime int W go through the launch's divisor multiplier (flex_int_divisor.cuh): every
+// sign and size of divisor, in a mask and a score_mod, and SAM's decomposed bias with a runtime window width.
+TEST_CASE("division by a runtime int parameter: divisors of every sign and size, and SAM with a runtime width", "[gpu]") {
+  FLEXJIT_REQUIRE_GPU();
+  const dsl::Spec spec = inline_spec("int_divisor", std::string("score + 0.01 * (kv % W)"), "(kv // W) % 3 != 1", 64, {}, {"W: int"});
+  for (double w : {1.0, 3.0, 16.0, 64.0, 1000.0, 1099511627776.0, -1.0, -7.0, -1099511627776.0}) {
+    INFO("W = " << w);
+    CaseOptions c;
+    c.params = {{"W", w}};
+    expect_close(run_case(spec, c));
+  }
+  for (int d : {64, 128}) {
+    INFO("SAM with a runtime width, head dim " << d);
+    CaseOptions c;
+    c.Sq = c.Skv = 256;
+    c.params = {{"W", 16.0}};
+    expect_close(run_case(inline_spec("sam_runtime_width", std::string("score + rel_h[b, h, q, kv // W] + rel_w[b, h, q, kv % W]"), std::nullopt, d,
+                                      {"rel_h: bf16[B, H, Sq, 16]", "rel_w: bf16[B, H, Sq, 16]"}, {"W: int"}),
+                          c));
+  }
+}
+
 TEST_CASE("split score terms: ALiBi and per-row biases on both main loops, and ALiBi over 32k tokens", "[gpu]") {
   FLEXJIT_REQUIRE_GPU();
   // The forward kernels add row terms to the LSE and take column terms relative to an anchor row

@@ -61,6 +61,34 @@ TEST_CASE("the three-warpgroup tiles compile for every kind of variant at head d
   }
 }
 
+TEST_CASE("a division by a runtime int parameter compiles to the divisor multiplier on both kernels", "[nvrtc]") {
+  for (const auto& [score, mask] : std::vector<std::pair<std::string, std::string>>{
+           {"score + 0.01 * (kv % W)", "(kv // W) % 3 != 1"}, {"score + rel_h[b, h, q, kv // W] + rel_w[b, h, q, kv % W]", ""}}) {
+    const std::vector<std::string> buffers = score.find("rel_h") != std::string::npos
+                                                 ? std::vector<std::string>{"rel_h: bf16[B, H, Sq, 64]", "rel_w: bf16[B, H, Sq, 64]"}
+                                                 : std::vector<std::string>{};
+    dsl::Spec spec = test::f32_spec("int_divisor", score, mask, buffers, {}, 64);
+    spec.dtype = dsl::DType::BF16;
+    dsl::Diagnostics diags;
+    dsl::add_param(spec, "W: int", "test", diags);
+    REQUIRE(!diags.has_errors());
+    SpecIR ir = build_spec_ir(spec);
+    for (const char* arch : {"sm_80", "sm_90a"}) {
+      INFO("score_mod '" << score << "', mask_mod '" << mask << "' for " << arch);
+      ForwardKernelOptions fo;
+      fo.dtype = spec.dtype;
+      fo.head_dim = 64;
+      fo.arch = arch;
+      KernelSource ks = forward_kernel_source(ir, analyze_ir_ranges(ir), fo);
+      CHECK(ks.source.find("fj::floordiv_by_param") != std::string::npos);
+      CHECK(ks.source.find("fj::mod_by_param") != std::string::npos);
+      runtime::CacheLookup r = runtime::compile_kernel(ks, canonical_ir_text(ir), arch);
+      REQUIRE(r.artefact);
+      CHECK(r.artefact->binary.size() > 1000);
+    }
+  }
+}
+
 TEST_CASE("the fully checked and 64-bit variants compile too", "[nvrtc]") {
   dsl::Spec spec = test::load_spec(test::gallery_dir() / "sam_relpos.json");
   SpecIR ir = build_spec_ir(spec);

@@ -2,7 +2,8 @@
 images/s with its attention through
   sdpa     torch SDPA with the decomposed rel-pos bias materialised ([B, heads, N, N]),
   flex     torch FlexAttention with the bias as a score_mod (the model under torch.compile),
-  flexjit  flexjit.flex_attention with the bias as buffers rel_h / rel_w (flexjit's SAM spec);
+  flexjit  flexjit.flex_attention with the bias as buffers rel_h / rel_w (flexjit's SAM spec),
+  none     no attention (v passed on): not a default backend, the ceiling that attention work leaves;
 forward at batch 32 (no grad) and forward+backward at batch 8, bf16. ViT-B: 1024x1024 images,
 16x16 patches (64x64 tokens), width 768, 12 heads of 64, 12 blocks of which 2, 5, 8 and 11
 attend globally (4096 tokens) and the others in 14x14 windows (the grid padded to 70x70).
@@ -62,7 +63,12 @@ def flexjit_attention(q, k, v, rel_h, rel_w, hs, ws):
                                   buffers={"rel_h": rel_h, "rel_w": rel_w})
 
 
-ATTENTION = {"sdpa": sdpa_attention, "flex": flex_attention, "flexjit": flexjit_attention}
+def no_attention(q, k, v, rel_h, rel_w, hs, ws):
+    """v itself, with the attention's output shape: the encoder's speed with attention costing nothing."""
+    return v
+
+
+ATTENTION = {"sdpa": sdpa_attention, "flex": flex_attention, "flexjit": flexjit_attention, "none": no_attention}
 
 
 class Attention(nn.Module):
@@ -173,7 +179,8 @@ def check_block():
     x = torch.randn(2, 64, 64, DIM, device="cuda", dtype=torch.bfloat16)
     layer = Attention(64, sdpa_attention).to("cuda", torch.bfloat16)
     outs = {}
-    for name, attend in ATTENTION.items():
+    for name in ("sdpa", "flex", "flexjit"):
+        attend = ATTENTION[name]
         layer.attend = torch.compile(attend) if name == "flex" else attend
         outs[name] = layer(x).float()
     for name in ("flex", "flexjit"):

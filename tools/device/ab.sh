@@ -10,7 +10,7 @@
 #   bash tools/device/ab.sh "base new" 3 "full causal"            # forward cases
 #   MODE=backward bash tools/device/ab.sh "base new" 3 "causal sam"   # backward cases (flexjit bench-backward)
 # Cases: full, full8k, causal, softcap, softcaprt, sam64, sam80, full64, softcap64, softcap96, alibi64, alibi96, relh64,
-# relw64, scale64, causal64, causal96, full80, full96, full192, full256 (forward); causal, full, causal96,
+# relw64, scale64, relbias64, samrt64 (SAM with a runtime width W), causal64, causal96, full80, full96, full192, full256 (forward); causal, full, causal96,
 # causal64, sam (backward).
 set -uo pipefail
 builds=$1
@@ -38,6 +38,8 @@ forward_args() {
     relh64) echo "--name relh_d64 --score score+rel_h[b,h,q,kv//64] --buffer rel_h:bf16[B,H,Sq,64] --shape 8,12,12,4096,4096,64" ;;
     relw64) echo "--name relw_d64 --score score+rel_w[b,h,q,kv%64] --buffer rel_w:bf16[B,H,Sq,64] --shape 8,12,12,4096,4096,64" ;;
     scale64) echo "--name scale_d64 --score score*c --param c:float --set c=0.5 --shape 8,12,12,4096,4096,64" ;;
+    relbias64) echo "--name relbias_d64 --score score+bias[h,q-kv+Skv-1] --buffer bias:f32[H,8191] --shape 8,12,12,4096,4096,64" ;;
+    samrt64) echo "--name samrt_d64 --score score+rel_h[b,h,q,kv//W]+rel_w[b,h,q,kv%W] --buffer rel_h:bf16[B,H,Sq,64] --buffer rel_w:bf16[B,H,Sq,64] --param W:int --set W=64 --shape 8,12,12,4096,4096,64" ;;
     causal64) echo "--name causal_d64 --mask q>=kv --shape 8,12,12,4096,4096,64" ;;
     sam80) echo "--name sam_d80 --score score+rel_h[b,h,q,kv//64]+rel_w[b,h,q,kv%64] --buffer rel_h:bf16[B,H,Sq,64] --buffer rel_w:bf16[B,H,Sq,64] --shape 8,16,16,4096,4096,80" ;;
     causal96) echo "--name causal_d96 --mask q>=kv --shape 4,16,16,4096,4096,96" ;;

@@ -42,8 +42,9 @@ FLEX_INT_DIVISOR_FN long long floordiv_by_param(int a, long long d, unsigned lon
 
 // a mod d (the sign of d, Python's %) for 0 <= a < 2^31; 0 for d = 0.
 FLEX_INT_DIVISOR_FN long long mod_by_param(int a, long long d, unsigned long long magic) {
-  // |q| <= a, and q is 0 or -1 where |d| >= 2^31: the product fits 64 bits.
-  return d == 0 ? 0 : static_cast<long long>(a) - floordiv_by_param(a, d, magic) * d;
+  // The remainder a - q d always fits 64 bits, but q d itself not for q = -1 and d = -2^63: in wrap-around arithmetic.
+  const unsigned long long qd = static_cast<unsigned long long>(floordiv_by_param(a, d, magic)) * static_cast<unsigned long long>(d);
+  return d == 0 ? 0 : static_cast<long long>(static_cast<unsigned long long>(a) - qd);
 }
 
 }  // namespace fj

@@ -20,7 +20,7 @@ long long py_floordiv(long long a, long long d) {
 
 long long py_mod(long long a, long long d) {
   if (d == 0) return 0;
-  return a - py_floordiv(a, d) * d;
+  return static_cast<long long>(static_cast<__int128>(a) - static_cast<__int128>(py_floordiv(a, d)) * d);
 }
 
 }  // namespace

@@ -75,22 +75,20 @@ constexpr int flex_backward_smem_bytes(const FlexBackwardPolicy& p, const FlexBa
   return bytes + 1024;
 }
 
-// The policy:
+// The policy (the measurements behind each choice: docs/notes/BACKWARD_SM90.md, "The backward policy's choices"):
 //   - 64 query rows x 128 KV rows per CTA with 8 warps and two Q / dO stages; at head dims above 128 64 KV rows and one
 //     stage (the tiles' shared memory). The query-major pass: the forward's 128 x 64 tiles, one K / V stage above 128;
 //   - the wgmma kind's swizzle: 128 bytes at D128, 64 at 64 and 96, 32 at 32 and 80, so a row has at least two
 //     regions and the dQ column split lands on a region boundary;
-//   - launch groups of 8 (KV head, batch) pairs: ordering all pairs by KV block helped causal as much but made full
-//     attention 28% slower (H100, B4 H16 S4096 D128), the Q / dO of every head streamed at once;
-//   - bulk dQ reductions from head dim 96, where one bulk operation per query row of D * 4 bytes pays (H100, backward
-//     ms, atomics -> bulk: D128 causal 2.16 -> 1.97, full 3.90 -> 3.55; D96 causal 1.868 -> 1.846; D64 causal 1.41
-//     -> 1.52; D32 causal 1.03 -> 1.35), fp32 accumulation only (not deterministic), with dQ in this kernel, when
-//     the rows fit the 227 KB of shared memory, and not with a diagonal scatter, whose split reduction runs its
-//     cross-warp sums while dQ runs (there float4 atomics win: bias 2.56 -> 2.47 ms at D128);
+//   - launch groups of 8 (KV head, batch) pairs: heavy low KV blocks of causal masks start first, while the Q / dO
+//     tiles streamed at once stay within L2 (all heads at once overflow it);
+//   - bulk dQ reductions from head dim 96, where one bulk operation per query row of D * 4 bytes outweighs its issue
+//     cost; fp32 accumulation only (not deterministic), with dQ in this kernel, when the rows fit the 227 KB of shared
+//     memory, and not with a diagonal scatter, whose split reduction runs its cross-warp sums while dQ runs and
+//     leaves the float4 atomics' latency hidden;
 //   - selector GEMMs for spread rows' staged gradients when dS^T is their gradient (bf16, d_score = 1; fp16 would lose
-//     small dS bits the fp32 slabs keep) and the kv // 64 term has one (one GEMM per warpgroup: with rel_w's gradient
-//     alone warpgroup 0 did all of it and the slabs were faster, 4.27 against 4.92 ms; SAM with both gradients
-//     4.79 -> 4.59-4.64 ms at D64, D32 3.89 -> 3.81, D80 7.48 -> 7.03).
+//     small dS bits the fp32 slabs keep) and the kv // 64 term has one, so each warpgroup runs one selector GEMM
+//     (with rel_w's gradient alone warpgroup 0 would do all of it while the slabs use all eight warps).
 constexpr FlexBackwardPolicy flex_backward_policy(int kind, int head_dim, FlexBackwardFeatures f) {
   FlexBackwardPolicy p{};
   p.kind = kind;
@@ -109,7 +107,7 @@ constexpr FlexBackwardPolicy flex_backward_policy(int kind, int head_dim, FlexBa
   const bool wgmma = kind == kFlexBackwardWgmma;
   p.grad_gemm = wgmma && f.spread_rows && f.tile_term_grad && f.bf16 && f.d_score_is_one;
   constexpr int kDqBulkMinHeadDim = 96;
-  constexpr int kSm90MaxDynamicShared = 227 * 1024;  // the opt-in limit per block (fp16 SAM at D128 leaves no room)
+  constexpr int kSm90MaxDynamicShared = 227 * 1024;  // the opt-in limit per block
   p.dq_bulk = wgmma && !f.query_major && !f.deterministic && head_dim >= kDqBulkMinHeadDim && !f.diagonal_scatter &&
               flex_backward_smem_bytes(p, f, true, p.grad_gemm) <= kSm90MaxDynamicShared;
   p.smem_bytes = flex_backward_smem_bytes(p, f, p.dq_bulk, p.grad_gemm);
@@ -120,10 +118,9 @@ constexpr FlexBackwardPolicy flex_backward_policy(int kind, int head_dim, FlexBa
 constexpr FlexBackwardPolicy flex_backward_tiles(int head_dim) { return flex_backward_policy(kFlexBackwardMmaSync, head_dim, FlexBackwardFeatures{}); }
 
 // The automatic dQ strategy's tuning half (compiler/codegen/backward_source.cpp adds the correctness half: scatters
-// only the query-major pass reduces). Deterministic, the query-major pass computes dQ without atomics, which beats:
-// staged gradients as 64-bit fixed-point atomics per element of each [64 q][64] block (SAM ViT-B on an H100: 16.8
-// against 9.0 ms), and, with nothing staged, the wgmma kernel's fixed-point dQ atomics per element, at every head
-// dim and mod measured (docs/BACKWARD.md, dQ strategy).
+// only the query-major pass reduces). Deterministic, the query-major pass computes dQ without atomics, which beats
+// staged gradients as 64-bit fixed-point atomics per element of each [64 q][64] block and, with nothing staged, the
+// wgmma kernel's fixed-point dQ atomics per element (docs/BACKWARD.md, dQ strategy).
 constexpr bool flex_backward_prefers_query_major(int kind, const FlexBackwardFeatures& f, bool any_staged) {
   if (!f.deterministic) return false;
   if (f.staged_grad) return true;

@@ -73,8 +73,8 @@ constexpr FlexForwardPolicy flex_forward_policy_mma_sync(int head_dim) {
 //     threads, no ping-pong) share every K and V tile and keep the tensor cores fed from three softmaxes; their 160
 //     registers hold 128 KV columns at head dim 64 and 96 at 96 (80 included). Narrower where the mods' registers
 //     would spill: 64 columns at head dim 64 for per-column state, a bounded score_mod (softcap) or loads per element
-//     (a relative bias), at 96 for any score_mod;
-//     three stages fit. Masks that read buffers keep two warpgroups (at 128 columns they spill at 160);
+//     (a relative bias), at 96 for any score_mod. Three stages fit. Masks that read buffers keep two warpgroups (at
+//     128 columns they spill at 160);
 //   - KV tiles as wide as registers and shared memory allow: S (block_n / 2 floats per thread), P (block_n / 4) and
 //     O (tile_head_dim / 2) live at once while the next S GEMM overlaps the softmax. Plain attention takes 176 columns
 //     at head dim 128; a score_mod's registers (softcap's temporaries, SAM's per-column state) spill there, and a

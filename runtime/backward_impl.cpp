@@ -81,8 +81,13 @@ void CpuExecutor::backward(const SpecIR&, const BackwardArgs&) { throw Error("th
 
 // The gradient program (differentiated once), its range analysis and the compiled modules.
 struct KernelImpl::BackwardState {
-  ScoreModGradient grad;
-  RangeInfo ranges;
+  // The score_mod's gradient and the range analysis over it, of the spec or of one of its value specialisations
+  // (compiler/specialize.h), keyed by the specialised (parameter, value) pairs ("" for the spec's own).
+  struct Gradient {
+    ScoreModGradient grad;
+    RangeInfo ranges;
+  };
+  std::map<std::string, std::unique_ptr<Gradient>> gradients;
   std::mutex mutex;
   // Auto's dQ strategy per (variant choice, arch, deterministic): finding the staged terms walks the IR, so
   // it runs once per key, not per launch.
@@ -102,13 +107,7 @@ struct KernelImpl::BackwardState {
 
 KernelImpl::BackwardState& KernelImpl::backward_state() {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!backward_state_) {
-    auto st = std::make_shared<BackwardState>();
-    st->grad = differentiate_score_mod(ir_);
-    drop_row_constant_scatters(st->grad);  // their gradient is exactly zero (compiler/passes/row_constant_scatters.h)
-    st->ranges = analyze_ranges(backward_roots(st->grad), ir_.checked, VarDomains::forward(ir_.checked));
-    backward_state_ = st;
-  }
+  if (!backward_state_) backward_state_ = std::make_shared<BackwardState>();
   return *backward_state_;
 }
 
@@ -168,7 +167,26 @@ void KernelImpl::backward(const BackwardArgs& a) {
   check_ptr(a.dv.data, "dv");
 
   BackwardState& st = backward_state();
-  const ScoreModGradient& grad = st.grad;
+  // The values first: a runtime divisor's value may be compiled in (compiler/specialize.h), which changes the
+  // gradient's scatters (staged terms).
+  BoundValues values = runtime::bind_launch(ir_.checked, shape, buffers, fa);
+  std::vector<std::pair<int, int64_t>> specialized = specialized_params(values);
+  const SpecIR& ir = specialized.empty() ? ir_ : specialization(specialized).ir;
+  std::string specialization_key;
+  for (const auto& [index, value] : specialized) specialization_key += fmt::format("{}={};", index, value);
+  const BackwardState::Gradient& gradient = [&]() -> const BackwardState::Gradient& {
+    std::lock_guard<std::mutex> lock(st.mutex);
+    auto& slot = st.gradients[specialization_key];
+    if (!slot) {
+      auto g = std::make_unique<BackwardState::Gradient>();
+      g->grad = differentiate_score_mod(ir);
+      drop_row_constant_scatters(g->grad);  // their gradient is exactly zero (compiler/passes/row_constant_scatters.h)
+      g->ranges = analyze_ranges(backward_roots(g->grad), ir.checked, VarDomains::forward(ir.checked));
+      slot = std::move(g);
+    }
+    return *slot;
+  }();
+  const ScoreModGradient& grad = gradient.grad;
 
   // Gradients of captured buffers: f32, the buffer's shape, contiguous, on the device.
   std::vector<const Tensor*> grad_of(spec().buffers.size(), nullptr);
@@ -201,8 +219,8 @@ void KernelImpl::backward(const BackwardArgs& a) {
   // ---- the dQ strategy: the query-major pass needs the forward's 128 x 64 geometry (or multiples) in the
   // block mask it walks, and its shared memory ----
   const runtime::DeviceInfo& info = runtime::device_info(device);
-  BoundValues values = runtime::bind_launch(ir_.checked, shape, buffers, fa);
-  runtime::VariantChoice choice = runtime::choose_variant(st.ranges, ir_.checked, values);
+  runtime::VariantChoice choice = runtime::choose_variant(gradient.ranges, ir.checked, values);
+  choice.specialized = std::move(specialized);
   BackwardKernelOptions bo;
   bo.dtype = spec().dtype;
   bo.head_dim = spec().head_dim;
@@ -218,7 +236,7 @@ void KernelImpl::backward(const BackwardArgs& a) {
     std::lock_guard<std::mutex> lock(st.mutex);
     const std::string auto_key = fmt::format("{}_{}_{}", choice.key(), info.arch, a.deterministic ? "det" : "atomic");
     auto it = st.auto_query_major.find(auto_key);
-    if (it == st.auto_query_major.end()) it = st.auto_query_major.emplace(auto_key, auto_picks_query_major(grad, st.ranges, bo)).first;
+    if (it == st.auto_query_major.end()) it = st.auto_query_major.emplace(auto_key, auto_picks_query_major(grad, gradient.ranges, bo)).first;
     dq_mode = it->second ? BackwardDqMode::QueryMajor : BackwardDqMode::Atomic;
   }
   if (dq_mode == BackwardDqMode::QueryMajor) {
@@ -246,7 +264,7 @@ void KernelImpl::backward(const BackwardArgs& a) {
     auto& slot = st.modules[key];
     if (!slot) {
       auto m = std::make_unique<BackwardState::Module>();
-      m->source = backward_kernel_source(ir_, grad, st.ranges, bo);
+      m->source = backward_kernel_source(ir, grad, gradient.ranges, bo);
       runtime::CacheLookup r = runtime::compile_kernel(m->source.module, canonical_, info.arch);
       runtime::log_info("flexjit: kernel {} for {}: {} in {:.3f} s", m->source.module.name, info.arch, runtime::cache_source_name(r.source),
                         r.seconds);

@@ -200,8 +200,10 @@ BoundValues bind_launch(const dsl::CheckedSpec& cs, const LaunchShape& s, const 
 }
 
 std::string VariantChoice::key() const {
-  return fmt::format("i{}_c{:x}{}_s{}{}", int32 ? 32 : 64, checked_loads, tma ? "" : "_notma", static_cast<int>(runtime_split),
-                     shard ? "_shard" : "");
+  std::string k = fmt::format("i{}_c{:x}{}_s{}{}", int32 ? 32 : 64, checked_loads, tma ? "" : "_notma", static_cast<int>(runtime_split),
+                              shard ? "_shard" : "");
+  for (const auto& [index, value] : specialized) k += fmt::format("_p{}={}", index, value);
+  return k;
 }
 
 VariantChoice choose_variant(const RangeInfo& ranges, const dsl::CheckedSpec& cs, const BoundValues& values) {

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "compiler/bindings.h"
@@ -70,6 +71,9 @@ struct VariantChoice {
   RuntimeSplit runtime_split = RuntimeSplit::RunningMax;
   // The launch is a shard of a longer sequence (ForwardKernelOptions::shard_positions).
   bool shard = false;
+  // Runtime int parameters compiled in as constants (parameter index, value): divisors of positions
+  // (compiler/specialize.h), so the variant's IR is the spec's with these values folded in.
+  std::vector<std::pair<int, int64_t>> specialized;
   std::string key() const;
 };
 VariantChoice choose_variant(const RangeInfo& ranges, const dsl::CheckedSpec& cs, const BoundValues& values);

@@ -17,6 +17,7 @@
 #include "compiler/frontend.h"
 #include "compiler/ir/ir_mutator.h"
 #include "compiler/passes/dependence.h"
+#include "compiler/specialize.h"
 #include "dsl/error.h"
 #include "kernels_templates/flex_blockmask_params.cuh"
 #include "kernels_templates/flex_params.cuh"
@@ -128,6 +129,7 @@ KernelImpl::KernelImpl(SpecIR ir, RuntimeOptions options) : ir_(std::move(ir)), 
   ranges_ = analyze_ranges(roots, ir_.checked, VarDomains::forward(ir_.checked));
   canonical_ = canonical_ir_text(ir_);
   if (ir_.score_mod) score_scales_ = split_score_scales(ir_.score_mod);
+  divisor_params_ = divisor_params(ir_);
   if (ir_.mask_mod) {
     DependenceInfo deps({ir_.mask_mod});
     const Dependence& d = deps.of(ir_.mask_mod);
@@ -364,11 +366,12 @@ KernelImpl::VariantState& KernelImpl::variant_for_launch(const runtime::LaunchSh
 KernelImpl::VariantState& KernelImpl::variant(const runtime::VariantChoice& choice, int device) {
   const runtime::DeviceInfo& info = runtime::device_info(device);
   std::string key = fmt::format("{}_{}", choice.key(), info.arch);
+  const auto [ir, ranges] = variant_ir(choice);
   std::lock_guard<std::mutex> lock(mutex_);
   auto& slot = variants_[key];
   if (!slot) {
     auto v = std::make_unique<VariantState>();
-    v->source = forward_kernel_source(ir_, ranges_, forward_options(choice, info.arch));
+    v->source = forward_kernel_source(*ir, *ranges, forward_options(choice, info.arch));
     load_library(*v, info.arch);
     slot = std::move(v);
   }
@@ -397,12 +400,62 @@ KernelImpl::VariantState& KernelImpl::variant(const runtime::VariantChoice& choi
   return v;
 }
 
-runtime::VariantChoice KernelImpl::forward_choice(const BoundValues& values, bool tma, bool shard) const {
-  runtime::VariantChoice c = runtime::choose_variant(ranges_, ir_.checked, values);
+runtime::VariantChoice KernelImpl::forward_choice(const BoundValues& values, bool tma, bool shard) {
+  std::vector<std::pair<int, int64_t>> specialized = specialized_params(values);
+  runtime::VariantChoice c;
+  if (specialized.empty()) {
+    c = runtime::choose_variant(ranges_, ir_.checked, values);
+  } else {
+    const Specialization& s = specialization(specialized);
+    c = runtime::choose_variant(s.ranges, s.ir.checked, values);
+    c.specialized = std::move(specialized);
+  }
   c.tma = tma;
   c.shard = shard;
   c.runtime_split = runtime_split(values);
   return c;
+}
+
+std::vector<std::pair<int, int64_t>> KernelImpl::specialized_params(const BoundValues& values) {
+  std::vector<std::pair<int, int64_t>> out;
+  if (divisor_params_.empty()) return out;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (int index : divisor_params_) {
+    const int64_t value = values.params.at(static_cast<size_t>(index)).i;
+    std::set<int64_t>& seen = specialized_values_[index];
+    if (!seen.count(value)) {
+      if (seen.size() >= kMaxSpecializedValues) continue;
+      seen.insert(value);
+    }
+    out.emplace_back(index, value);
+  }
+  return out;
+}
+
+const KernelImpl::Specialization& KernelImpl::specialization(const std::vector<std::pair<int, int64_t>>& values) {
+  std::string key;
+  for (const auto& [index, value] : values) key += fmt::format("{}={};", index, value);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = specializations_.find(key);
+    if (it != specializations_.end()) return *it->second;
+  }
+  auto s = std::make_unique<Specialization>();
+  s->ir = specialize_params(ir_, values);
+  std::vector<ir::Expr> roots;
+  if (s->ir.score_mod) roots.push_back(s->ir.score_mod);
+  if (s->ir.mask_mod) roots.push_back(s->ir.mask_mod);
+  s->ranges = analyze_ranges(roots, s->ir.checked, VarDomains::forward(s->ir.checked));
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto& slot = specializations_[key];
+  if (!slot) slot = std::move(s);
+  return *slot;
+}
+
+std::pair<const SpecIR*, const RangeInfo*> KernelImpl::variant_ir(const runtime::VariantChoice& choice) {
+  if (choice.specialized.empty()) return {&ir_, &ranges_};
+  const Specialization& s = specialization(choice.specialized);
+  return {&s.ir, &s.ranges};
 }
 
 RuntimeSplit KernelImpl::runtime_split(const BoundValues& values) const {

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -91,7 +92,23 @@ class KernelImpl : public Kernel {
   // The forward's variant choice for a launch's values. tma: whether tensor maps can describe the launch's q, k and v
   // (runtime::tensor_maps_describe).
   // shard: the launch is a shard of a longer sequence (its variant adds the offsets to the positions).
-  runtime::VariantChoice forward_choice(const BoundValues& values, bool tma, bool shard = false) const;
+  runtime::VariantChoice forward_choice(const BoundValues& values, bool tma, bool shard = false);
+
+  // Value specialisation (compiler/specialize.h). The IR of a choice whose `specialized` list is not empty is the
+  // spec's with those parameter values folded in, with its own range analysis.
+  struct Specialization {
+    SpecIR ir;
+    RangeInfo ranges;
+  };
+  // The first values of each divisor parameter a launch brings get their own module; later new values run the
+  // generic one, so a parameter that changes every launch does not compile every launch.
+  static constexpr size_t kMaxSpecializedValues = 8;
+  // The (parameter, value) pairs a launch's variant compiles in, recording new values (up to the bound).
+  std::vector<std::pair<int, int64_t>> specialized_params(const BoundValues& values);
+  // The specialisation for those pairs, made on first use (never called with mutex_ held).
+  const Specialization& specialization(const std::vector<std::pair<int, int64_t>>& values);
+  // The IR and range analysis a choice's module is generated from.
+  std::pair<const SpecIR*, const RangeInfo*> variant_ir(const runtime::VariantChoice& choice);
   // How the launch's parameter values let a score_mod split with runtime factors run (score_scales_).
   RuntimeSplit runtime_split(const BoundValues& values) const;
   // The forward's grid: one CTA per work tile, or (warp-specialised kernel) one per SM for at most `work` tiles.
@@ -155,6 +172,9 @@ class KernelImpl : public Kernel {
   std::string canonical_;
   bool mask_uses_b_ = false, mask_uses_h_ = false;
   ScoreScales score_scales_;  // the split of the score_mod (its factors may be runtime parameters)
+  std::vector<int> divisor_params_;  // runtime int parameters that divide positions (compiler/specialize.h)
+  std::map<int, std::set<int64_t>> specialized_values_;  // per divisor parameter, the values given their own module
+  std::map<std::string, std::unique_ptr<Specialization>> specializations_;
   std::mutex mutex_;
   std::map<std::string, std::unique_ptr<VariantState>> variants_;
   std::map<int, std::unique_ptr<Workspace>> workspaces_;

@@ -44,12 +44,13 @@ struct KernelImpl::VarlenState {
 
 KernelImpl::VariantState& KernelImpl::varlen_variant(const runtime::VariantChoice& choice, int device) {
   const runtime::DeviceInfo& info = runtime::device_info(device);
+  const auto [ir, ranges] = variant_ir(choice);
   std::lock_guard<std::mutex> lock(mutex_);
   if (!varlen_state_) varlen_state_ = std::make_shared<VarlenState>();
   auto& slot = varlen_state_->modules[fmt::format("{}_{}", choice.key(), info.arch)];
   if (!slot) {
     auto v = std::make_unique<VariantState>();
-    v->source = forward_varlen_kernel_source(ir_, ranges_, forward_options(choice, info.arch));
+    v->source = forward_varlen_kernel_source(*ir, *ranges, forward_options(choice, info.arch));
     load_library(*v, info.arch);
     slot = std::move(v);
   }
@@ -130,9 +131,7 @@ void KernelImpl::forward_varlen(const VarlenArgs& a) {
   // The mods see Sq and Skv as the bounds of the per-sequence lengths.
   runtime::LaunchShape shape{B, H, Hkv, a.max_seqlen_q, a.max_seqlen_kv, D, Dv};
   BoundValues values = runtime::bind_launch(ir_.checked, shape, buffers, shim);
-  runtime::VariantChoice choice = runtime::choose_variant(ranges_, ir_.checked, values);
-  choice.tma = runtime::tensor_maps_describe(a.q, a.k, a.v);
-  choice.runtime_split = runtime_split(values);
+  runtime::VariantChoice choice = forward_choice(values, runtime::tensor_maps_describe(a.q, a.k, a.v));
   VariantState& var = varlen_variant(choice, device);
   const ForwardConfig& cfg = var.source.config;
 

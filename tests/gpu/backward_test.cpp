@@ -312,6 +312,13 @@ TEST_CASE("backward: learnable buffers (bias, slopes, kv bias, offset bias, SAM)
   BwdCase sam;
   sam.Sq = sam.Skv = 320;
   check_case(load_spec(backward_data("sam_learnable.json")), sam);
+  // A runtime width: its module has the value compiled in (compiler/specialize.h), so rel_h and rel_w are staged as
+  // with a constant 64; W = 16 stages neither.
+  for (double w : {64.0, 16.0}) {
+    INFO("SAM with a runtime width W = " << w);
+    sam.params = {{"W", w}};
+    check_case(load_spec(backward_data("sam_runtime_width_learnable.json")), sam);
+  }
 }
 
 TEST_CASE("backward: SAM rel_h / rel_w by the query-major pass (GQA, odd lengths, masks, routing)", "[gpu][backward]") {

@@ -137,12 +137,8 @@ int run_bench_decode(const BenchOptions& o, dsl::Spec spec, const std::vector<in
     args.buffers.emplace_back(b.name, add(read_npy(loads[b.name])));
   }
   for (const std::string& st : o.sets) {
-    size_t eq = st.find('=');
-    if (eq == std::string::npos) throw Error("--set expects NAME=VALUE");
-    const dsl::ParamDecl* p = spec.find_param(st.substr(0, eq));
-    if (!p) throw Error(fmt::format("--set names `{}`, which is not a parameter", st.substr(0, eq)));
-    Value v = parse_param_value(*p, st.substr(eq + 1));
-    args.params.emplace_back(p->name, v.as_double());
+    const ParamSetting set = parse_param_setting(spec, st);
+    args.params.emplace_back(set.param->name, set.value);
   }
   DecodePlanOptions po;
   po.device = device;
@@ -240,14 +236,9 @@ int run_bench(const BenchOptions& o) {
     args.buffers.emplace_back(b.name, add(a));
   }
   for (const std::string& st : o.sets) {
-    size_t eq = st.find('=');
-    if (eq == std::string::npos) throw Error("--set expects NAME=VALUE");
-    std::string name = st.substr(0, eq), value = st.substr(eq + 1);
-    const dsl::ParamDecl* p = spec.find_param(name);
-    if (!p) throw Error(fmt::format("--set names `{}`, which is not a parameter", name));
-    Value v = parse_param_value(*p, value);
-    args.params.emplace_back(name, v.as_double());
-    values[name] = value;
+    const ParamSetting set = parse_param_setting(spec, st);
+    args.params.emplace_back(set.param->name, set.value);
+    values[set.param->name] = set.text;
   }
   std::vector<std::optional<std::vector<int64_t>>> shapes;
   for (const NpyArray& a : host_buffers) shapes.push_back(a.shape);

@@ -27,6 +27,7 @@ struct BenchBackwardOptions {
   int warmup = 5, iters = 30;
   bool deterministic = false;
   std::string dq = "auto";  // the dQ strategy (BackwardArgs::dq_mode)
+  std::vector<std::string> sets;  // runtime parameters, NAME=VALUE
   bool json = false;
   bool no_flush = false;  // keep L2 warm between timed runs (default: flush it first, like triton's do_bench)
 };
@@ -82,7 +83,11 @@ int run_bench_backward(const BenchBackwardOptions& o) {
     fa.buffers.emplace_back(b.name, add(a));
     if (b.requires_grad) ba.grads.emplace_back(b.name, empty(dsl::DType::F32, shape));
   }
-  ba.q = fa.q, ba.k = fa.k, ba.v = fa.v, ba.o = fa.o, ba.lse = fa.lse, ba.buffers = fa.buffers;
+  for (const std::string& st : o.sets) {
+    const ParamSetting set = parse_param_setting(spec, st);
+    fa.params.emplace_back(set.param->name, set.value);
+  }
+  ba.q = fa.q, ba.k = fa.k, ba.v = fa.v, ba.o = fa.o, ba.lse = fa.lse, ba.buffers = fa.buffers, ba.params = fa.params;
   ba.d_o = add(random_array(spec.dtype, {B, H, Sq, D}, rng, 0, 1));
   ba.dq = empty(spec.dtype, {B, H, Sq, D});
   ba.dk = empty(spec.dtype, {B, Hkv, Skv, D});
@@ -135,6 +140,7 @@ void add_bench_backward_command(CLI::App& app, Action& action) {
   cmd->add_option("--dq", o->dq, "dQ strategy: atomic (KV-major kernel), qmajor (query-major pass) or auto (FLEXJIT_BWD_DQ overrides)")
       ->check(CLI::IsMember({"auto", "atomic", "qmajor"}))
       ->capture_default_str();
+  cmd->add_option("--set", o->sets, "A runtime parameter: NAME=VALUE");
   cmd->add_flag("--json", o->json, "One JSON object per run");
   cmd->add_flag("--no-flush", o->no_flush, "Do not evict L2 before each timed run");
   cmd->callback([o, &action] { action = [o] { return run_bench_backward(*o); }; });

@@ -6,9 +6,23 @@
 #include <fstream>
 #include <sstream>
 
+#include "compiler/bindings.h"
 #include "dsl/compile_error.h"
+#include "dsl/error.h"
 
 namespace flexjit::tools {
+
+ParamSetting parse_param_setting(const dsl::Spec& spec, const std::string& setting) {
+  const size_t eq = setting.find('=');
+  if (eq == std::string::npos) throw Error(fmt::format("--set expects NAME=VALUE, got `{}`", setting));
+  const std::string name = setting.substr(0, eq);
+  ParamSetting out;
+  out.param = spec.find_param(name);
+  if (!out.param) throw Error(fmt::format("--set names `{}`, which is not a parameter", name));
+  out.text = setting.substr(eq + 1);
+  out.value = parse_param_value(*out.param, out.text).as_double();
+  return out;
+}
 
 std::string& diagnostics_format() {
   static std::string format = "text";

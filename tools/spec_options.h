@@ -26,6 +26,15 @@ struct SpecOptions {
   dsl::Spec load() const;
 };
 
+// A runtime parameter set on the command line (--set NAME=VALUE): the declaration, the value's text and its value as
+// the launch arguments carry it. Throws flexjit::Error for a malformed setting or an undeclared name.
+struct ParamSetting {
+  const dsl::ParamDecl* param = nullptr;
+  std::string text;
+  double value = 0;
+};
+ParamSetting parse_param_setting(const dsl::Spec& spec, const std::string& setting);
+
 // How diagnostics are printed: "text" (caret form) or "json".
 std::string& diagnostics_format();
 

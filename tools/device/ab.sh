@@ -11,7 +11,7 @@
 #   MODE=backward bash tools/device/ab.sh "base new" 3 "causal sam"   # backward cases (flexjit bench-backward)
 # Cases: full, full8k, causal, softcap, softcaprt, sam64, sam80, full64, softcap64, softcap96, alibi64, alibi96, relh64,
 # relw64, scale64, relbias64, samrt64 (SAM with a runtime width W), causal64, causal96, full80, full96, full192, full256 (forward); causal, full, causal96,
-# causal64, sam (backward).
+# causal64, sam, samrt (SAM with a runtime width W; backward).
 set -uo pipefail
 builds=$1
 rounds=$2
@@ -57,6 +57,7 @@ backward_args() {
     causal96) echo "--name causal --mask q>=kv --shape 4,16,16,4096,4096,96" ;;
     causal64) echo "--name causal --mask q>=kv --shape 8,12,12,4096,4096,64" ;;
     sam) echo "--name sam_vitb --score score+rel_h[b,h,q,kv//64]+rel_w[b,h,q,kv%64] --buffer rel_h:bf16[B,H,Sq,64] --buffer rel_w:bf16[B,H,Sq,64] --grad rel_h --grad rel_w --shape 8,12,12,4096,4096,64" ;;
+    samrt) echo "--name samrt_vitb --score score+rel_h[b,h,q,kv//W]+rel_w[b,h,q,kv%W] --buffer rel_h:bf16[B,H,Sq,64] --buffer rel_w:bf16[B,H,Sq,64] --param W:int --set W=64 --grad rel_h --grad rel_w --shape 8,12,12,4096,4096,64" ;;
     *) echo "unknown backward case $1" >&2; return 1 ;;
   esac
 }

@@ -85,25 +85,12 @@ void check_i32_vector(const Tensor& t, const char* name, int64_t min_len) {
   if (!t.strides.empty() && t.strides[0] != 1) throw Error(fmt::format("decode: {} must be contiguous", name));
 }
 
-bool is_fp8(DType t) { return t == DType::F8E4M3 || t == DType::F8E5M2; }
-
 // The plan's cache element type: an FP8 type, or the spec's dtype (also when kv_dtype names it).
 DType plan_kv_dtype(const DecodePlanOptions& o, DType spec_dtype) {
   if (!o.kv_dtype) return spec_dtype;
-  if (is_fp8(*o.kv_dtype) || *o.kv_dtype == spec_dtype) return *o.kv_dtype;
+  if (runtime::is_fp8(*o.kv_dtype) || *o.kv_dtype == spec_dtype) return *o.kv_dtype;
   throw Error(fmt::format("plan_decode: kv_dtype {} is not supported for a {} spec; use {} (the spec's dtype), f8e4m3 or f8e5m2",
                           dsl::dtype_name(*o.kv_dtype), dsl::dtype_name(spec_dtype), dsl::dtype_name(spec_dtype)));
-}
-
-// An FP8 cache's optional dequantisation scale: f32 [Hkv] or [1] on `device`. Returns its stride over KV heads.
-int64_t check_kv_scale(const Tensor& t, const char* name, int64_t kv_heads, int device) {
-  if (t.dtype != DType::F32 || t.shape.size() != 1 || (t.shape[0] != kv_heads && t.shape[0] != 1))
-    throw Error(fmt::format("decode: {} must be an f32 tensor of shape [{}] (one scale per KV head) or [1], got {} [{}]", name, kv_heads,
-                            dsl::dtype_name(t.dtype), fmt::join(t.shape, ", ")));
-  if (!t.strides.empty() && t.shape[0] > 1 && t.strides[0] != 1) throw Error(fmt::format("decode: {} must be contiguous", name));
-  if (device >= 0 && runtime::pointer_device(t.data) != device)
-    throw Error(fmt::format("decode: {} is not memory of cuda:{} (the plan's device)", name, device));
-  return t.shape[0] == 1 ? 0 : 1;
 }
 
 }  // namespace
@@ -152,7 +139,7 @@ std::unique_ptr<DecodePlan> KernelImpl::plan_decode(const DecodePlanOptions& o) 
   plan->device = device;
   const int group = o.heads / o.kv_heads;
   const DType kv_dtype = plan_kv_dtype(o, spec().dtype);
-  plan->config = decode_config(D, group * o.max_seqlen_q, is_fp8(kv_dtype) ? std::optional<DType>(kv_dtype) : std::nullopt);
+  plan->config = decode_config(D, group * o.max_seqlen_q, runtime::is_fp8(kv_dtype) ? std::optional<DType>(kv_dtype) : std::nullopt);
   // For comparisons (docs/notes/DECODE_NOTES.md): FLEXJIT_DECODE_STAGES=2..4 overrides the stage count (the default
   // pipeline choice follows it), FLEXJIT_DECODE_ALTERNATE=0/1 the pipeline (1 needs two stages).
   if (const char* e = std::getenv("FLEXJIT_DECODE_STAGES")) {
@@ -334,8 +321,8 @@ void KernelImpl::decode(const DecodePlan& plan_base, const DecodeArgs& a) {
   for (const Tensor* t : {&a.k_scale, &a.v_scale}) {
     if (!t->data) continue;
     const char* name = t == &a.k_scale ? "k_scale" : "v_scale";
-    if (!is_fp8(kv_dtype)) throw Error(fmt::format("decode: {} is only for FP8 caches (plan with kv_dtype f8e4m3 or f8e5m2)", name));
-    const int64_t stride = check_kv_scale(*t, name, o.kv_heads, device);
+    if (!runtime::is_fp8(kv_dtype)) throw Error(fmt::format("decode: {} is only for FP8 caches (plan with kv_dtype f8e4m3 or f8e5m2)", name));
+    const int64_t stride = runtime::check_kv_scale(*t, "decode", name, o.kv_heads, device);
     if (a.k_scale.data && a.v_scale.data && a.k_scale.shape != a.v_scale.shape)
       throw Error("decode: k_scale and v_scale must have the same shape ([Hkv] or [1])");
     kv_scale_stride = stride;

@@ -121,7 +121,7 @@ struct BackwardArgs {
 // = positions within the sequence (0-based).
 struct VarlenArgs {
   Tensor q;   // [total_q, H, D] (any strides, D innermost)
-  Tensor k;   // [total_kv, Hkv, D]
+  Tensor k;   // [total_kv, Hkv, D]: the spec's dtype, or FP8 (DType::F8E4M3 or F8E5M2, v the same) with k_scale / v_scale
   Tensor v;   // [total_kv, Hkv, Dv]
   Tensor o;   // [total_q, H, Dv], written
   Tensor lse; // optional [H, total_q] f32, written
@@ -130,6 +130,10 @@ struct VarlenArgs {
   int max_seqlen_q = 0;   // bounds of the per-sequence lengths (host values, for grid sizes and
   int max_seqlen_kv = 0;  // the launch-time range checks, which use them as Sq and Skv)
   float scale = 0;
+  // FP8 K and V only (optional; absent = 1): f32 dequantisation scales on the launch's device, [Hkv] (one per KV head)
+  // or [1], so that K = k_scale * stored value and V likewise. Each launch first widens K and V into the spec's dtype
+  // (one rounding of the scaled value) in the workspace, which then holds 2 * total_kv * Hkv * (D + Dv) bytes more.
+  Tensor k_scale, v_scale;
   std::vector<std::pair<std::string, Tensor>> buffers;
   std::vector<std::pair<std::string, double>> params;
   Workspace* workspace = nullptr;

@@ -1,6 +1,7 @@
 #include "runtime/forward_launch.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -9,6 +10,7 @@
 #include "compiler/interpreter.h"
 #include "dsl/error.h"
 #include "kernels_templates/flex_int_divisor.cuh"
+#include "runtime/device.h"
 
 namespace flexjit::runtime {
 
@@ -219,6 +221,16 @@ VariantChoice choose_variant(const RangeInfo& ranges, const dsl::CheckedSpec& cs
   }
   if (ranges.int32_obligation) c.int32 = evaluate(ranges.int32_obligation, env).b;
   return c;
+}
+
+int64_t check_kv_scale(const Tensor& t, const char* what, const char* name, int64_t kv_heads, int device) {
+  if (t.dtype != DType::F32 || t.shape.size() != 1 || (t.shape[0] != kv_heads && t.shape[0] != 1))
+    throw Error(fmt::format("{}: {} must be an f32 tensor of shape [{}] (one scale per KV head) or [1], got {} [{}]", what, name, kv_heads,
+                            dsl::dtype_name(t.dtype), fmt::join(t.shape, ", ")));
+  if (!t.strides.empty() && t.shape[0] > 1 && t.strides[0] != 1) throw Error(fmt::format("{}: {} must be contiguous", what, name));
+  if (device >= 0 && pointer_device(t.data) != device)
+    throw Error(fmt::format("{}: {} is not memory of cuda:{} (the launch's device)", what, name, device));
+  return t.shape[0] == 1 ? 0 : 1;
 }
 
 std::vector<uint64_t> fill_variant_params(const ParamsLayout& layout, const std::vector<Tensor>& buffers, const BoundValues& values,

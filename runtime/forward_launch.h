@@ -78,6 +78,13 @@ struct VariantChoice {
 };
 VariantChoice choose_variant(const RangeInfo& ranges, const dsl::CheckedSpec& cs, const BoundValues& values);
 
+// Whether a K / V element type is an FP8 storage format (DType::F8E4M3 or F8E5M2).
+inline bool is_fp8(DType t) { return t == DType::F8E4M3 || t == DType::F8E5M2; }
+
+// An FP8 K / V's optional dequantisation scale: f32 [kv_heads] or [1] on `device` (-1: not checked). Returns its stride
+// over KV heads (0 for one scale). `what` names the call in the errors ("decode").
+int64_t check_kv_scale(const Tensor& t, const char* what, const char* name, int64_t kv_heads, int device);
+
 // The Params struct bytes (8 per slot) for the generated variant.
 std::vector<uint64_t> fill_variant_params(const ParamsLayout& layout, const std::vector<Tensor>& buffers, const BoundValues& values,
                                           unsigned int* error_word);

@@ -78,6 +78,7 @@ class KernelImpl : public Kernel {
     std::shared_ptr<const runtime::CompiledArtefact> artefact;
     runtime::LoadedLibrary library;
     std::map<int, CUfunction> forward_fn, mask_fn, rank_fn;  // rank_fn: data-dependent masks only
+    std::map<int, CUfunction> widen_fn;                      // ragged prefill over an FP8 K / V only
   };
 
   int launch_device(const AttentionArgs& a) const;
@@ -190,10 +191,11 @@ class KernelImpl : public Kernel {
   // decode_impl.cpp: the decode module for a variant choice and configuration, compiled and loaded on first use.
   struct DecodeModule;
   DecodeModule& decode_module(const runtime::VariantChoice& choice, int device, const DecodeConfig& cfg);
-  // varlen_impl.cpp: the ragged-prefill module of a variant choice (forward_fn holds its kernel), on first use.
+  // varlen_impl.cpp: the ragged-prefill module of a variant choice (forward_fn holds its kernel; widen_fn the widening
+  // pass when K and V are stored in the FP8 format fp8_kv), on first use.
   struct VarlenState;
   std::shared_ptr<VarlenState> varlen_state_;
-  VariantState& varlen_variant(const runtime::VariantChoice& choice, int device);
+  VariantState& varlen_variant(const runtime::VariantChoice& choice, int device, std::optional<DType> fp8_kv);
 };
 
 }  // namespace flexjit

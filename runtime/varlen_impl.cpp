@@ -4,6 +4,7 @@
 // per-sequence block classification on the device is left for later (docs/notes/DECODE_NOTES.md).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "dsl/error.h"
@@ -11,6 +12,7 @@
 #include "runtime/device.h"
 #include "runtime/kernel_impl.h"
 #include "runtime/tensor_maps.h"
+#include "kernels_templates/flex_fp8_widen_params.cuh"
 
 namespace flexjit {
 
@@ -20,13 +22,16 @@ void CpuExecutor::forward_varlen(const SpecIR&, const VarlenArgs&) { throw Error
 
 namespace {
 
+// dtype: the element type the tensor must have (the spec's, or for an FP8 K / V the FP8 format of k).
 void check_packed(const Tensor& t, const char* name, int64_t heads, int64_t dim, DType dtype) {
   if (!t.data) throw Error(fmt::format("forward_varlen: {} has no data pointer", name));
   if (t.shape.size() != 3) throw Error(fmt::format("forward_varlen: {} must be [total, heads, dim], but has {} dimensions", name, t.shape.size()));
   if (!t.strides.empty() && t.strides.size() != 3) throw Error(fmt::format("forward_varlen: {} has {} strides for 3 dimensions", name, t.strides.size()));
   if (t.shape[1] != heads || t.shape[2] != dim)
     throw Error(fmt::format("forward_varlen: {} has shape [{}] but must be [total, {}, {}]", name, fmt::join(t.shape, ", "), heads, dim));
-  if (t.dtype != dtype) throw Error(fmt::format("forward_varlen: {} must be {} (the spec's dtype)", name, dsl::dtype_name(dtype)));
+  if (t.dtype != dtype)
+    throw Error(fmt::format("forward_varlen: {} must be {} ({}), got {}", name, dsl::dtype_name(dtype),
+                            runtime::is_fp8(dtype) ? "the FP8 format of k" : "the spec's dtype", dsl::dtype_name(t.dtype)));
   runtime::check_addressable(t, fmt::format("forward_varlen: {}", name));
   std::vector<int64_t> s = t.effective_strides();
   if (s[2] != 1) throw Error(fmt::format("forward_varlen: {} must be contiguous in its last dimension", name));
@@ -42,15 +47,17 @@ struct KernelImpl::VarlenState {
   std::map<std::string, std::unique_ptr<VariantState>> modules;
 };
 
-KernelImpl::VariantState& KernelImpl::varlen_variant(const runtime::VariantChoice& choice, int device) {
+KernelImpl::VariantState& KernelImpl::varlen_variant(const runtime::VariantChoice& choice, int device, std::optional<DType> fp8_kv) {
   const runtime::DeviceInfo& info = runtime::device_info(device);
   const auto [ir, ranges] = variant_ir(choice);
   std::lock_guard<std::mutex> lock(mutex_);
   if (!varlen_state_) varlen_state_ = std::make_shared<VarlenState>();
-  auto& slot = varlen_state_->modules[fmt::format("{}_{}", choice.key(), info.arch)];
+  auto& slot = varlen_state_->modules[fmt::format("{}_{}{}", choice.key(), info.arch, fp8_kv ? dsl::dtype_name(*fp8_kv) : "")];
   if (!slot) {
     auto v = std::make_unique<VariantState>();
-    v->source = forward_varlen_kernel_source(*ir, *ranges, forward_options(choice, info.arch));
+    ForwardKernelOptions fo = forward_options(choice, info.arch);
+    fo.fp8_kv = fp8_kv;
+    v->source = forward_varlen_kernel_source(*ir, *ranges, fo);
     load_library(*v, info.arch);
     slot = std::move(v);
   }
@@ -67,6 +74,13 @@ KernelImpl::VariantState& KernelImpl::varlen_variant(const runtime::VariantChoic
     CUfunction f = nullptr;
     check_cu(d.cuKernelGetFunction(&f, k), "cuKernelGetFunction");
     check_cu(d.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem), "setting the ragged-prefill kernel's shared memory");
+    if (fp8_kv) {
+      CUkernel wk = nullptr;
+      check_cu(d.cuLibraryGetKernel(&wk, v.library.get(), kWidenFp8Entry), "cuLibraryGetKernel");
+      CUfunction wf = nullptr;
+      check_cu(d.cuKernelGetFunction(&wf, wk), "cuKernelGetFunction");
+      v.widen_fn[device] = wf;
+    }
     v.forward_fn[device] = f;
   }
   return v;
@@ -83,9 +97,11 @@ void KernelImpl::forward_varlen(const VarlenArgs& a) {
   if (!a.q.data || a.q.shape.size() != 3) throw Error("forward_varlen: q must be [total_q, H, D]");
   if (!a.k.data || a.k.shape.size() != 3) throw Error("forward_varlen: k must be [total_kv, Hkv, D]");
   const int64_t H = a.q.shape[1], Hkv = a.k.shape[1];
+  // An FP8 K / V (k's dtype says which format) is widened into the spec's dtype before the kernel reads it.
+  const std::optional<DType> fp8_kv = runtime::is_fp8(a.k.dtype) ? std::optional<DType>(a.k.dtype) : std::nullopt;
   check_packed(a.q, "q", H, D, spec().dtype);
-  check_packed(a.k, "k", Hkv, D, spec().dtype);
-  check_packed(a.v, "v", Hkv, Dv, spec().dtype);
+  check_packed(a.k, "k", Hkv, D, fp8_kv.value_or(spec().dtype));
+  check_packed(a.v, "v", Hkv, Dv, fp8_kv.value_or(spec().dtype));
   check_packed(a.o, "o", H, Dv, spec().dtype);
   if (a.v.shape[0] != a.k.shape[0]) throw Error("forward_varlen: k and v must have the same number of rows");
   if (a.o.shape[0] != a.q.shape[0]) throw Error("forward_varlen: o must have as many rows as q");
@@ -127,25 +143,67 @@ void KernelImpl::forward_varlen(const VarlenArgs& a) {
   check(a.cu_seqlens_kv.data, "cu_seqlens_kv");
   if (a.lse.data) check(a.lse.data, "lse");
   for (size_t i = 0; i < buffers.size(); ++i) check(buffers[i].data, fmt::format("buffer `{}`", spec().buffers[i].name));
+  for (const Tensor* t : {&a.k_scale, &a.v_scale}) {
+    if (!t->data) continue;
+    const char* name = t == &a.k_scale ? "k_scale" : "v_scale";
+    if (!fp8_kv) throw Error(fmt::format("forward_varlen: {} is only for an FP8 k and v (f8e4m3 or f8e5m2), but k is {}", name, dsl::dtype_name(a.k.dtype)));
+    runtime::check_kv_scale(*t, "forward_varlen", name, Hkv, device);
+  }
 
   // The mods see Sq and Skv as the bounds of the per-sequence lengths.
   runtime::LaunchShape shape{B, H, Hkv, a.max_seqlen_q, a.max_seqlen_kv, D, Dv};
   BoundValues values = runtime::bind_launch(ir_.checked, shape, buffers, shim);
-  runtime::VariantChoice choice = forward_choice(values, runtime::tensor_maps_describe(a.q, a.k, a.v));
-  VariantState& var = varlen_variant(choice, device);
+  // An FP8 K / V is read through its widened copy: contiguous [total_kv, Hkv, D] of the spec's dtype in the workspace.
+  const int64_t total_kv = a.k.shape[0];
+  const size_t esize = dsl::dtype_size(spec().dtype);
+  const size_t k_bytes = fp8_kv ? (static_cast<size_t>(total_kv * Hkv * D) * esize + 255) / 256 * 256 : 0;
+  const size_t widened_bytes = fp8_kv ? k_bytes + static_cast<size_t>(total_kv * Hkv * Dv) * esize : 0;
+  Tensor k = a.k, v = a.v;
+  if (fp8_kv) {
+    k = Tensor{nullptr, spec().dtype, a.k.shape, {}};
+    v = Tensor{nullptr, spec().dtype, a.v.shape, {}};
+  }
+  runtime::VariantChoice choice = forward_choice(values, runtime::tensor_maps_describe(a.q, k, v));
+  VariantState& var = varlen_variant(choice, device, fp8_kv);
   const ForwardConfig& cfg = var.source.config;
 
   runtime::ScopedDevice scope(device);
-  // Only the error word is used: a one-tile shape keeps the workspace minimal.
-  Workspace& ws = workspace_for(shim.workspace, shim.stream, device, runtime::LaunchShape{1, 1, 1, 1, 1, D, Dv}, cfg);
+  // The error word, and the widened K and V of an FP8 launch: a one-tile shape keeps the block-mask part minimal.
+  Workspace& ws = workspace_for(shim.workspace, shim.stream, device, runtime::LaunchShape{1, 1, 1, 1, 1, D, Dv}, cfg, widened_bytes);
   unsigned int* error_word = reinterpret_cast<unsigned int*>(ws.memory_);
+  if (fp8_kv) {
+    k.data = reinterpret_cast<void*>(ws.backward_memory_);
+    v.data = reinterpret_cast<void*>(ws.backward_memory_ + k_bytes);
+    const int sms = runtime::device_info(device).sm_count;
+    for (int i = 0; i < 2; ++i) {
+      const Tensor& src = i == 0 ? a.k : a.v;
+      const Tensor& scale = i == 0 ? a.k_scale : a.v_scale;
+      const auto st = src.effective_strides();
+      FlexFp8WidenParams wp{};
+      wp.src = static_cast<const unsigned char*>(src.data);
+      wp.dst = (i == 0 ? k : v).data;
+      wp.scale = static_cast<const float*>(scale.data);
+      wp.src_stride_s = st[0];
+      wp.src_stride_h = st[1];
+      wp.rows = total_kv;
+      wp.heads = static_cast<int>(Hkv);
+      wp.dim = static_cast<int>(src.shape[2]);
+      wp.scale_per_head = scale.data && scale.shape[0] > 1;
+      const int64_t chunks = total_kv * Hkv * (wp.dim / 8);
+      const unsigned blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((chunks + 255) / 256, int64_t(sms) * 8)));
+      void* wargs[] = {&wp};
+      if (chunks > 0)
+        check_cu(require_driver().cuLaunchKernel(var.widen_fn.at(device), blocks, 1, 1, 256, 1, 1, 0, a.stream, wargs, nullptr),
+                 "launching the FP8 widening of a ragged prefill's k / v");
+    }
+  }
   std::vector<uint64_t> vparams = runtime::fill_variant_params(var.source.variant.layout, buffers, values, options_.checked ? error_word : nullptr);
 
   FlexForwardParams p{};
-  auto qs = a.q.effective_strides(), ks = a.k.effective_strides(), vs = a.v.effective_strides(), os = a.o.effective_strides();
+  auto qs = a.q.effective_strides(), ks = k.effective_strides(), vs = v.effective_strides(), os = a.o.effective_strides();
   p.q = a.q.data;
-  p.k = a.k.data;
-  p.v = a.v.data;
+  p.k = k.data;
+  p.v = v.data;
   p.o = a.o.data;
   p.lse = static_cast<float*>(a.lse.data);
   p.q_stride_s = qs[0], p.q_stride_h = qs[1];
@@ -163,7 +221,7 @@ void KernelImpl::forward_varlen(const VarlenArgs& a) {
   p.cu_seqlens_kv = static_cast<const int*>(a.cu_seqlens_kv.data);
   p.tile_counter = reinterpret_cast<int*>(ws.memory_ + kTileCounterOffset);
   FlexForwardTmaMaps maps;
-  if (cfg.warp_specialized) maps = runtime::encode_forward_tensor_maps(require_driver(), a.q, a.k, a.v, cfg);
+  if (cfg.warp_specialized) maps = runtime::encode_forward_tensor_maps(require_driver(), a.q, k, v, cfg);
   void* args[] = {&p, vparams.data(), &maps};
   const int64_t work = B * H * ((a.max_seqlen_q + cfg.block_m - 1) / cfg.block_m);
   check_cu(require_driver().cuLaunchKernel(var.forward_fn.at(device), forward_grid(cfg, work, device), 1, 1,

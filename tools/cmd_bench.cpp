@@ -36,7 +36,9 @@ struct BenchOptions {
   bool decode = false;
   int page_size = 0;        // 0: contiguous cache
   int splits = 0;           // 0: the plan's heuristic
-  std::string kv_dtype;     // --decode: the cache's element type (empty: the spec's dtype)
+  std::string kv_dtype;     // --decode / --varlen: K and V's element type (empty: the spec's dtype)
+  // --varlen: time Kernel::forward_varlen over B packed sequences of Sq query and Skv KV rows each.
+  bool varlen = false;
   bool no_flush = false;    // keep L2 warm between timed launches (default: flush 256 MB first, like triton's do_bench)
 };
 
@@ -60,6 +62,14 @@ double mask_density(const SpecIR& ir, const BoundValues& values, const std::vect
   return total ? double(kept) / double(total) : 1.0;
 }
 
+// K / V element type of --kv-dtype (the spec's when empty).
+dsl::DType kv_dtype_of(const BenchOptions& o, dsl::DType spec_dtype) {
+  if (o.kv_dtype.empty()) return spec_dtype;
+  std::optional<dsl::DType> t = dsl::parse_kv_cache_dtype(o.kv_dtype);
+  if (!t) throw Error(fmt::format("--kv-dtype `{}` is not a KV cache type; use bf16, f16, fp8 (e4m3) or e5m2", o.kv_dtype));
+  return *t;
+}
+
 // Decode timing: one plan, random q and KV cache (paged through a shuffled page table when --page-size > 0),
 // every sequence at length Skv.
 int run_bench_decode(const BenchOptions& o, dsl::Spec spec, const std::vector<int64_t>& s) {
@@ -81,12 +91,7 @@ int run_bench_decode(const BenchOptions& o, dsl::Spec spec, const std::vector<in
   DecodeArgs args;
   args.scale = o.scale;
   args.q = add(random_array(spec.dtype, {B, H, Sq, D}, rng, 0, 1));
-  dsl::DType kv = spec.dtype;
-  if (!o.kv_dtype.empty()) {
-    std::optional<dsl::DType> t = dsl::parse_kv_cache_dtype(o.kv_dtype);
-    if (!t) throw Error(fmt::format("--kv-dtype `{}` is not a KV cache type; use bf16, f16, fp8 (e4m3) or e5m2", o.kv_dtype));
-    kv = *t;
-  }
+  const dsl::DType kv = kv_dtype_of(o, spec.dtype);
   const bool fp8 = dsl::dtype_size(kv) == 1;
   if (fp8) {
     // Normal values quantised as they are, and per-KV-head scales of 1 (the scales' loads are timed too).
@@ -175,6 +180,89 @@ int run_bench_decode(const BenchOptions& o, dsl::Spec spec, const std::vector<in
   return 0;
 }
 
+// Ragged-prefill timing: B sequences of Sq query rows and Skv KV rows packed without padding, random contents; an
+// FP8 K / V with per-KV-head scales of 1 (their widening pass is timed with the launch). Specs without buffers.
+int run_bench_varlen(const BenchOptions& o, const dsl::Spec& spec, const std::vector<int64_t>& s) {
+  const int64_t B = s[0], H = s[1], Hkv = s[2], Sq = s[3], Skv = s[4], D = s[5], Dv = spec.value_head_dim();
+  if (!spec.buffers.empty()) throw Error("bench --varlen times specs without buffers");
+  Device device = parse_device(o.device);
+  if (device.kind != Device::Kind::Cuda) throw Error("bench times GPU kernels; use --device cuda:N");
+  const runtime::CudaDriver* drv = runtime::cuda_driver();
+  if (!drv) throw Error("no CUDA driver: " + runtime::cuda_driver_unavailable_reason());
+  runtime::ScopedDevice scope(device.index);
+  Runtime rt;
+  auto kernel = rt.compile(spec);
+  std::mt19937 rng(1234);
+  std::vector<PlacedTensor> placed;
+  placed.reserve(16);
+  auto add = [&](NpyArray a) {
+    placed.push_back(place(std::move(a), device));
+    return placed.back().tensor();
+  };
+  auto offsets = [&](int64_t len) {
+    NpyArray a;
+    a.dtype = dsl::DType::I32;
+    a.shape = {B + 1};
+    a.data.resize(size_t(B + 1) * 4);
+    for (int64_t b = 0; b <= B; ++b) a.as<int32_t>()[b] = static_cast<int32_t>(b * len);
+    return add(a);
+  };
+  const dsl::DType kv = kv_dtype_of(o, spec.dtype);
+  VarlenArgs args;
+  args.device = device;
+  args.scale = o.scale;
+  args.q = add(random_array(spec.dtype, {B * Sq, H, D}, rng, 0, 1));
+  args.k = add(random_array(kv, {B * Skv, Hkv, D}, rng, 0, 1));
+  args.v = add(random_array(kv, {B * Skv, Hkv, Dv}, rng, 0, 1));
+  if (dsl::dtype_size(kv) == 1) {
+    NpyArray ones;
+    ones.dtype = dsl::DType::F32;
+    ones.shape = {Hkv};
+    ones.data.resize(size_t(Hkv) * 4);
+    std::fill(ones.as<float>(), ones.as<float>() + Hkv, 1.f);
+    args.k_scale = add(ones);
+    args.v_scale = add(ones);
+  }
+  placed.push_back(place_empty(spec.dtype, {B * Sq, H, Dv}, device));
+  args.o = placed.back().tensor();
+  args.cu_seqlens_q = offsets(Sq);
+  args.cu_seqlens_kv = offsets(Skv);
+  args.max_seqlen_q = static_cast<int>(Sq);
+  args.max_seqlen_kv = static_cast<int>(Skv);
+  std::map<std::string, std::string> values = {{"B", std::to_string(B)}, {"H", std::to_string(H)}, {"Hkv", std::to_string(Hkv)},
+                                               {"Sq", std::to_string(Sq)}, {"Skv", std::to_string(Skv)}, {"D", std::to_string(D)}};
+  for (const std::string& st : o.sets) {
+    const ParamSetting set = parse_param_setting(spec, st);
+    args.params.emplace_back(set.param->name, set.value);
+    values[set.param->name] = set.text;
+  }
+  SpecIR ir = build_spec_ir(spec);
+  const double density = mask_density(ir, bind_values(ir.checked, values, {}, true), {}, Sq, Skv);
+  auto t0 = std::chrono::steady_clock::now();
+  kernel->forward_varlen(args);
+  runtime::check_cu(drv->cuCtxSynchronize(), "synchronise");
+  const double first_call_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  kernel->check_errors(device.index, nullptr);
+  std::vector<double> ms = time_launches({o.warmup, o.iters, !o.no_flush}, [&] { kernel->forward_varlen(args); });
+  const double host = host_launch_us([&] { kernel->forward_varlen(args); });
+  runtime::check_cu(drv->cuCtxSynchronize(), "synchronise");
+  kernel->check_errors(device.index, nullptr);
+  const double med = median_ms(ms);
+  const double tflops = 4.0 * B * H * Sq * Skv * D * density / (med * 1e-3) / 1e12;
+  const runtime::DeviceInfo& info = runtime::device_info(device.index);
+  if (o.json) {
+    fmt::print("{{\"spec\": \"{}\", \"mode\": \"varlen\", \"gpu\": \"{}\", \"B\": {}, \"H\": {}, \"Hkv\": {}, \"Sq\": {}, \"Skv\": {}, "
+               "\"D\": {}, \"kv_dtype\": \"{}\", \"density\": {:.4f}, \"ms\": {:.4f}, \"tflops\": {:.1f}, \"launch_us\": {:.2f}, "
+               "\"first_call_s\": {:.3f}}}\n",
+               spec.name, info.name, B, H, Hkv, Sq, Skv, D, dsl::dtype_name(kv), density, med, tflops, host, first_call_s);
+  } else {
+    fmt::print("{} ragged prefill on {}: {} sequences of {} x {}, H{} Hkv{} D{}, {} K / V, density {:.3f}: {:.4f} ms, {:.1f} TFLOP/s; host "
+               "launch {:.2f} us; first call {:.3f} s\n",
+               spec.name, info.name, B, Sq, Skv, H, Hkv, D, dsl::dtype_name(kv), density, med, tflops, host, first_call_s);
+  }
+  return 0;
+}
+
 int run_bench(const BenchOptions& o) {
   dsl::Spec spec = o.spec.load();
   std::vector<int64_t> s = parse_shape(o.shape, "--shape");
@@ -182,6 +270,7 @@ int run_bench(const BenchOptions& o) {
   const int64_t B = s[0], H = s[1], Hkv = s[2], Sq = s[3], Skv = s[4], D = s[5];
   spec.head_dim = static_cast<int>(D);
   if (o.decode) return run_bench_decode(o, spec, s);
+  if (o.varlen) return run_bench_varlen(o, spec, s);
   Device device = parse_device(o.device);
   if (device.kind != Device::Kind::Cuda) throw Error("bench times GPU kernels; use --device cuda:N");
   const runtime::CudaDriver* drv = runtime::cuda_driver();
@@ -295,9 +384,10 @@ void add_bench_command(CLI::App& app, Action& action) {
   cmd->add_flag("--json", o->json, "One JSON object per run");
   cmd->add_flag("--mask-per-launch", o->mask_per_launch, "Rebuild the block mask in every timed launch (default: build once, reuse)");
   cmd->add_flag("--decode", o->decode, "Time Kernel::decode: Sq = query rows per sequence (1..16), Skv = every sequence's KV length");
+  cmd->add_flag("--varlen", o->varlen, "Time Kernel::forward_varlen: B packed sequences of Sq query and Skv KV rows each");
   cmd->add_option("--page-size", o->page_size, "--decode: paged KV cache with this page size (0: contiguous)")->capture_default_str();
   cmd->add_option("--splits", o->splits, "--decode: KV splits (0: the plan's heuristic)")->capture_default_str();
-  cmd->add_option("--kv-dtype", o->kv_dtype, "--decode: the KV cache's type: bf16/f16 (default: the spec's dtype), fp8 (= e4m3) or e5m2 "
+  cmd->add_option("--kv-dtype", o->kv_dtype, "--decode / --varlen: the KV cache's type: bf16/f16 (default: the spec's dtype), fp8 (= e4m3) or e5m2 "
                                               "(random values quantised, per-KV-head scales of 1)");
   cmd->add_flag("--no-flush", o->no_flush, "Do not evict L2 before each timed launch");
   cmd->callback([o, &action] { action = [o] { return run_bench(*o); }; });

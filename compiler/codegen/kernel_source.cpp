@@ -54,8 +54,8 @@ KernelSource forward_module(const SpecIR& ir, const RangeInfo& ranges, const For
                                                  ks.variant.element_loads});
   const char* element = cuda_element_type(options.dtype);
   const bool shard = options.shard_positions && !varlen;
-  ks.name = fmt::format("{}_fwd{}_{}_{}{}", ir.spec().name, varlen ? "_varlen" : "", dsl::dtype_name(options.dtype), ks.config.str(),
-                        shard ? "_shard" : "");
+  ks.name = fmt::format("{}_fwd{}_{}_{}{}{}", ir.spec().name, varlen ? "_varlen" : "", dsl::dtype_name(options.dtype), ks.config.str(),
+                        shard ? "_shard" : "", varlen && options.fp8_kv ? fmt::format("_kv{}", dsl::dtype_name(*options.fp8_kv)) : "");
   ks.entries = {varlen ? kForwardVarlenEntry : kForwardEntry};
   std::string block_mask;
   if (ir.mask_mod && !varlen) {
@@ -80,6 +80,15 @@ KernelSource forward_module(const SpecIR& ir, const RangeInfo& ranges, const For
                                kBlockMaskEntry, kRankEntry);
     }
   }
+  const bool fp8_kv = varlen && options.fp8_kv.has_value();
+  std::string widen;
+  if (fp8_kv) {
+    ks.entries.push_back(kWidenFp8Entry);
+    widen = fmt::format("\n#include \"flex_fp8_widen.cuh\"\n"
+                        "extern \"C\" __global__ void __launch_bounds__(256)\n"
+                        "{}(const FlexFp8WidenParams p) {{\n  flex_widen_fp8<{}, {}>(p);\n}}\n",
+                        kWidenFp8Entry, *options.fp8_kv == dsl::DType::F8E4M3 ? "FlexFp8E4M3" : "FlexFp8E5M2", element);
+  }
   ks.source = fmt::format(
       "// flexjit {} kernel for spec `{}`: {} x {} tiles, {} warps, head dim {}, {}{}.\n"
       "{}"
@@ -87,16 +96,17 @@ KernelSource forward_module(const SpecIR& ir, const RangeInfo& ranges, const For
       "#include \"flex_ops.cuh\"\n"
       "{}\n"
       "{}\n"
-      "{}{}",
+      "{}{}{}",
       varlen ? "ragged-prefill forward" : "forward", ir.spec().name, ks.config.block_m, ks.config.block_n, ks.config.warps,
       options.head_dim, element, ks.config.warp_specialized ? ", warp-specialised (sm_90a)" : "",
       shard ? "#define FLEX_SHARD_POSITIONS 1  // a shard of a longer sequence: the mods see global positions\n" : "",
       ks.config.warp_specialized ? "flex_forward_kernel_sm90.cuh" : "flex_forward.cuh",
       !block_mask.empty() ? "#include \"flex_blockmask.cuh\"\n" : "", ks.variant.code,
-      forward_entry(ks.config, element, ks.entries[0].c_str(), varlen), block_mask);
+      forward_entry(ks.config, element, ks.entries[0].c_str(), varlen), block_mask, widen);
   ks.key_text = fmt::format("kind={}\ndtype={}\nconfig={}\nint32={}\nchecked_loads={:x}\nerror_flags={}\nhoist={}\nfast_tanh={}\n{}",
                             varlen ? "forward_varlen" : "forward", dsl::dtype_name(options.dtype), ks.config.str(), vo.int32,
                             vo.checked_loads, vo.error_flags, vo.hoist, vo.fast_tanh, shard ? "shard_positions=1\n" : "");
+  if (fp8_kv) ks.key_text += fmt::format("fp8_kv={}\n", dsl::dtype_name(*options.fp8_kv));
   return ks;
 }
 

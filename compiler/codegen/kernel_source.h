@@ -1,6 +1,7 @@
 // Assembles complete kernel sources: a generated variant spliced into a kernel template
 // from kernels_templates/, plus the extern "C" entry points the runtime launches.
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,8 @@ inline constexpr const char* kBlockMaskEntry = "flexjit_block_mask";
 inline constexpr const char* kRankEntry = "flexjit_rank_q_tiles";
 // Entry point of a ragged-prefill module (flex_forward<..., kVarlen = true>).
 inline constexpr const char* kForwardVarlenEntry = "flexjit_forward_varlen";
+// A ragged-prefill module over an FP8 K / V also widens them into the element type first (flex_fp8_widen.cuh).
+inline constexpr const char* kWidenFp8Entry = "flexjit_widen_fp8";
 
 struct KernelSource {
   std::string source;               // complete CUDA source for NVRTC (includes embedded templates by name)
@@ -40,6 +43,9 @@ struct ForwardKernelOptions {
   // rows plus the offsets (FLEX_SHARD_POSITIONS in flex_mods.cuh). Off, the kernel carries no offsets at all, so
   // whole-sequence launches keep their registers (the offsets cost some variants spills).
   bool shard_positions = false;
+  // Ragged prefill only: K and V stored in this FP8 format (dsl::DType::F8E4M3 or F8E5M2), widened by the module's
+  // kWidenFp8Entry before the forward kernel runs. Absent: K and V have the element type.
+  std::optional<dsl::DType> fp8_kv;
 };
 
 // The forward kernel for a spec: the policy's kernel (flex_forward_policy) with the spec's variant.

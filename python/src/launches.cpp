@@ -120,7 +120,8 @@ void backward(const ModArgs& mods, nb::handle q, nb::handle k, nb::handle v, nb:
 }
 
 void forward_varlen(const ModArgs& mods, nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, nb::handle cu_seqlens_q,
-                    nb::handle cu_seqlens_kv, int max_seqlen_q, int max_seqlen_kv, float scale, uintptr_t stream) {
+                    nb::handle cu_seqlens_kv, int max_seqlen_q, int max_seqlen_kv, nb::handle k_scale, nb::handle v_scale, const std::string& kv_dtype,
+                    float scale, uintptr_t stream) {
   LaunchArgs args;
   args.read_mods(mods.score_mod, mods.mask_mod);
   VarlenArgs a;
@@ -130,6 +131,16 @@ void forward_varlen(const ModArgs& mods, nb::handle q, nb::handle k, nb::handle 
   require_rank(a.q, 3, "q", "[total_q, H, D]");
   require_rank(a.k, 3, "k", "[total_kv, Hkv, D]");
   require_rank(a.v, 3, "v", "[total_kv, Hkv, Dv]");
+  // numpy has no FP8 dtype: kv_dtype names the format of uint8 k and v bytes (torch's float8 tensors carry theirs).
+  if (!kv_dtype.empty()) {
+    const std::optional<DType> f = dsl::parse_kv_cache_dtype(kv_dtype);
+    if (!f || (*f != DType::F8E4M3 && *f != DType::F8E5M2))
+      throw Error("forward_varlen: unknown kv_dtype `" + kv_dtype + "`; use fp8 (f8e4m3, float8_e4m3fn) or f8e5m2 (float8_e5m2)");
+    for (Tensor* t : {&a.k, &a.v})
+      if (t->dtype == DType::U8) t->dtype = *f;
+  }
+  a.k_scale = args.views.view_optional(k_scale, "k_scale");
+  a.v_scale = args.views.view_optional(v_scale, "v_scale");
   a.o = args.views.view(o, "o");
   a.lse = args.views.view_optional(lse, "lse");
   a.cu_seqlens_q = args.views.view(cu_seqlens_q, "cu_seqlens_q");

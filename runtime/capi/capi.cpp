@@ -337,11 +337,14 @@ flexjit_status flexjit_forward_varlen(flexjit_kernel* k, const flexjit_args* a) 
     if (f.q.shape.size() != 3) throw flexjit::Error("flexjit_forward_varlen: call flexjit_args_set_varlen first");
     flexjit::VarlenArgs v;
     v.q = f.q, v.k = f.k, v.v = f.v, v.o = f.o;
+    if (a->kv_dtype) v.k.dtype = v.v.dtype = *a->kv_dtype;
+    v.k_scale = a->k_scale, v.v_scale = a->v_scale;
     if (a->lse) v.lse = flexjit::Tensor{a->lse, flexjit::DType::F32, {f.q.shape[1], f.q.shape[0]}, {}};
     v.cu_seqlens_q = a->cu_seqlens_q, v.cu_seqlens_kv = a->cu_seqlens_kv;
     v.max_seqlen_q = a->max_seqlen_q, v.max_seqlen_kv = a->max_seqlen_kv;
     v.scale = f.scale, v.buffers = f.buffers, v.params = f.params, v.stream = f.stream, v.device = f.device;
-    for (auto [t, name] : {std::pair{&v.q, "q"}, {&v.k, "k"}, {&v.v, "v"}, {&v.o, "o"}, {&v.lse, "lse"}}) flexjit::runtime::check_addressable(*t, name);
+    for (auto [t, name] : {std::pair{&v.q, "q"}, {&v.k, "k"}, {&v.v, "v"}, {&v.o, "o"}, {&v.lse, "lse"}, {&v.k_scale, "k_scale"}, {&v.v_scale, "v_scale"}})
+      flexjit::runtime::check_addressable(*t, name);
     check_addressable(v.buffers);
     k->kernel->forward_varlen(v);
   });

@@ -96,7 +96,8 @@ flexjit_status flexjit_backward(flexjit_kernel* k, const flexjit_args* a);
 
 /* Ragged prefill: q/o [total_q, H, D], k/v [total_kv, Hkv, D] (contiguous), sequence b owning
  * rows [cu_seqlens[b], cu_seqlens[b+1]) of each (int32 arrays of batch + 1 entries on the
- * launch's device). flexjit_args_set_lse then takes an [H, total_q] array. */
+ * launch's device). flexjit_args_set_lse then takes an [H, total_q] array. An FP8 k/v: give its
+ * format with flexjit_args_set_decode_kv_dtype and its scales with flexjit_args_set_kv_scales. */
 flexjit_status flexjit_args_set_varlen(flexjit_args* a, const void* q, const void* k, const void* v, void* o, flexjit_dtype dtype,
                                        int64_t total_q, int64_t total_kv, int64_t H, int64_t Hkv, int64_t D, int64_t batch,
                                        const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_kv, int max_seqlen_q, int max_seqlen_kv);
@@ -118,11 +119,11 @@ int flexjit_decode_plan_num_splits(const flexjit_decode_plan* plan);
 flexjit_status flexjit_args_set_decode(flexjit_args* a, const void* q, const void* k_cache, const void* v_cache, void* o, flexjit_dtype dtype,
                                        int64_t B, int64_t H, int64_t Sq, int64_t D, const int64_t* cache_shape, const int32_t* page_table,
                                        int64_t max_pages_per_seq, const int32_t* kv_lens, const int32_t* q_lens);
-/* The element type of the k/v caches of flexjit_args_set_decode when it differs from q's (an FP8 cache:
- * FLEXJIT_F8E4M3 or FLEXJIT_F8E5M2, as the plan's kv_dtype). Holds for later decodes of these args,
- * whichever of the two setters is called first. */
+/* The element type of the k/v caches of flexjit_args_set_decode (or of k/v of flexjit_args_set_varlen) when it
+ * differs from q's (an FP8 cache: FLEXJIT_F8E4M3 or FLEXJIT_F8E5M2, as the plan's kv_dtype). Holds for later
+ * decodes and ragged prefills of these args, whichever of the setters is called first. */
 flexjit_status flexjit_args_set_decode_kv_dtype(flexjit_args* a, flexjit_dtype kv_dtype);
-/* An FP8 cache's f32 dequantisation scales on the launch's device (host memory for the CPU backend):
+/* An FP8 cache's (or FP8 ragged prefill's) f32 dequantisation scales on the launch's device (host memory for the CPU backend):
  * n = kv_heads (one per KV head) or 1 (one for the cache); either pointer may be NULL (scale 1). */
 flexjit_status flexjit_args_set_kv_scales(flexjit_args* a, const float* k_scale, const float* v_scale, int64_t n);
 flexjit_status flexjit_decode(flexjit_kernel* k, const flexjit_decode_plan* plan, const flexjit_args* a);

@@ -2,6 +2,7 @@
 // against the float64 reference run per sequence (the mods see positions within the sequence).
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <optional>
 
 #include "gpu/gpu_harness.h"
 
@@ -10,8 +11,12 @@ using namespace flexjit::test;
 
 namespace {
 
+// kv_fp8: K and V stored in that FP8 format with scales (per KV head, or one for both when one_scale). The launch
+// widens each value times its scale into bf16 with one rounding (flex_fp8_widen.cuh), which the reference's inputs
+// repeat (fp32 product, round to nearest even), so the bounds stay those of bf16 inputs.
 void run_varlen(const dsl::Spec& spec, int H, int Hkv, const std::vector<int>& lq, const std::vector<int>& lkv,
-                std::vector<std::pair<std::string, double>> params, unsigned seed) {
+                std::vector<std::pair<std::string, double>> params, unsigned seed, std::optional<dsl::DType> kv_fp8 = std::nullopt,
+                bool one_scale = false) {
   const int B = static_cast<int>(lq.size());
   const int D = spec.head_dim;
   std::vector<int32_t> cq(B + 1, 0), ck(B + 1, 0);
@@ -26,12 +31,45 @@ void run_varlen(const dsl::Spec& spec, int H, int Hkv, const std::vector<int>& l
   std::vector<float> q = random_rounded(size_t(tq) * H * D, dsl::DType::BF16, rng, qb);  // [tq, H, D]
   std::vector<float> k = random_rounded(size_t(tk) * Hkv * D, dsl::DType::BF16, rng, kb);
   std::vector<float> v = random_rounded(size_t(tk) * Hkv * D, dsl::DType::BF16, rng, vb);
+  // FP8: uniform finite codes (every magnitude of the format), scaled so the scores stay O(1).
+  std::vector<uint8_t> k8, v8;
+  std::vector<float> k_scale, v_scale;
+  if (kv_fp8) {
+    const double base = *kv_fp8 == dsl::DType::F8E4M3 ? 1.0 / 64 : 1.0 / 8192;
+    for (int h = 0; h < (one_scale ? 1 : Hkv); ++h) {
+      k_scale.push_back(static_cast<float>(base * (1 + 0.3 * h)));
+      v_scale.push_back(static_cast<float>(base * (1.5 - 0.1 * h)));
+    }
+    std::uniform_int_distribution<int> code(0, 255);
+    auto finite = [&] {
+      for (;;) {
+        const uint8_t x = static_cast<uint8_t>(code(rng));
+        if (std::isfinite(fp8_to_float(x, *kv_fp8))) return x;
+      }
+    };
+    k8.resize(k.size()), v8.resize(v.size());
+    for (size_t e = 0; e < k.size(); ++e) {
+      const int h = one_scale ? 0 : static_cast<int>((e / D) % Hkv);
+      k8[e] = finite(), v8[e] = finite();
+      k[e] = bf16_to_float(float_to_bf16(k_scale[h] * fp8_to_float(k8[e], *kv_fp8)));
+      v[e] = bf16_to_float(float_to_bf16(v_scale[h] * fp8_to_float(v8[e], *kv_fp8)));
+    }
+  }
+  const size_t kv_elem = kv_fp8 ? 1 : 2;
   const int dev = 0;
-  runtime::DeviceBuffer dq(dev, qb.size() * 2), dk(dev, kb.size() * 2), dv(dev, vb.size() * 2), dout(dev, qb.size() * 2),
-      dlse(dev, size_t(H) * tq * 4), dcq(dev, cq.size() * 4), dck(dev, ck.size() * 4);
+  runtime::DeviceBuffer dq(dev, qb.size() * 2), dk(dev, kb.size() * kv_elem), dv(dev, vb.size() * kv_elem), dout(dev, qb.size() * 2),
+      dlse(dev, size_t(H) * tq * 4), dcq(dev, cq.size() * 4), dck(dev, ck.size() * 4), dks(dev, 4 * std::max<size_t>(1, k_scale.size())),
+      dvs(dev, 4 * std::max<size_t>(1, v_scale.size()));
   dq.upload(qb.data(), qb.size() * 2);
-  dk.upload(kb.data(), kb.size() * 2);
-  dv.upload(vb.data(), vb.size() * 2);
+  if (kv_fp8) {
+    dk.upload(k8.data(), k8.size());
+    dv.upload(v8.data(), v8.size());
+    dks.upload(k_scale.data(), k_scale.size() * 4);
+    dvs.upload(v_scale.data(), v_scale.size() * 4);
+  } else {
+    dk.upload(kb.data(), kb.size() * 2);
+    dv.upload(vb.data(), vb.size() * 2);
+  }
   dcq.upload(cq.data(), cq.size() * 4);
   dck.upload(ck.data(), ck.size() * 4);
   dout.fill_bytes(0xff);
@@ -41,8 +79,12 @@ void run_varlen(const dsl::Spec& spec, int H, int Hkv, const std::vector<int>& l
   auto kernel = rt.compile(spec);
   VarlenArgs a;
   a.q = Tensor{dq.data(), spec.dtype, {tq, H, D}, {}};
-  a.k = Tensor{dk.data(), spec.dtype, {tk, Hkv, D}, {}};
-  a.v = Tensor{dv.data(), spec.dtype, {tk, Hkv, D}, {}};
+  a.k = Tensor{dk.data(), kv_fp8.value_or(spec.dtype), {tk, Hkv, D}, {}};
+  a.v = Tensor{dv.data(), kv_fp8.value_or(spec.dtype), {tk, Hkv, D}, {}};
+  if (kv_fp8) {
+    a.k_scale = Tensor{dks.data(), dsl::DType::F32, {static_cast<int64_t>(k_scale.size())}, {}};
+    a.v_scale = Tensor{dvs.data(), dsl::DType::F32, {static_cast<int64_t>(v_scale.size())}, {}};
+  }
   a.o = Tensor{dout.data(), spec.dtype, {tq, H, D}, {}};
   a.lse = Tensor{dlse.data(), dsl::DType::F32, {H, tq}, {}};
   a.cu_seqlens_q = Tensor{dcq.data(), dsl::DType::I32, {B + 1}, {}};
@@ -132,6 +174,21 @@ TEST_CASE("ragged prefill at head dims 64 and 96", "[gpu][varlen]") {
     causal.head_dim = window.head_dim = d;
     run_varlen(causal, 4, 2, lq, lkv, {}, 4 + d);
     run_varlen(window, 4, 1, lq, lkv, {{"window", 150}}, 5 + d);
+  }
+}
+
+// An FP8 K / V (VarlenArgs::k_scale / v_scale): widened into bf16 by the launch, then the usual kernels (the
+// warp-specialised one at head dims 64 and 128, the mma.sync one at 32).
+TEST_CASE("ragged prefill over an FP8 K / V: e4m3 and e5m2, per-head and single scales", "[gpu][varlen][fp8]") {
+  FLEXJIT_REQUIRE_GPU();
+  const std::vector<int> lq = {1, 17, 300, 1000, 129};
+  const std::vector<int> lkv = {1, 40, 300, 1000, 200};
+  for (int d : {32, 64, 128}) {
+    INFO("head dim " << d);
+    dsl::Spec causal = load_spec(gallery_dir() / "causal.json"), softcap = load_spec(gallery_dir() / "softcap.json");
+    causal.head_dim = softcap.head_dim = d;
+    run_varlen(causal, 4, 2, lq, lkv, {}, 11 + d, dsl::DType::F8E4M3);
+    run_varlen(softcap, 4, 4, lq, lkv, {}, 12 + d, dsl::DType::F8E5M2, /*one_scale=*/true);
   }
 }
 

@@ -100,6 +100,29 @@ TEST_CASE("the ragged-prefill forward module compiles for sm_90a", "[nvrtc][varl
   CHECK(r.artefact->binary.size() > 1000);
 }
 
+TEST_CASE("ragged-prefill modules over an FP8 K / V compile with their widening pass", "[nvrtc][varlen]") {
+  // e4m3 into bf16 on the warp-specialised kernel (sm_90a), e5m2 into f16 on the mma.sync one (sm_80).
+  dsl::Spec spec = test::load_spec(test::gallery_dir() / "causal.json");
+  for (auto [fp8, dtype, arch] : {std::tuple{dsl::DType::F8E4M3, dsl::DType::BF16, "sm_90a"}, std::tuple{dsl::DType::F8E5M2, dsl::DType::F16, "sm_80"}}) {
+    INFO(dsl::dtype_name(fp8) << " into " << dsl::dtype_name(dtype) << " for " << arch);
+    spec.dtype = dtype;
+    SpecIR ir = build_spec_ir(spec);
+    ForwardKernelOptions fo;
+    fo.dtype = dtype;
+    fo.head_dim = spec.head_dim;
+    fo.arch = arch;
+    fo.fp8_kv = fp8;
+    std::vector<ir::Expr> roots{ir.mask_mod};
+    KernelSource ks = forward_varlen_kernel_source(ir, analyze_ranges(roots, ir.checked, VarDomains::forward(ir.checked)), fo);
+    CHECK(ks.entries == std::vector<std::string>{kForwardVarlenEntry, kWidenFp8Entry});
+    CHECK(ks.key_text.find(fmt::format("fp8_kv={}\n", dsl::dtype_name(fp8))) != std::string::npos);
+    CHECK(ks.source.find(fp8 == dsl::DType::F8E4M3 ? "flex_widen_fp8<FlexFp8E4M3, __nv_bfloat16>" : "flex_widen_fp8<FlexFp8E5M2, __half>") !=
+          std::string::npos);
+    runtime::CacheLookup r = runtime::compile_kernel(ks, canonical_ir_text(ir), arch);
+    REQUIRE(r.artefact);
+  }
+}
+
 TEST_CASE("the other decode pipeline compiles too (FLEXJIT_DECODE_ALTERNATE)", "[nvrtc][decode]") {
   // The pairs at D128 (the previous default) and the alternating loads at D64 and with two m-tiles, which the
   // runtime builds only when the environment asks: compiled, not checked for spills.

@@ -74,20 +74,13 @@ dsl::DType kv_dtype_of(const BenchOptions& o, dsl::DType spec_dtype) {
 // every sequence at length Skv.
 int run_bench_decode(const BenchOptions& o, dsl::Spec spec, const std::vector<int64_t>& s) {
   const int64_t B = s[0], H = s[1], Hkv = s[2], Sq = s[3], Skv = s[4], D = s[5];
-  Device device = parse_device(o.device);
-  if (device.kind != Device::Kind::Cuda) throw Error("bench times GPU kernels; use --device cuda:N");
-  const runtime::CudaDriver* drv = runtime::cuda_driver();
-  if (!drv) throw Error("no CUDA driver: " + runtime::cuda_driver_unavailable_reason());
-  runtime::ScopedDevice scope(device.index);
+  BenchDevice bench(o.device, "bench");
+  const Device device = bench.device();
+  const runtime::CudaDriver* drv = &bench.driver();
   Runtime rt;
   auto kernel = rt.compile(spec);
   std::mt19937 rng(1234);
-  std::vector<PlacedTensor> placed;
-  placed.reserve(16);
-  auto add = [&](NpyArray a) {
-    placed.push_back(place(std::move(a), device));
-    return placed.back().tensor();
-  };
+  auto add = [&](NpyArray a) { return bench.add(std::move(a)); };
   DecodeArgs args;
   args.scale = o.scale;
   args.q = add(random_array(spec.dtype, {B, H, Sq, D}, rng, 0, 1));
@@ -95,13 +88,8 @@ int run_bench_decode(const BenchOptions& o, dsl::Spec spec, const std::vector<in
   const bool fp8 = dsl::dtype_size(kv) == 1;
   if (fp8) {
     // Normal values quantised as they are, and per-KV-head scales of 1 (the scales' loads are timed too).
-    NpyArray ones;
-    ones.dtype = dsl::DType::F32;
-    ones.shape = {Hkv};
-    ones.data.resize(size_t(Hkv) * 4);
-    std::fill(ones.as<float>(), ones.as<float>() + Hkv, 1.f);
-    args.k_scale = add(ones);
-    args.v_scale = add(ones);
+    args.k_scale = add(unit_scales(Hkv));
+    args.v_scale = add(unit_scales(Hkv));
   }
   const int ps = o.page_size;
   if (ps == 0) {
@@ -127,10 +115,8 @@ int run_bench_decode(const BenchOptions& o, dsl::Spec spec, const std::vector<in
   lens.data.resize(size_t(B) * 4);
   for (int64_t b = 0; b < B; ++b) lens.as<int32_t>()[b] = static_cast<int32_t>(Skv);
   args.kv_lens = add(lens);
-  placed.push_back(place_empty(spec.dtype, {B, H, Sq, D}, device));
-  args.o = placed.back().tensor();
-  placed.push_back(place_empty(dsl::DType::F32, {B, H, Sq}, device));
-  args.lse = placed.back().tensor();
+  args.o = bench.empty(spec.dtype, {B, H, Sq, D});
+  args.lse = bench.empty(dsl::DType::F32, {B, H, Sq});
   std::map<std::string, std::string> loads;
   for (const std::string& l : o.loads) {
     size_t eq = l.find('=');
@@ -185,20 +171,13 @@ int run_bench_decode(const BenchOptions& o, dsl::Spec spec, const std::vector<in
 int run_bench_varlen(const BenchOptions& o, const dsl::Spec& spec, const std::vector<int64_t>& s) {
   const int64_t B = s[0], H = s[1], Hkv = s[2], Sq = s[3], Skv = s[4], D = s[5], Dv = spec.value_head_dim();
   if (!spec.buffers.empty()) throw Error("bench --varlen times specs without buffers");
-  Device device = parse_device(o.device);
-  if (device.kind != Device::Kind::Cuda) throw Error("bench times GPU kernels; use --device cuda:N");
-  const runtime::CudaDriver* drv = runtime::cuda_driver();
-  if (!drv) throw Error("no CUDA driver: " + runtime::cuda_driver_unavailable_reason());
-  runtime::ScopedDevice scope(device.index);
+  BenchDevice bench(o.device, "bench");
+  const Device device = bench.device();
+  const runtime::CudaDriver* drv = &bench.driver();
   Runtime rt;
   auto kernel = rt.compile(spec);
   std::mt19937 rng(1234);
-  std::vector<PlacedTensor> placed;
-  placed.reserve(16);
-  auto add = [&](NpyArray a) {
-    placed.push_back(place(std::move(a), device));
-    return placed.back().tensor();
-  };
+  auto add = [&](NpyArray a) { return bench.add(std::move(a)); };
   auto offsets = [&](int64_t len) {
     NpyArray a;
     a.dtype = dsl::DType::I32;
@@ -215,16 +194,10 @@ int run_bench_varlen(const BenchOptions& o, const dsl::Spec& spec, const std::ve
   args.k = add(random_array(kv, {B * Skv, Hkv, D}, rng, 0, 1));
   args.v = add(random_array(kv, {B * Skv, Hkv, Dv}, rng, 0, 1));
   if (dsl::dtype_size(kv) == 1) {
-    NpyArray ones;
-    ones.dtype = dsl::DType::F32;
-    ones.shape = {Hkv};
-    ones.data.resize(size_t(Hkv) * 4);
-    std::fill(ones.as<float>(), ones.as<float>() + Hkv, 1.f);
-    args.k_scale = add(ones);
-    args.v_scale = add(ones);
+    args.k_scale = add(unit_scales(Hkv));
+    args.v_scale = add(unit_scales(Hkv));
   }
-  placed.push_back(place_empty(spec.dtype, {B * Sq, H, Dv}, device));
-  args.o = placed.back().tensor();
+  args.o = bench.empty(spec.dtype, {B * Sq, H, Dv});
   args.cu_seqlens_q = offsets(Sq);
   args.cu_seqlens_kv = offsets(Skv);
   args.max_seqlen_q = static_cast<int>(Sq);
@@ -271,33 +244,24 @@ int run_bench(const BenchOptions& o) {
   spec.head_dim = static_cast<int>(D);
   if (o.decode) return run_bench_decode(o, spec, s);
   if (o.varlen) return run_bench_varlen(o, spec, s);
-  Device device = parse_device(o.device);
-  if (device.kind != Device::Kind::Cuda) throw Error("bench times GPU kernels; use --device cuda:N");
-  const runtime::CudaDriver* drv = runtime::cuda_driver();
-  if (!drv) throw Error("no CUDA driver: " + runtime::cuda_driver_unavailable_reason());
-  runtime::ScopedDevice scope(device.index);
+  BenchDevice bench(o.device, "bench");
+  const Device device = bench.device();
+  const runtime::CudaDriver* drv = &bench.driver();
 
   auto t0 = std::chrono::steady_clock::now();
   Runtime rt;
   auto kernel = rt.compile(spec);
   SpecIR ir = build_spec_ir(spec);
   std::mt19937 rng(1234);
-  std::vector<PlacedTensor> placed;
-  placed.reserve(16);
   AttentionArgs args;
   args.device = device;
   args.scale = o.scale;
-  auto add = [&](NpyArray a) {
-    placed.push_back(place(std::move(a), device));
-    return placed.back().tensor();
-  };
+  auto add = [&](NpyArray a) { return bench.add(std::move(a)); };
   args.q = add(random_array(spec.dtype, {B, H, Sq, D}, rng, 0, 1));
   args.k = add(random_array(spec.dtype, {B, Hkv, Skv, D}, rng, 0, 1));
   args.v = add(random_array(spec.dtype, {B, Hkv, Skv, spec.value_head_dim()}, rng, 0, 1));
-  placed.push_back(place_empty(spec.dtype, {B, H, Sq, spec.value_head_dim()}, device));
-  args.o = placed.back().tensor();
-  placed.push_back(place_empty(dsl::DType::F32, {B, H, Sq}, device));
-  args.lse = placed.back().tensor();
+  args.o = bench.empty(spec.dtype, {B, H, Sq, spec.value_head_dim()});
+  args.lse = bench.empty(dsl::DType::F32, {B, H, Sq});
   std::map<std::string, std::string> values = {{"B", std::to_string(B)}, {"H", std::to_string(H)}, {"Hkv", std::to_string(Hkv)},
                                                {"Sq", std::to_string(Sq)}, {"Skv", std::to_string(Skv)}, {"D", std::to_string(D)}};
   std::map<std::string, std::string> loads;

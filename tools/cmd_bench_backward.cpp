@@ -38,25 +38,15 @@ int run_bench_backward(const BenchBackwardOptions& o) {
   if (s.size() != 6) throw Error("--shape expects B,H,Hkv,Sq,Skv,D");
   const int64_t B = s[0], H = s[1], Hkv = s[2], Sq = s[3], Skv = s[4], D = s[5];
   spec.head_dim = static_cast<int>(D);
-  Device device = parse_device(o.device);
-  if (device.kind != Device::Kind::Cuda) throw Error("bench-backward times GPU kernels; use --device cuda:N");
-  const runtime::CudaDriver* drv = runtime::cuda_driver();
-  if (!drv) throw Error("no CUDA driver: " + runtime::cuda_driver_unavailable_reason());
-  runtime::ScopedDevice scope(device.index);
+  BenchDevice bench(o.device, "bench-backward");
+  const Device device = bench.device();
+  const runtime::CudaDriver* drv = &bench.driver();
 
   Runtime rt;
   auto kernel = rt.compile(spec);
   std::mt19937 rng(1234);
-  std::vector<PlacedTensor> placed;
-  placed.reserve(32);
-  auto add = [&](NpyArray a) {
-    placed.push_back(place(std::move(a), device));
-    return placed.back().tensor();
-  };
-  auto empty = [&](dsl::DType dt, std::vector<int64_t> shape) {
-    placed.push_back(place_empty(dt, std::move(shape), device));
-    return placed.back().tensor();
-  };
+  auto add = [&](NpyArray a) { return bench.add(std::move(a)); };
+  auto empty = [&](dsl::DType dt, std::vector<int64_t> shape) { return bench.empty(dt, std::move(shape)); };
   AttentionArgs fa;
   fa.device = device;
   fa.q = add(random_array(spec.dtype, {B, H, Sq, D}, rng, 0, 1));

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "dsl/error.h"
 #include "runtime/cuda_driver.h"
 
 namespace flexjit::tools {
@@ -37,6 +38,39 @@ std::vector<double> time_launches(const LaunchTiming& t, const std::function<voi
   if (flush) drv->cuMemFree_v2(flush);
   std::sort(ms.begin(), ms.end());
   return ms;
+}
+
+namespace {
+
+Device cuda_device(const std::string& text, const char* command) {
+  Device d = parse_device(text);
+  if (d.kind != Device::Kind::Cuda) throw Error(std::string(command) + " times GPU kernels; use --device cuda:N");
+  if (!runtime::cuda_driver()) throw Error(runtime::cuda_driver_unavailable_reason());
+  return d;
+}
+
+}  // namespace
+
+BenchDevice::BenchDevice(const std::string& device_text, const char* command)
+    : device_(cuda_device(device_text, command)), drv_(runtime::cuda_driver()), scope_(device_.index) {}
+
+Tensor BenchDevice::add(NpyArray a) {
+  placed_.push_back(place(std::move(a), device_));
+  return placed_.back().tensor();
+}
+
+Tensor BenchDevice::empty(dsl::DType dtype, std::vector<int64_t> shape) {
+  placed_.push_back(place_empty(dtype, std::move(shape), device_));
+  return placed_.back().tensor();
+}
+
+NpyArray unit_scales(int64_t n) {
+  NpyArray a;
+  a.dtype = dsl::DType::F32;
+  a.shape = {n};
+  a.data.resize(size_t(n) * 4);
+  std::fill(a.as<float>(), a.as<float>() + n, 1.f);
+  return a;
 }
 
 double host_launch_us(const std::function<void()>& launch) {

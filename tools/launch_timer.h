@@ -3,10 +3,38 @@
 // measured alike).
 #pragma once
 
+#include <deque>
 #include <functional>
+#include <string>
 #include <vector>
 
+#include "runtime/cuda_driver.h"
+#include "runtime/device.h"
+#include "tools/tensor_io.h"
+
 namespace flexjit::tools {
+
+// What every bench command sets up first: the CUDA device it times (current while this lives; an error naming the
+// command for a CPU device or a missing driver) and the tensors it places there.
+class BenchDevice {
+ public:
+  BenchDevice(const std::string& device_text, const char* command);
+  const Device& device() const { return device_; }
+  const runtime::CudaDriver& driver() const { return *drv_; }
+  // `a` copied to the device, kept alive as long as this.
+  Tensor add(NpyArray a);
+  // Uninitialised device memory of that shape.
+  Tensor empty(dsl::DType dtype, std::vector<int64_t> shape);
+
+ private:
+  Device device_;
+  const runtime::CudaDriver* drv_;
+  runtime::ScopedDevice scope_;
+  std::deque<PlacedTensor> placed_;
+};
+
+// An f32 [n] array of ones: the dequantisation scales of an FP8 K / V in the benches.
+NpyArray unit_scales(int64_t n);
 
 struct LaunchTiming {
   int warmup = 10;

@@ -172,11 +172,9 @@ void KernelImpl::backward(const BackwardArgs& a) {
   BoundValues values = runtime::bind_launch(ir_.checked, shape, buffers, fa);
   std::vector<std::pair<int, int64_t>> specialized = specialized_params(values);
   const SpecIR& ir = specialized.empty() ? ir_ : specialization(specialized).ir;
-  std::string specialization_key;
-  for (const auto& [index, value] : specialized) specialization_key += fmt::format("{}={};", index, value);
   const BackwardState::Gradient& gradient = [&]() -> const BackwardState::Gradient& {
     std::lock_guard<std::mutex> lock(st.mutex);
-    auto& slot = st.gradients[specialization_key];
+    auto& slot = st.gradients[specialization_key(specialized)];
     if (!slot) {
       auto g = std::make_unique<BackwardState::Gradient>();
       g->grad = differentiate_score_mod(ir);

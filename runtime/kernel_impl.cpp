@@ -16,6 +16,7 @@
 #include "compiler/codegen/staged_terms.h"
 #include "compiler/frontend.h"
 #include "compiler/ir/ir_mutator.h"
+#include "compiler/ir_report.h"
 #include "compiler/passes/dependence.h"
 #include "compiler/specialize.h"
 #include "dsl/error.h"
@@ -123,10 +124,7 @@ Workspace::~Workspace() {
 }
 
 KernelImpl::KernelImpl(SpecIR ir, RuntimeOptions options) : ir_(std::move(ir)), options_(options) {
-  std::vector<ir::Expr> roots;
-  if (ir_.score_mod) roots.push_back(ir_.score_mod);
-  if (ir_.mask_mod) roots.push_back(ir_.mask_mod);
-  ranges_ = analyze_ranges(roots, ir_.checked, VarDomains::forward(ir_.checked));
+  ranges_ = analyze_ir_ranges(ir_);
   canonical_ = canonical_ir_text(ir_);
   if (ir_.score_mod) score_scales_ = split_score_scales(ir_.score_mod);
   divisor_params_ = divisor_params(ir_);
@@ -432,9 +430,14 @@ std::vector<std::pair<int, int64_t>> KernelImpl::specialized_params(const BoundV
   return out;
 }
 
-const KernelImpl::Specialization& KernelImpl::specialization(const std::vector<std::pair<int, int64_t>>& values) {
+std::string KernelImpl::specialization_key(const std::vector<std::pair<int, int64_t>>& values) {
   std::string key;
   for (const auto& [index, value] : values) key += fmt::format("{}={};", index, value);
+  return key;
+}
+
+const KernelImpl::Specialization& KernelImpl::specialization(const std::vector<std::pair<int, int64_t>>& values) {
+  const std::string key = specialization_key(values);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = specializations_.find(key);
@@ -442,10 +445,7 @@ const KernelImpl::Specialization& KernelImpl::specialization(const std::vector<s
   }
   auto s = std::make_unique<Specialization>();
   s->ir = specialize_params(ir_, values);
-  std::vector<ir::Expr> roots;
-  if (s->ir.score_mod) roots.push_back(s->ir.score_mod);
-  if (s->ir.mask_mod) roots.push_back(s->ir.mask_mod);
-  s->ranges = analyze_ranges(roots, s->ir.checked, VarDomains::forward(s->ir.checked));
+  s->ranges = analyze_ir_ranges(s->ir);
   std::lock_guard<std::mutex> lock(mutex_);
   auto& slot = specializations_[key];
   if (!slot) slot = std::move(s);
@@ -548,13 +548,13 @@ void KernelImpl::geometry(BlockMask& m, const runtime::LaunchShape& s, const For
 }
 
 std::unique_ptr<Workspace> KernelImpl::allocate_workspace(int device, const runtime::LaunchShape& s, const ForwardConfig& cfg,
-                                                          size_t backward_bytes) {
+                                                          size_t backward_bytes, size_t min_mask_bytes) {
   std::unique_ptr<Workspace> ws(new Workspace());
   ws->device_ = device;
   ws->mask_.reset(new BlockMask());
   geometry(*ws->mask_, s, cfg, device);
   int64_t bm = s.batch, hm = s.heads;  // room for a mask that depends on b and h
-  ws->bytes_ = kErrorWordBytes + block_mask_bytes(bm, hm, ws->mask_->num_q_tiles_, ws->mask_->max_kv_tiles_);
+  ws->bytes_ = std::max(min_mask_bytes, kErrorWordBytes + block_mask_bytes(bm, hm, ws->mask_->num_q_tiles_, ws->mask_->max_kv_tiles_));
   const size_t front = backward_bytes ? (ws->bytes_ + kErrorWordBytes - 1) / kErrorWordBytes * kErrorWordBytes : ws->bytes_;
   CUdeviceptr mem = 0;
   check_cu(drv().cuMemAlloc_v2(&mem, front + backward_bytes), "allocating a workspace");
@@ -591,7 +591,9 @@ Workspace& KernelImpl::workspace_for(Workspace* given, CUstream stream, int devi
       throw Error("this launch needs a larger workspace, which cannot be allocated during CUDA graph capture; launch once before "
                   "capturing, or pass a workspace from Kernel::make_workspace (make_backward_workspace for backward launches)");
     if (ws) check_cu(drv().cuCtxSynchronize(), "synchronising before growing the workspace");
-    ws = allocate_workspace(device, s, cfg, backward_bytes);
+    // Both parts only grow: a launch that needs little of one (ragged prefill's one-tile mask, a forward's empty
+    // scratch) must not shrink it under the next launch of another kind, or alternating kinds reallocate every time.
+    ws = allocate_workspace(device, s, cfg, std::max(backward_bytes, ws ? ws->backward_bytes_ : 0), ws ? ws->bytes_ : 0);
   }
   geometry(*ws->mask_, s, cfg, device);
   return *ws;

@@ -106,6 +106,8 @@ class KernelImpl : public Kernel {
   static constexpr size_t kMaxSpecializedValues = 8;
   // The (parameter, value) pairs a launch's variant compiles in, recording new values (up to the bound).
   std::vector<std::pair<int, int64_t>> specialized_params(const BoundValues& values);
+  // The key of a specialisation's (parameter, value) pairs ("" for none).
+  static std::string specialization_key(const std::vector<std::pair<int, int64_t>>& values);
   // The specialisation for those pairs, made on first use (never called with mutex_ held).
   const Specialization& specialization(const std::vector<std::pair<int, int64_t>>& values);
   // The IR and range analysis a choice's module is generated from.
@@ -146,7 +148,9 @@ class KernelImpl : public Kernel {
 
   // A workspace for launches up to these sizes: the error word and a block mask, then (when
   // backward_bytes > 0) the backward's scratch, in one allocation.
-  std::unique_ptr<Workspace> allocate_workspace(int device, const runtime::LaunchShape& s, const ForwardConfig& cfg, size_t backward_bytes = 0);
+  // min_mask_bytes: the error word and block-mask part at least this large (a grown workspace keeps its old size).
+  std::unique_ptr<Workspace> allocate_workspace(int device, const runtime::LaunchShape& s, const ForwardConfig& cfg, size_t backward_bytes = 0,
+                                                size_t min_mask_bytes = 0);
 
   // The launch's workspace: the caller's, or this kernel's for the device, grown (outside
   // graph capture) when a launch is larger than any before.

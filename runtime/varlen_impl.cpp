@@ -167,6 +167,11 @@ void KernelImpl::forward_varlen(const VarlenArgs& a) {
   VariantState& var = varlen_variant(choice, device, fp8_kv);
   const ForwardConfig& cfg = var.source.config;
 
+  if (shim.workspace && shim.workspace->backward_bytes_ < widened_bytes)
+    throw Error(fmt::format("forward_varlen: an FP8 k / v is widened into {} bytes of workspace scratch, which the given workspace lacks ({} "
+                            "bytes); launch without a workspace (the kernel's own grows) or pass one made by make_backward_workspace "
+                            "with at least that much scratch",
+                            widened_bytes, shim.workspace->backward_bytes_));
   runtime::ScopedDevice scope(device);
   // The error word, and the widened K and V of an FP8 launch: a one-tile shape keeps the block-mask part minimal.
   Workspace& ws = workspace_for(shim.workspace, shim.stream, device, runtime::LaunchShape{1, 1, 1, 1, 1, D, Dv}, cfg, widened_bytes);

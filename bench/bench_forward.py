@@ -152,6 +152,11 @@ def main():
         cases.append((f"sam_relpos_D{Ds}", Bs, Hs, S, Ds, "sam", None,
                       ["--score", "score + rel_h[b, h, q, kv // 64] + rel_w[b, h, q, kv % 64]", "--buffer", "rel_h: bf16[B, H, Sq, 64]",
                        "--buffer", "rel_w: bf16[B, H, Sq, 64]", "--name", f"sam_d{Ds}"], {}, []))
+    # The window width as a runtime int parameter (the drop-in's captured int once it changes): flexjit compiles the
+    # value in (compiler/specialize.h); FlexAttention sees the same Python int.
+    cases.append(("sam_relpos_D64_runtime_W", 8, 12, S, 64, "sam", None,
+                  ["--score", "score + rel_h[b, h, q, kv // W] + rel_w[b, h, q, kv % W]", "--buffer", "rel_h: bf16[B, H, Sq, 64]",
+                   "--buffer", "rel_w: bf16[B, H, Sq, 64]", "--param", "W: int", "--name", "sam_d64_runtime_w"], {}, ["W=64"]))
     for (Bs, Hs, Ds) in [(8, 12, 64), (4, 16, 80), (4, 16, 96), (4, 16, 192), (4, 16, 256)]:
         cases.append((f"full_D{Ds}", Bs, Hs, S, Ds, None, None, ["--name", f"full_d{Ds}"], {}, []))
     cases.append(("causal_D64", 8, 12, S, 64, None, causal, ["--mask", "q >= kv", "--name", "causal_d64"], {}, []))

@@ -1,5 +1,6 @@
-"""Decode with FP8 KV caches on numpy arrays and the CPU backend (numpy has no FP8: the caches are
-uint8 arrays of the format's bytes), against a float64 reference of the dequantised cache."""
+"""Decode with FP8 KV caches and ragged prefill with FP8 K / V on numpy arrays and the CPU backend
+(numpy has no FP8: the caches are uint8 arrays of the format's bytes), against a float64 reference
+of the dequantised values."""
 import numpy as np
 import pytest
 
@@ -100,3 +101,53 @@ def test_decode_fp8_errors():
         flexjit.decode(plain, q, cache, cache, kv_lens)
     with pytest.raises(flexjit.FlexjitError, match="unknown kv_dtype `float8_e4m3fnuz`"):
         flexjit.plan_decode(**args, kv_dtype="float8_e4m3fnuz")
+
+
+@pytest.mark.parametrize("fmt,kv_dtype", [("e4m3", "fp8"), ("e5m2", "e5m2")])
+@pytest.mark.parametrize("per_head", [True, False])
+def test_forward_varlen_fp8_matches_dequantised_reference(fmt, kv_dtype, per_head):
+    lengths_q, lengths_kv = [17, 0, 40, 5], [30, 9, 40, 0]  # an empty query range and an empty KV range
+    H, Hkv, D = 4, 2, 16
+    cu_q = np.concatenate([[0], np.cumsum(lengths_q)]).astype(np.int32)
+    cu_kv = np.concatenate([[0], np.cumsum(lengths_kv)]).astype(np.int32)
+    scale_shape = (Hkv,) if per_head else (1,)
+    # Scales that bring the format's largest value (448, 57344) to about 2..5.
+    unit = 1 / 100 if fmt == "e4m3" else 1 / 12800
+    k_scale = RNG.uniform(0.5 * unit, unit, scale_shape).astype(np.float32)
+    v_scale = RNG.uniform(0.5 * unit, unit, scale_shape).astype(np.float32)
+    # Random finite non-zero codes of the format.
+    values = fp8_values(fmt)
+    codes = np.flatnonzero(np.isfinite(values) & (values != 0)).astype(np.uint8)
+    k_bytes = RNG.choice(codes, (cu_kv[-1], Hkv, D))
+    v_bytes = RNG.choice(codes, (cu_kv[-1], Hkv, D))
+    k_dense = values[k_bytes] * k_scale.reshape(1, -1, 1)
+    v_dense = values[v_bytes] * v_scale.reshape(1, -1, 1)
+    q = RNG.standard_normal((cu_q[-1], H, D)).astype(np.float32)
+    o, lse = flexjit.forward_varlen(q, k_bytes, v_bytes, cu_q, cu_kv, 40, 40, mask_mod="kv <= q", k_scale=k_scale, v_scale=v_scale,
+                                    kv_dtype=kv_dtype, return_lse=True)
+    assert o.shape == q.shape and lse.shape == (H, cu_q[-1])
+    for s in range(len(lengths_q)):
+        if lengths_q[s] == 0 or lengths_kv[s] == 0:
+            continue  # no rows; or rows without KV, checked below
+        qs = q[cu_q[s]:cu_q[s + 1]].transpose(1, 0, 2)[None].astype(np.float64)
+        ks = k_dense[cu_kv[s]:cu_kv[s + 1]].transpose(1, 0, 2)[None]
+        vs = v_dense[cu_kv[s]:cu_kv[s + 1]].transpose(1, 0, 2)[None]
+        ro, rlse = attention(qs, ks, vs, mask=lambda b, h, qi, kv: kv <= qi)
+        assert_close(o[cu_q[s]:cu_q[s + 1]].transpose(1, 0, 2)[None], ro, atol=3e-5, rtol=1e-5, what=f"o of sequence {s}")
+        assert_close(lse[:, cu_q[s]:cu_q[s + 1]][None], rlse, atol=3e-5, rtol=1e-5, what=f"lse of sequence {s}")
+    assert np.all(o[cu_q[3]:] == 0) and np.all(lse[:, cu_q[3]:] == -np.inf)  # no KV rows: O 0, LSE -inf
+
+
+def test_forward_varlen_fp8_errors():
+    H, Hkv, D, rows = 4, 2, 16, 8
+    q = np.zeros((rows, H, D), np.float32)
+    kv = np.full((rows, Hkv, D), 0x38, np.uint8)  # 1.0 in e4m3
+    cu = np.array([0, 3, rows], np.int32)
+    o = flexjit.forward_varlen(q, kv, kv, cu, cu, rows, rows, mask_mod="kv <= q", kv_dtype="fp8")  # no scales: 1
+    assert_close(o, np.ones_like(o), atol=0, what="o")
+    with pytest.raises(flexjit.FlexjitError, match="`v_scale` must be an f32 tensor of shape \\[2\\]"):
+        flexjit.forward_varlen(q, kv, kv, cu, cu, rows, rows, kv_dtype="fp8", v_scale=np.ones(3, np.float32))
+    with pytest.raises(flexjit.FlexjitError, match="`k` is f8e4m3 but `v` is f32"):
+        flexjit.forward_varlen(q, kv, kv.astype(np.float32), cu, cu, rows, rows, kv_dtype="fp8")
+    with pytest.raises(flexjit.FlexjitError, match="`k_scale` is only for an FP8 k and v"):
+        flexjit.forward_varlen(q, kv.astype(np.float32), kv.astype(np.float32), cu, cu, rows, rows, k_scale=np.ones(2, np.float32))

@@ -59,22 +59,63 @@ dsl::DType plan_kv_dtype(const std::string& what, const DecodePlanOptions& plan,
   return *plan.kv_dtype;
 }
 
-// One dequantisation scale per KV head from an FP8 cache's optional k_scale / v_scale
-// (f32 [Hkv] or [1]; absent = 1). Empty for caches that are not FP8, which take no scales.
-std::vector<float> kv_scales(const std::string& what, const DecodeArgs& a, const Tensor& t, const char* name, dsl::DType kv_dtype, int64_t Hkv) {
-  if (!t.data) return is_fp8(kv_dtype) ? std::vector<float>(static_cast<size_t>(Hkv), 1.0f) : std::vector<float>{};
-  require(is_fp8(kv_dtype), what,
-          fmt::format("`{}` is only for FP8 caches, but the plan's KV cache is {}; plan with kv_dtype f8e4m3 or f8e5m2, or drop the scale", name,
-                      dsl::dtype_name(kv_dtype)));
-  require(t.dtype == dsl::DType::F32 && t.shape.size() == 1 && (t.shape[0] == Hkv || t.shape[0] == 1), what,
-          fmt::format("`{}` must be an f32 tensor of shape [{}] (one scale per KV head) or [1], got {} [{}]", name, Hkv, dsl::dtype_name(t.dtype),
-                      fmt::join(t.shape, ", ")));
-  check_tensor(what, t, name, 1, dsl::DType::F32);
-  require(!a.k_scale.data || !a.v_scale.data || a.k_scale.shape == a.v_scale.shape, what,
-          fmt::format("k_scale has shape [{}] and v_scale [{}]: they must have the same shape ([Hkv] or [1])", fmt::join(a.k_scale.shape, ", "),
-                      fmt::join(a.v_scale.shape, ", ")));
-  std::vector<float> s = read_vector<float, float>(t, t.shape[0]);
-  return t.shape[0] == Hkv ? s : std::vector<float>(static_cast<size_t>(Hkv), s[0]);
+// One dequantisation scale per KV head for K and for V.
+struct KvScales {
+  std::vector<float> k, v;
+};
+
+// An FP8 launch's optional k_scale and v_scale (f32 [Hkv] or [1], both the same shape; absent =
+// 1), one entry per KV head. Empty when K and V are not FP8: they take no scales, and `no_scales`
+// says why (after "`k_scale` is only for ").
+KvScales kv_scales(const std::string& what, const Tensor& k_scale, const Tensor& v_scale, dsl::DType kv_dtype, int64_t Hkv,
+                   const std::string& no_scales) {
+  auto per_head = [&](const Tensor& t, const char* name) {
+    if (!t.data) return is_fp8(kv_dtype) ? std::vector<float>(static_cast<size_t>(Hkv), 1.0f) : std::vector<float>{};
+    require(is_fp8(kv_dtype), what, fmt::format("`{}` is only for {}", name, no_scales));
+    require(t.dtype == dsl::DType::F32 && t.shape.size() == 1 && (t.shape[0] == Hkv || t.shape[0] == 1), what,
+            fmt::format("`{}` must be an f32 tensor of shape [{}] (one scale per KV head) or [1], got {} [{}]", name, Hkv, dsl::dtype_name(t.dtype),
+                        fmt::join(t.shape, ", ")));
+    check_tensor(what, t, name, 1, dsl::DType::F32);
+    std::vector<float> s = read_vector<float, float>(t, t.shape[0]);
+    return t.shape[0] == Hkv ? s : std::vector<float>(static_cast<size_t>(Hkv), s[0]);
+  };
+  KvScales out{per_head(k_scale, "k_scale"), per_head(v_scale, "v_scale")};
+  require(!k_scale.data || !v_scale.data || k_scale.shape == v_scale.shape, what,
+          fmt::format("k_scale has shape [{}] and v_scale [{}]: they must have the same shape ([Hkv] or [1])", fmt::join(k_scale.shape, ", "),
+                      fmt::join(v_scale.shape, ", ")));
+  return out;
+}
+
+// How a launch reads K and V: their element type and, for FP8, the value of every bit pattern.
+struct KvFormat {
+  explicit KvFormat(dsl::DType t) : dtype(t), fp8(is_fp8(t)) {
+    if (fp8)
+      for (int i = 0; i < 256; ++i) values[static_cast<size_t>(i)] = fp8_to_float(static_cast<uint8_t>(i), t);
+  }
+  dsl::DType dtype;
+  bool fp8;
+  std::array<float, 256> values{};
+};
+
+// Copies rows [0, len) of every KV head of one sequence into dense [Hkv, len, d]: the elements as
+// they are, or FP8 ones dequantised to f32 (scale[h] * value), the one place the CPU reads FP8 K
+// and V. Row p of head h starts at element row_start(p, h) of t; its d elements are `elem_stride` apart.
+template <class RowStart>
+void gather_rows(const KvFormat& f, const Tensor& t, const std::vector<float>& scale, int64_t Hkv, int64_t len, int64_t d, int64_t elem_stride,
+                 RowStart&& row_start, std::vector<char>& out) {
+  const size_t esize = static_cast<size_t>(dsl::dtype_size(f.dtype)), out_size = f.fp8 ? sizeof(float) : esize;
+  out.resize(static_cast<size_t>(Hkv * len * d) * out_size);
+  for (int64_t p = 0; p < len; ++p)
+    for (int64_t h = 0; h < Hkv; ++h) {
+      const int64_t base = row_start(p, h);
+      char* dst = out.data() + static_cast<size_t>((h * len + p) * d) * out_size;
+      if (f.fp8) {
+        const uint8_t* src = static_cast<const uint8_t*>(t.data) + base;
+        for (int64_t c = 0; c < d; ++c) reinterpret_cast<float*>(dst)[c] = scale[static_cast<size_t>(h)] * f.values[src[c * elem_stride]];
+      } else {
+        for (int64_t c = 0; c < d; ++c) std::memcpy(dst + static_cast<size_t>(c) * esize, byte_at(t.data, base + c * elem_stride, f.dtype), esize);
+      }
+    }
 }
 
 void check_head_dims(const std::string& what, const dsl::Spec& spec, int64_t H, int64_t Hkv, int64_t D, int64_t Dv) {
@@ -133,12 +174,26 @@ void launch_varlen(const SpecState& st, const SpecIR& ir, const VarlenArgs& a) {
   const std::string what = "ragged prefill";
   const dsl::Spec& spec = ir.spec();
   ElemType et = elem_type(spec.dtype);
+  // K and V in the spec's dtype, or both in one FP8 format (k's says which) as the GPU accepts them.
+  const dsl::DType kv_dtype = is_fp8(a.k.dtype) ? a.k.dtype : spec.dtype;
+  const bool fp8 = is_fp8(kv_dtype);
   check_tensor(what, a.q, "q", 3, spec.dtype);
-  check_tensor(what, a.k, "k", 3, spec.dtype);
-  check_tensor(what, a.v, "v", 3, spec.dtype);
+  if (a.k.data && a.v.data) {
+    require(a.k.dtype == kv_dtype, what,
+            fmt::format("`k` is {} but must be {} (the spec's dtype), or f8e4m3 or f8e5m2 (FP8, with v in the same format)",
+                        dsl::dtype_name(a.k.dtype), dsl::dtype_name(spec.dtype)));
+    require(a.v.dtype == kv_dtype, what,
+            fmt::format("`k` is {} but `v` is {}: pass both in the spec's dtype ({}), or both in one FP8 format (f8e4m3 or f8e5m2)",
+                        dsl::dtype_name(a.k.dtype), dsl::dtype_name(a.v.dtype), dsl::dtype_name(spec.dtype)));
+  }
+  check_tensor(what, a.k, "k", 3, kv_dtype);
+  check_tensor(what, a.v, "v", 3, kv_dtype);
   check_tensor(what, a.o, "o", 3, spec.dtype);
   const int64_t total_q = a.q.shape[0], H = a.q.shape[1], D = a.q.shape[2], total_kv = a.k.shape[0], Hkv = a.k.shape[1], Dv = a.v.shape[2];
   check_head_dims(what, spec, H, Hkv, D, Dv);
+  const std::string no_scales =
+      fmt::format("an FP8 k and v (f8e4m3 or f8e5m2), but k is {}; pass k and v in FP8, or drop the scale", dsl::dtype_name(a.k.dtype));
+  const KvScales kv_scale = kv_scales(what, a.k_scale, a.v_scale, kv_dtype, Hkv, no_scales);
   expect_shape(what, a.k, "k", {total_kv, Hkv, D}, "[total_kv, Hkv, D]");
   expect_shape(what, a.v, "v", {total_kv, Hkv, Dv}, "[total_kv, Hkv, Dv]");
   expect_shape(what, a.o, "o", {total_q, H, Dv}, "[total_q, H, Dv]");
@@ -173,6 +228,8 @@ void launch_varlen(const SpecState& st, const SpecIR& ir, const VarlenArgs& a) {
   const float scale = scale_for(what, a.scale, D);
   std::vector<int64_t> qs = a.q.effective_strides(), ks = a.k.effective_strides(), vs = a.v.effective_strides(), os = a.o.effective_strides();
   std::vector<int64_t> ls = a.lse.data ? a.lse.effective_strides() : std::vector<int64_t>{0, 0};
+  const KvFormat kv_format(kv_dtype);
+  std::vector<char> k_copy, v_copy;  // an FP8 sequence's K and V dequantised, as dense f32 [Hkv, len, d]
   for (int64_t b = 0; b < B; ++b) {
     const int64_t q0 = cq[static_cast<size_t>(b)], k0 = ck[static_cast<size_t>(b)];
     AttentionJob job = runner.job();
@@ -189,8 +246,16 @@ void launch_varlen(const SpecState& st, const SpecIR& ir, const VarlenArgs& a) {
     if (job.Sq == 0) continue;
     // [rows, heads, d] slices as [1, heads, rows, d] operands.
     job.q = Operand{byte_at(a.q.data, q0 * qs[0], spec.dtype), {0, qs[1], qs[0], qs[2]}};
-    job.k = Operand{byte_at(a.k.data, k0 * ks[0], spec.dtype), {0, ks[1], ks[0], ks[2]}};
-    job.v = Operand{byte_at(a.v.data, k0 * vs[0], spec.dtype), {0, vs[1], vs[0], vs[2]}};
+    if (fp8) {
+      gather_rows(kv_format, a.k, kv_scale.k, Hkv, job.Skv, D, ks[2], [&](int64_t p, int64_t h) { return (k0 + p) * ks[0] + h * ks[1]; }, k_copy);
+      gather_rows(kv_format, a.v, kv_scale.v, Hkv, job.Skv, Dv, vs[2], [&](int64_t p, int64_t h) { return (k0 + p) * vs[0] + h * vs[1]; }, v_copy);
+      job.kv_f32 = true;
+      job.k = Operand{k_copy.data(), {0, job.Skv * D, D, 1}};
+      job.v = Operand{v_copy.data(), {0, job.Skv * Dv, Dv, 1}};
+    } else {
+      job.k = Operand{byte_at(a.k.data, k0 * ks[0], spec.dtype), {0, ks[1], ks[0], ks[2]}};
+      job.v = Operand{byte_at(a.v.data, k0 * vs[0], spec.dtype), {0, vs[1], vs[0], vs[2]}};
+    }
     job.o = OutOperand{const_cast<char*>(byte_at(a.o.data, q0 * os[0], spec.dtype)), {0, os[1], os[0], os[2]}};
     if (a.lse.data) {
       job.lse = static_cast<float*>(a.lse.data) + q0 * ls[1];
@@ -223,8 +288,9 @@ void launch_decode(const SpecState& st, const SpecIR& ir, const DecodePlanOption
   const int64_t P = plan.page_size;
   const int64_t Hkv = paged ? (plan.head_major_pages ? a.k.shape[1] : a.k.shape[2]) : a.k.shape[1];
   check_head_dims(what, spec, H, Hkv, D, Dv);
-  const std::vector<float> k_scale = kv_scales(what, a, a.k_scale, "k_scale", kv_dtype, Hkv);
-  const std::vector<float> v_scale = kv_scales(what, a, a.v_scale, "v_scale", kv_dtype, Hkv);
+  const std::string no_scales =
+      fmt::format("FP8 caches, but the plan's KV cache is {}; plan with kv_dtype f8e4m3 or f8e5m2, or drop the scale", dsl::dtype_name(kv_dtype));
+  const KvScales kv_scale = kv_scales(what, a.k_scale, a.v_scale, kv_dtype, Hkv, no_scales);
   require(plan.batch <= 0 || B <= plan.batch, what, fmt::format("q has batch {} but the plan was made for at most {}", B, plan.batch));
   require(plan.heads <= 0 || H == plan.heads, what, fmt::format("q has {} heads but the plan was made for {}", H, plan.heads));
   require(plan.kv_heads <= 0 || Hkv == plan.kv_heads, what, fmt::format("k has {} heads but the plan was made for {}", Hkv, plan.kv_heads));
@@ -292,32 +358,16 @@ void launch_decode(const SpecState& st, const SpecIR& ir, const DecodePlanOption
   const float scale = scale_for(what, a.scale, D);
   std::vector<int64_t> qs = a.q.effective_strides(), ks = a.k.effective_strides(), vs = a.v.effective_strides(), os = a.o.effective_strides();
   std::vector<int64_t> ls = a.lse.data ? a.lse.effective_strides() : std::vector<int64_t>{0, 0, 0};
-  const size_t esize = static_cast<size_t>(dsl::dtype_size(kv_dtype));
-  std::array<float, 256> fp8_values{};  // an FP8 cache's values by bit pattern
-  if (fp8)
-    for (int i = 0; i < 256; ++i) fp8_values[static_cast<size_t>(i)] = fp8_to_float(static_cast<uint8_t>(i), kv_dtype);
+  const KvFormat kv_format(kv_dtype);
   std::vector<char> k_copy, v_copy;  // a paged or FP8 sequence's K and V as dense [Hkv, len, d]
-  // Copies positions [0, len) of sequence b out of the cache (pages or [B, Hkv, cap, d]) into
-  // dense [Hkv, len, d]: the elements as they are, or an FP8 cache's dequantised to f32
-  // (scale[h] * value), the one place the CPU reads FP8 K and V.
+  // Positions [0, len) of sequence b out of the cache (pages or [B, Hkv, cap, d]).
   auto gather = [&](const Tensor& t, const std::vector<int64_t>& s, const std::vector<float>& scale, int64_t b, int64_t len, int64_t d,
                     std::vector<char>& out) {
-    const size_t out_size = fp8 ? sizeof(float) : esize;
-    out.resize(static_cast<size_t>(Hkv * len * d) * out_size);
-    for (int64_t p = 0; p < len; ++p) {
-      const int64_t page = paged ? table[static_cast<size_t>(b * max_pages + p / P)] : 0, slot = paged ? p % P : 0;
-      for (int64_t h = 0; h < Hkv; ++h) {
-        const int64_t base = !paged ? b * s[0] + h * s[1] + p * s[2]
-                                    : page * s[0] + (plan.head_major_pages ? h * s[1] + slot * s[2] : slot * s[1] + h * s[2]);
-        char* dst = out.data() + static_cast<size_t>((h * len + p) * d) * out_size;
-        if (fp8) {
-          const uint8_t* src = static_cast<const uint8_t*>(t.data) + base;
-          for (int64_t c = 0; c < d; ++c) reinterpret_cast<float*>(dst)[c] = scale[static_cast<size_t>(h)] * fp8_values[src[c * s[3]]];
-        } else {
-          for (int64_t c = 0; c < d; ++c) std::memcpy(dst + static_cast<size_t>(c) * esize, byte_at(t.data, base + c * s[3], kv_dtype), esize);
-        }
-      }
-    }
+    gather_rows(kv_format, t, scale, Hkv, len, d, s[3], [&](int64_t p, int64_t h) {
+      if (!paged) return b * s[0] + h * s[1] + p * s[2];
+      const int64_t page = table[static_cast<size_t>(b * max_pages + p / P)], slot = p % P;
+      return page * s[0] + (plan.head_major_pages ? h * s[1] + slot * s[2] : slot * s[1] + h * s[2]);
+    }, out);
   };
   for (int64_t b = 0; b < B; ++b) {
     const int64_t ql = q_lens[static_cast<size_t>(b)], kl = kv_lens[static_cast<size_t>(b)];
@@ -342,8 +392,8 @@ void launch_decode(const SpecState& st, const SpecIR& ir, const DecodePlanOption
       job.lse_stride[2] = ls[2];
     }
     if (paged || fp8) {
-      gather(a.k, ks, k_scale, b, kl, D, k_copy);
-      gather(a.v, vs, v_scale, b, kl, Dv, v_copy);
+      gather(a.k, ks, kv_scale.k, b, kl, D, k_copy);
+      gather(a.v, vs, kv_scale.v, b, kl, Dv, v_copy);
       job.kv_f32 = fp8;
       job.k = Operand{k_copy.data(), {0, kl * D, D, 1}};
       job.v = Operand{v_copy.data(), {0, kl * Dv, Dv, 1}};

@@ -1,8 +1,10 @@
 // Ragged prefill (VarlenArgs) and decode (DecodeArgs) on the CPU: argument checks, binding
 // (Sq / Skv bind to the launch's bounds), then the forward driver once per sequence on
 // strided slices, with b = the sequence index and the query positions offset for decode.
-// Paged KV caches are gathered into a contiguous copy per sequence; FP8 caches
-// (DecodePlanOptions::kv_dtype) are dequantised into an f32 copy (scale * value) the same way.
+// Paged KV caches are gathered into a contiguous copy per sequence; FP8 K and V (a decode's
+// DecodePlanOptions::kv_dtype, a ragged prefill's f8e4m3 / f8e5m2 k and v, with k_scale /
+// v_scale) are dequantised into an f32 copy (scale * value) per sequence the same way, while q
+// and o keep the spec's dtype.
 #pragma once
 #include "runtime/cpu/forward_common.h"
 

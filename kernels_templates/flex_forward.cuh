@@ -106,7 +106,7 @@ struct MmaSyncTiles {
 // kVarlen: the ragged-batch instantiation (p.cu_seqlens_q / p.cu_seqlens_kv, see flex_params.cuh). It is a
 // separate instantiation because per-sequence lengths held in registers cost the dense path 15% (causal D128
 // spilled): without it, Sq and Skv stay in the constant bank and the dense code is unchanged.
-template <class Traits, class Variant, bool kVarlen = false>
+template <class Traits, class Variant, bool kVarlen = false, class MaskBox = void>
 __device__ __forceinline__ void flex_forward(const FlexForwardParams& p, const typename Variant::Params& vp) {
   using Tiles = flex::MmaSyncTiles<Traits>;
   using Element = typename Traits::Element;
@@ -121,7 +121,7 @@ __device__ __forceinline__ void flex_forward(const FlexForwardParams& p, const t
   constexpr int kSmemStride = Traits::kSmemStride;
   using Mods = flex::FragmentMods<Variant, kMTiles, kNTiles>;
   using Softmax = flex::Softmax<Variant, Element, kMTiles, kNTiles>;
-  using Scheduler = flex::TileScheduler<kBlockM, kBlockN, Variant::kHasMaskMod, kVarlen>;
+  using Scheduler = flex::TileScheduler<kBlockM, kBlockN, Variant::kHasMaskMod, kVarlen, MaskBox>;
 
   extern __shared__ __align__(128) unsigned char flex_smem[];
 
@@ -131,6 +131,16 @@ __device__ __forceinline__ void flex_forward(const FlexForwardParams& p, const t
   const int lane = tid % 32;
   flex::ForwardTiles w;
   if (!Scheduler::work(p, blockIdx.x, w)) return;
+  if constexpr (Scheduler::kClassifies) {
+    // A ragged batch's tiles (flex::TileScheduler::classify), by warp 0 for every warp.
+    __shared__ flex::TileRanges s_ranges;
+    if (warp == 0) {
+      const flex::TileRanges r = Scheduler::classify(vp, w);
+      if (lane == 0) s_ranges = r;
+    }
+    __syncthreads();
+    w.set_ranges(s_ranges);
+  }
   const int b = w.b, h = w.h, hkv = w.hkv, m0 = w.m0;
   const int seqlen_q = w.seqlen_q, seqlen_kv = w.seqlen_kv;
 

@@ -12,13 +12,14 @@
 // Grid: min(work tiles, SMs) x 1 x 1; block: Traits::kNThreads; dynamic shared memory: Traits::kSmemBytes.
 // tma: q, k and v as tensor maps (runtime/tensor_maps.cpp) with boxes of [kBlockM or kBlockN rows][one swizzle region].
 // kVarlen: a ragged batch (p.cu_seqlens_*), whose maps describe the packed tensors with a batch dimension of 1.
+// MaskBox: a ragged batch's mask classifier (flex::TileScheduler), or void.
 // Fully masked rows (and work tiles that visit no KV tile) produce O = 0 and LSE = -inf.
-template <class Traits, bool kVarlen = false>
+template <class Traits, bool kVarlen = false, class MaskBox = void>
 __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, const typename Traits::Variant::Params& vp,
                                                   const FlexForwardTmaMaps& tma) {
   using Variant = typename Traits::Variant;
   using Mainloop = flex::MainloopSm90<Traits, kVarlen>;
-  using Scheduler = flex::TileScheduler<Traits::kBlockM, Traits::kBlockN, Variant::kHasMaskMod, kVarlen>;
+  using Scheduler = flex::TileScheduler<Traits::kBlockM, Traits::kBlockN, Variant::kHasMaskMod, kVarlen, MaskBox>;
   using Epilogue = flex::EpilogueSm90<Traits>;
 
   extern __shared__ __align__(1024) unsigned char flex_smem_raw[];
@@ -51,11 +52,20 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
       }
       typename Mainloop::State k_st, v_st;
       for (int t = blockIdx.x;;) {
-        if (leader) queue.publish(t);
+        flex::ForwardTiles w;
+        bool has_work = false;
+        if constexpr (Scheduler::kClassifies) {
+          // The tile ranges travel with the index: classify before publishing.
+          has_work = t < num_work && Scheduler::work(p, t, w);
+          if (has_work) w.set_ranges(Scheduler::classify(vp, w));
+          if (leader) queue.publish<true>(t, w.ranges());
+        } else if (leader) {
+          queue.publish<false>(t, flex::TileRanges{});
+        }
         if (t >= num_work) break;
         const int next = leader ? flex::WorkQueue::fetch(p) : 0;  // in flight while this work tile's copies are issued
-        flex::ForwardTiles w;
-        if (Scheduler::work(p, t, w)) mainloop.load(tma, w, k_st, v_st, leader);
+        if constexpr (!Scheduler::kClassifies) has_work = Scheduler::work(p, t, w);
+        if (has_work) mainloop.load(tma, w, k_st, v_st, leader);
         t = __shfl_sync(0xffffffffu, next, leader_lane);
       }
       if (leader) flex::WorkQueue::finish(p);
@@ -72,9 +82,12 @@ __device__ __forceinline__ void flex_forward_sm90(const FlexForwardParams& p, co
     const flex::ScoreFactors f = flex::ScoreFactors::of<Variant>(vp, p.scale);
     typename Mainloop::State k_st, v_st;
     unsigned q_phase = 0;
-    for (int t = queue.next(lane); t < num_work; t = queue.next(lane)) {
+    constexpr bool kRanges = Scheduler::kClassifies;
+    flex::TileRanges ranges;
+    for (int t = queue.next<kRanges>(lane, ranges); t < num_work; t = queue.next<kRanges>(lane, ranges)) {
       flex::ForwardTiles w;
       if (!Scheduler::work(p, t, w)) continue;
+      if constexpr (kRanges) w.set_ranges(ranges);  // the producer's classification
       float o[1][Traits::kDTiles][4];
 #pragma unroll
       for (int dt = 0; dt < Traits::kDTiles; ++dt)

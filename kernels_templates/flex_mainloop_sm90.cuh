@@ -49,7 +49,8 @@ struct FlexSm90Traits {
   static_assert(kSmemBytes == kPolicy.smem_bytes, "FlexSm90Traits: the policy's shared memory must match the layout");
   static_assert(kSmemBytes <= 232448, "FlexSm90Traits: shared memory exceeds the 227 KB an sm_90 block may opt into");
   static_assert(QTile::kBytes % 1024 == 0 && KVTile::kBytes % 1024 == 0, "FlexSm90Traits: tiles must keep the 1024-byte swizzle alignment");
-  static_assert(kWorkQueueOffset + 40 <= kBarOffset + 256, "FlexSm90Traits: the mbarriers and the work queue must fit their 256 bytes");
+  static_assert(kWorkQueueOffset + flex::WorkQueue::kBytes <= kBarOffset + 256,
+                "FlexSm90Traits: the mbarriers and the work queue must fit their 256 bytes");
   static_assert(kBlockM == 64 * kConsumerWarpgroups, "FlexSm90Traits: each consumer warpgroup owns 64 query rows");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "FlexSm90Traits: KV tiles are whole 16-row P V k-steps and one wgmma wide");
   static_assert(!Variant::kTileAligned || kBlockN % Variant::kTileCols == 0,

@@ -1,7 +1,8 @@
 // KernelImpl's ragged-prefill launches: the forward kernel's kVarlen instantiation (flex_params.cuh), over the work
-// tiles of max_seqlen_q x H x B, those past their sequence's end skipped. No block mask: every KV tile below a
-// sequence's KV length runs as a partial tile (mask_mod per element), which is correct for any mask;
-// per-sequence block classification on the device is left for later (docs/notes/DECODE_NOTES.md).
+// tiles of max_seqlen_q x H x B, those past their sequence's end skipped. No block mask (the lengths live on the
+// device): the kernel classifies each work tile's KV tiles itself by the mask's interval arithmetic, skipping the
+// excluded ones and running the fully kept ones without mask_mod (flex::TileScheduler::classify); a mask that reads
+// buffers runs mask_mod on every tile below a sequence's KV length.
 #include <fmt/format.h>
 
 #include <algorithm>

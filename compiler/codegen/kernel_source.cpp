@@ -21,17 +21,19 @@ std::string canonical_ir_text(const SpecIR& ir) {
 namespace {
 
 // The traits alias, the kernel entry and its body for the configuration: the warp-specialised kernel or the mma.sync
-// one. The host's shared-memory figure is checked against the template's at compile time.
-std::string forward_entry(const ForwardConfig& c, const char* element, const char* entry, bool varlen) {
+// one. The host's shared-memory figure is checked against the template's at compile time. mask_box: a ragged
+// batch's mask classifier (the generated FlexMaskBox), with which the kernel skips the KV tiles the mask excludes.
+std::string forward_entry(const ForwardConfig& c, const char* element, const char* entry, bool varlen, bool mask_box) {
   std::string traits, body, extra_param;
+  const std::string ragged = varlen ? fmt::format(", /*kVarlen=*/true{}", mask_box ? ", FlexMaskBox" : "") : "";
   if (c.warp_specialized) {
     traits = fmt::format("using FlexTraits = FlexSm90Traits</*kHeadDim=*/{}, {}, FlexVariant>;\n", c.head_dim, element);
-    body = fmt::format("  flex_forward_sm90<FlexTraits{}>(p, vp, tma);\n", varlen ? ", /*kVarlen=*/true" : "");
+    body = fmt::format("  flex_forward_sm90<FlexTraits{}>(p, vp, tma);\n", ragged);
     // The tensor maps must stay in parameter space (the TMA unit reads them there): hence __grid_constant__.
     extra_param = ", const __grid_constant__ FlexForwardTmaMaps tma";
   } else {
     traits = fmt::format("using FlexTraits = FlexForwardTraits</*kHeadDim=*/{}, {}>;\n", c.head_dim, element);
-    body = fmt::format("  flex_forward<FlexTraits, FlexVariant{}>(p, vp);\n", varlen ? ", /*kVarlen=*/true" : "");
+    body = fmt::format("  flex_forward<FlexTraits, FlexVariant{}>(p, vp);\n", ragged);
   }
   traits += fmt::format("static_assert(FlexTraits::kSmemBytes == {}, \"host and template disagree on the forward's shared memory\");\n",
                         c.shared_bytes());
@@ -57,12 +59,16 @@ KernelSource forward_module(const SpecIR& ir, const RangeInfo& ranges, const For
   ks.name = fmt::format("{}_fwd{}_{}_{}{}{}", ir.spec().name, varlen ? "_varlen" : "", dsl::dtype_name(options.dtype), ks.config.str(),
                         shard ? "_shard" : "", varlen && options.fp8_kv ? fmt::format("_kv{}", dsl::dtype_name(*options.fp8_kv)) : "");
   ks.entries = {varlen ? kForwardVarlenEntry : kForwardEntry};
+  // The mask's interval classifier (FlexMaskBox) when it reads no buffers: the block-mask builder's for dense
+  // launches; a ragged batch has no block mask, so its kernel classifies its own KV tiles with it
+  // (flex::TileScheduler), and masks that read buffers run mask_mod on every tile below a sequence's length there.
+  const bool mask_box = mask_is_interval_classifiable(ir);
+  const std::string classifier = mask_box ? generate_cuda_interval_classifier(ir, "FlexVariant", "FlexMaskBox") + "\n" : "";
   std::string block_mask;
   if (ir.mask_mod && !varlen) {
     ks.entries.push_back(kBlockMaskEntry);
-    if (mask_is_interval_classifiable(ir)) {
-      block_mask = generate_cuda_interval_classifier(ir, "FlexVariant", "FlexMaskBox") +
-                   fmt::format("\nextern \"C\" __global__ void __launch_bounds__(flex_blockmask::kThreads)\n"
+    if (mask_box) {
+      block_mask = fmt::format("\nextern \"C\" __global__ void __launch_bounds__(flex_blockmask::kThreads)\n"
                                "{}(const FlexBlockMaskBuildParams p, const FlexVariant::Params vp) {{\n"
                                "  flex_build_block_mask_interval<FlexVariant, FlexMaskBox>(p, vp);\n}}\n",
                                kBlockMaskEntry);
@@ -96,13 +102,13 @@ KernelSource forward_module(const SpecIR& ir, const RangeInfo& ranges, const For
       "#include \"flex_ops.cuh\"\n"
       "{}\n"
       "{}\n"
-      "{}{}{}",
+      "{}{}{}{}",
       varlen ? "ragged-prefill forward" : "forward", ir.spec().name, ks.config.block_m, ks.config.block_n, ks.config.warps,
       options.head_dim, element, ks.config.warp_specialized ? ", warp-specialised (sm_90a)" : "",
       shard ? "#define FLEX_SHARD_POSITIONS 1  // a shard of a longer sequence: the mods see global positions\n" : "",
       ks.config.warp_specialized ? "flex_forward_kernel_sm90.cuh" : "flex_forward.cuh",
       !block_mask.empty() ? "#include \"flex_blockmask.cuh\"\n" : "", ks.variant.code,
-      forward_entry(ks.config, element, ks.entries[0].c_str(), varlen), block_mask, widen);
+      classifier, forward_entry(ks.config, element, ks.entries[0].c_str(), varlen, varlen && mask_box), block_mask, widen);
   ks.key_text = fmt::format("kind={}\ndtype={}\nconfig={}\nint32={}\nchecked_loads={:x}\nerror_flags={}\nhoist={}\nfast_tanh={}\n{}",
                             varlen ? "forward_varlen" : "forward", dsl::dtype_name(options.dtype), ks.config.str(), vo.int32,
                             vo.checked_loads, vo.error_flags, vo.hoist, vo.fast_tanh, shard ? "shard_positions=1\n" : "");

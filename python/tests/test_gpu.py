@@ -241,3 +241,24 @@ def test_decode_paged_and_ragged_prefill_on_cuda():
         expected, _ = reference(qv[a:b].transpose(0, 1)[None], kv_[a:b].transpose(0, 1)[None], vv_[a:b].transpose(0, 1)[None],
                                 mask_mod=lambda bb, h, qi, kv: qi >= kv)
         assert_close(o[a:b].transpose(0, 1)[None], expected, atol=3e-2, rtol=3e-2, what=f"varlen sequence {s}")
+
+
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_ragged_prefill_over_fp8_k_and_v_on_cuda(fp8):
+    # K and V stored in FP8 with per-KV-head scales; the reference runs on the same dequantised values.
+    Hkv = 2
+    lengths = [100, 300, 1]
+    cu = torch.tensor([0, 100, 400, 401], device=DEV, dtype=torch.int32)
+    qv = torch.randn(401, H, D, device=DEV, dtype=DT)
+    k8, v8 = ((torch.randn(401, Hkv, D, device=DEV) * 4).to(fp8) for _ in range(2))
+    k_scale = torch.tensor([0.25, 0.5], device=DEV)
+    v_scale = torch.tensor([1.0, 0.125], device=DEV)
+    o, lse = flexjit.forward_varlen(qv, k8, v8, cu, cu, 300, 300, mask_mod="q >= kv", k_scale=k_scale, v_scale=v_scale, return_lse=True)
+    assert torch.isfinite(o).all() and torch.isfinite(lse).all()
+    kd = (k8.float() * k_scale[None, :, None]).to(DT)
+    vd = (v8.float() * v_scale[None, :, None]).to(DT)
+    for s, n in enumerate(lengths):
+        a, b = int(cu[s]), int(cu[s + 1])
+        kk, vv = (x[a:b].transpose(0, 1)[None] for x in (kd, vd))
+        expected, _ = reference(qv[a:b].transpose(0, 1)[None], kk, vv, mask_mod=lambda bb, h, qi, kv: qi >= kv)
+        assert_close(o[a:b].transpose(0, 1)[None], expected, atol=3e-2, rtol=3e-2, what=f"FP8 varlen sequence {s}")

@@ -27,13 +27,6 @@ struct FlexVariant : flex::VariantBase<FlexVariant> {
   }
 };
 
-using FlexTraits = FlexForwardTraits</*kHeadDim=*/128, __nv_bfloat16>;
-static_assert(FlexTraits::kSmemBytes == 104448, "host and template disagree on the forward's shared memory");
-
-extern "C" __global__ void __launch_bounds__(FlexTraits::kNThreads, FlexTraits::kMinBlocksPerSM)
-flexjit_forward(const FlexForwardParams p, const FlexVariant::Params vp) {
-  flex_forward<FlexTraits, FlexVariant>(p, vp);
-}
 // Interval classification of the mask over a box of indices (spec `causal`).
 struct FlexMaskBox {
   __device__ static __forceinline__ int classify(const FlexVariant::Params& p, fji::I b, fji::I h, fji::I hkv, fji::I q, fji::I kv) {
@@ -41,6 +34,14 @@ struct FlexMaskBox {
     return fji::classify(i0);
   }
 };
+
+using FlexTraits = FlexForwardTraits</*kHeadDim=*/128, __nv_bfloat16>;
+static_assert(FlexTraits::kSmemBytes == 104448, "host and template disagree on the forward's shared memory");
+
+extern "C" __global__ void __launch_bounds__(FlexTraits::kNThreads, FlexTraits::kMinBlocksPerSM)
+flexjit_forward(const FlexForwardParams p, const FlexVariant::Params vp) {
+  flex_forward<FlexTraits, FlexVariant>(p, vp);
+}
 
 extern "C" __global__ void __launch_bounds__(flex_blockmask::kThreads)
 flexjit_block_mask(const FlexBlockMaskBuildParams p, const FlexVariant::Params vp) {

@@ -13,7 +13,8 @@ namespace {
 
 // kv_fp8: K and V stored in that FP8 format with scales (per KV head, or one for both when one_scale). The launch
 // widens each value times its scale into bf16 with one rounding (flex_fp8_widen.cuh), which the reference's inputs
-// repeat (fp32 product, round to nearest even), so the bounds stay those of bf16 inputs.
+// repeat (fp32 product, round to nearest even), so the bounds stay those of bf16 inputs. A spec buffer `doc: i32[B,
+// Skv]` gets random documents of 1 to 400 positions per sequence.
 void run_varlen(const dsl::Spec& spec, int H, int Hkv, const std::vector<int>& lq, const std::vector<int>& lkv,
                 std::vector<std::pair<std::string, double>> params, unsigned seed, std::optional<dsl::DType> kv_fp8 = std::nullopt,
                 bool one_scale = false) {
@@ -55,12 +56,24 @@ void run_varlen(const dsl::Spec& spec, int H, int Hkv, const std::vector<int>& l
       v[e] = bf16_to_float(float_to_bf16(v_scale[h] * fp8_to_float(v8[e], *kv_fp8)));
     }
   }
+  std::vector<int32_t> doc;
+  for (const dsl::BufferDecl& bd : spec.buffers) {
+    REQUIRE(bd.name == "doc");
+    std::uniform_int_distribution<int> doc_len(1, 400);
+    doc.resize(size_t(B) * max_kv);
+    for (int b = 0; b < B; ++b)
+      for (int j = 0, id = 0, left = doc_len(rng); j < max_kv; ++j, --left) {
+        if (left == 0) ++id, left = doc_len(rng);
+        doc[size_t(b) * max_kv + j] = id;
+      }
+  }
   const size_t kv_elem = kv_fp8 ? 1 : 2;
   const int dev = 0;
   runtime::DeviceBuffer dq(dev, qb.size() * 2), dk(dev, kb.size() * kv_elem), dv(dev, vb.size() * kv_elem), dout(dev, qb.size() * 2),
       dlse(dev, size_t(H) * tq * 4), dcq(dev, cq.size() * 4), dck(dev, ck.size() * 4), dks(dev, 4 * std::max<size_t>(1, k_scale.size())),
-      dvs(dev, 4 * std::max<size_t>(1, v_scale.size()));
+      dvs(dev, 4 * std::max<size_t>(1, v_scale.size())), ddoc(dev, 4 * std::max<size_t>(1, doc.size()));
   dq.upload(qb.data(), qb.size() * 2);
+  if (!doc.empty()) ddoc.upload(doc.data(), doc.size() * 4);
   if (kv_fp8) {
     dk.upload(k8.data(), k8.size());
     dv.upload(v8.data(), v8.size());
@@ -92,6 +105,7 @@ void run_varlen(const dsl::Spec& spec, int H, int Hkv, const std::vector<int>& l
   a.max_seqlen_q = max_q;
   a.max_seqlen_kv = max_kv;
   a.params = params;
+  if (!doc.empty()) a.buffers.emplace_back("doc", Tensor{ddoc.data(), dsl::DType::I32, {B, max_kv}, {}});
   kernel->forward_varlen(a);
   kernel->check_errors(dev, nullptr);
   std::vector<uint16_t> raw(qb.size());
@@ -117,6 +131,7 @@ void run_varlen(const dsl::Spec& spec, int H, int Hkv, const std::vector<int>& l
     val.b = x != 0;
     env.params[i] = val;
   }
+  if (!doc.empty()) env.buffers.push_back(BufferView{dsl::DType::I32, doc.data(), {B, max_kv}, {max_kv, 1}});
   std::vector<float> got_o, got_l;
   std::vector<double> ref_o, ref_l;
   for (int b = 0; b < B; ++b) {
@@ -131,7 +146,8 @@ void run_varlen(const dsl::Spec& spec, int H, int Hkv, const std::vector<int>& l
           ks[(size_t(h) * lkv[b] + j) * D + d] = k[(size_t(ck[b] + j) * Hkv + h) * D + d];
           vs[(size_t(h) * lkv[b] + j) * D + d] = v[(size_t(ck[b] + j) * Hkv + h) * D + d];
         }
-    RefResult r = reference_attention(ir, RefShape{1, H, Hkv, lq[b], lkv[b], D, D}, qs, ks, vs, env, 1.0 / std::sqrt(double(D)));
+    RefResult r = reference_attention(ir, RefShape{1, H, Hkv, lq[b], lkv[b], D, D}, qs, ks, vs, env, 1.0 / std::sqrt(double(D)),
+                                      /*query_offset=*/0, /*batch_offset=*/b);
     for (int h = 0; h < H; ++h)
       for (int i = 0; i < lq[b]; ++i) {
         for (int d = 0; d < D; ++d) {
@@ -174,6 +190,43 @@ TEST_CASE("ragged prefill at head dims 64 and 96", "[gpu][varlen]") {
     causal.head_dim = window.head_dim = d;
     run_varlen(causal, 4, 2, lq, lkv, {}, 4 + d);
     run_varlen(window, 4, 1, lq, lkv, {{"window", 150}}, 5 + d);
+  }
+}
+
+// The kernel classifies each work tile's KV tiles by interval arithmetic (flex::TileScheduler): excluded tiles are
+// skipped and fully kept ones run without mask_mod. Masks whose kept tiles are not one range (attention sinks plus a
+// window, a prefix), that depend on the head or the sequence (sequence 2 keeps nothing: O = 0, LSE = -inf), and a
+// buffer-reading mask, which is not classified, at the Hopper kernel's tile sizes of head dims 64 and 128.
+TEST_CASE("ragged prefill skips the KV tiles a mask excludes: sinks + window, prefix, per-head and per-sequence masks", "[gpu][varlen]") {
+  FLEXJIT_REQUIRE_GPU();
+  const std::vector<int> lq = {700, 1, 385, 2000, 129, 1000};
+  const std::vector<int> lkv = {700, 64, 385, 2100, 1000, 1000};
+  const std::vector<std::pair<const char*, const char*>> masks = {
+      {"sinks_window", "kv < 4 || (q >= kv && q - kv < window)"},
+      {"prefix", "kv < window || q >= kv"},
+      {"per_head", "q >= kv && (h % 2 == 0 || q - kv < window)"},
+      {"per_sequence", "q >= kv && b != 2"},
+      {"everything_masked_past_q", "kv <= q && kv < 300"},
+  };
+  for (int d : {64, 128}) {
+    for (auto [name, mask] : masks) {
+      INFO("head dim " << d << ", mask " << mask);
+      dsl::Spec spec = load_spec(gallery_dir() / "sliding_window.json");
+      spec.name = name;
+      spec.mask_mod = std::string(mask);
+      spec.head_dim = d;
+      run_varlen(spec, 4, 2, lq, lkv, {{"window", 200}}, 21 + d);
+    }
+    // A buffer-reading mask: not classified, every tile below a sequence's length runs mask_mod.
+    dsl::Spec document = load_spec(gallery_dir() / "document.json");
+    document.buffers.clear();
+    dsl::Diagnostics diags;
+    dsl::add_buffer(document, "doc: i32[B, Skv]", "test", diags);
+    REQUIRE(!diags.has_errors());
+    document.mask_mod = std::string("doc[b, q] == doc[b, kv]");
+    document.head_dim = d;
+    INFO("head dim " << d << ", document mask");
+    run_varlen(document, 4, 2, lq, lkv, {}, 31 + d);
   }
 }
 

@@ -24,10 +24,11 @@ struct RefResult {
 
 // q [B,H,Sq,D], k [B,Hkv,Skv,D], v [B,Hkv,Skv,Dv] as contiguous float arrays (already rounded to the kernel's
 // input precision), for the rows (b * H + h) * Sq + q listed in `rows`: r.o and r.lse hold them in that order.
-// `query_offset` shifts q for decode-style calls. Long sequences check a sample of rows this way.
+// `query_offset` shifts q for decode-style calls, `batch_offset` b for one sequence of a ragged batch. Long
+// sequences check a sample of rows this way.
 inline RefResult reference_attention_rows(const SpecIR& ir, const RefShape& s, const std::vector<float>& q, const std::vector<float>& k,
                                           const std::vector<float>& v, const EvalEnv& base_env, double scale,
-                                          const std::vector<int64_t>& rows, int64_t query_offset = 0) {
+                                          const std::vector<int64_t>& rows, int64_t query_offset = 0, int64_t batch_offset = 0) {
   RefResult r;
   r.o.assign(rows.size() * static_cast<size_t>(s.Dv), 0.0);
   r.lse.assign(rows.size(), -std::numeric_limits<double>::infinity());
@@ -45,7 +46,7 @@ inline RefResult reference_attention_rows(const SpecIR& ir, const RefShape& s, c
         double dot = 0;
         for (int64_t d = 0; d < s.D; ++d) dot += double(qp[d]) * double(kp[d]);
         double sc = dot * scale;
-        env.vars[int(dsl::VarId::B)] = b;
+        env.vars[int(dsl::VarId::B)] = b + batch_offset;
         env.vars[int(dsl::VarId::H)] = h;
         env.vars[int(dsl::VarId::KvHead)] = hkv;
         env.vars[int(dsl::VarId::Q)] = qi + query_offset;
@@ -84,10 +85,11 @@ inline RefResult reference_attention_rows(const SpecIR& ir, const RefShape& s, c
 
 // Every row of the launch (reference_attention_rows over all of them).
 inline RefResult reference_attention(const SpecIR& ir, const RefShape& s, const std::vector<float>& q, const std::vector<float>& k,
-                                     const std::vector<float>& v, const EvalEnv& base_env, double scale, int64_t query_offset = 0) {
+                                     const std::vector<float>& v, const EvalEnv& base_env, double scale, int64_t query_offset = 0,
+                                     int64_t batch_offset = 0) {
   std::vector<int64_t> rows(static_cast<size_t>(s.B * s.H * s.Sq));
   for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(i);
-  return reference_attention_rows(ir, s, q, k, v, base_env, scale, rows, query_offset);
+  return reference_attention_rows(ir, s, q, k, v, base_env, scale, rows, query_offset, batch_offset);
 }
 
 struct Comparison {

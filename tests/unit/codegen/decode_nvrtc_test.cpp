@@ -85,19 +85,38 @@ TEST_CASE("decode modules compile for sm_80, with two m-tiles and fp16", "[nvrtc
   }
 }
 
-TEST_CASE("the ragged-prefill forward module compiles for sm_90a", "[nvrtc][varlen]") {
-  dsl::Spec spec = test::load_spec(test::gallery_dir() / "sliding_window.json");
-  SpecIR ir = build_spec_ir(spec);
-  ForwardKernelOptions fo;
-  fo.dtype = spec.dtype;
-  fo.head_dim = spec.head_dim;
-  std::vector<ir::Expr> roots{ir.mask_mod};
-  KernelSource ks = forward_varlen_kernel_source(ir, analyze_ranges(roots, ir.checked, VarDomains::forward(ir.checked)), fo);
-  CHECK(ks.source.find("/*kVarlen=*/true") != std::string::npos);
-  CHECK(ks.key_text.rfind("kind=forward_varlen\n", 0) == 0);
-  runtime::CacheLookup r = runtime::compile_kernel(ks, canonical_ir_text(ir), "sm_90a");
-  REQUIRE(r.artefact);
-  CHECK(r.artefact->binary.size() > 1000);
+TEST_CASE("ragged-prefill forward modules compile, classifying their KV tiles where the mask reads no buffers", "[nvrtc][varlen]") {
+  // The causal and sliding-window masks' interval classifier goes into the kernel (it skips excluded tiles,
+  // flex::TileScheduler); the document mask reads a buffer, so its kernel runs mask_mod on every tile.
+  for (auto [name, classified] :
+       {std::pair{"causal.json", true}, std::pair{"sliding_window.json", true}, std::pair{"document.json", false}}) {
+    dsl::Spec spec = test::load_spec(test::gallery_dir() / name);
+    SpecIR ir = build_spec_ir(spec);
+    for (const char* arch : {"sm_90a", "sm_80"}) {
+      INFO(name << " for " << arch);
+      ForwardKernelOptions fo;
+      fo.dtype = spec.dtype;
+      fo.head_dim = spec.head_dim;
+      fo.arch = arch;
+      std::vector<ir::Expr> roots{ir.mask_mod};
+      KernelSource ks = forward_varlen_kernel_source(ir, analyze_ranges(roots, ir.checked, VarDomains::forward(ir.checked)), fo);
+      CHECK(ks.source.find(classified ? "/*kVarlen=*/true, FlexMaskBox>" : "/*kVarlen=*/true>") != std::string::npos);
+      CHECK((ks.source.find("struct FlexMaskBox") != std::string::npos) == classified);
+      CHECK(ks.entries == std::vector<std::string>{kForwardVarlenEntry});
+      CHECK(ks.key_text.rfind("kind=forward_varlen\n", 0) == 0);
+      runtime::CacheLookup r = runtime::compile_kernel(ks, canonical_ir_text(ir), arch);
+      REQUIRE(r.artefact);
+      CHECK(r.artefact->binary.size() > 1000);
+      // Only the producer warp classifies (it publishes the ranges with the work index), so the consumers keep
+      // their registers: the causal kernel does not spill. (The runtime window's spills, about 100 bytes, are the
+      // dense kernel's too.)
+      if (std::string(arch) == "sm_90a" && std::string(name) == "causal.json") {
+        const nlohmann::json& res = r.artefact->metadata.value("resources", nlohmann::json::object());
+        REQUIRE(res.contains(kForwardVarlenEntry));
+        CHECK(res[kForwardVarlenEntry].value("spill_store_bytes", -1) == 0);
+      }
+    }
+  }
 }
 
 TEST_CASE("ragged-prefill modules over an FP8 K / V compile with their widening pass", "[nvrtc][varlen]") {

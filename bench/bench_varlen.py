@@ -1,0 +1,193 @@
+"""Ragged-prefill benchmarks, side by side on one GPU in one run: flexjit (`flexjit bench --varlen`, B packed sequences
+without padding) against FlashAttention-4's varlen entry (flash_attn_varlen_func: causal and windows, no other mods),
+PyTorch FlexAttention (torch.compile, FLASH and Triton backends) over the packed batch as one sequence with a
+document mask (the way FlexAttention users run ragged batches; the block mask is built once, outside the timing),
+and PyTorch's varlen SDPA (torch.nn.attention.varlen) under its flash and cuDNN backends where this torch offers
+them. GQA: H32 Hkv8, D128, bf16. FLOPs = 4 * B * H * S^2 * D * density (unmasked pairs of one sequence).
+A baseline that cannot run a case gets a dash and the reason in bench.json.
+
+FlashAttention-4 and the FLASH backend need the flash-attn-4 package (--site, see bench_forward.py). Writes bench.json
+and results_table.md to --out."""
+import argparse
+import datetime
+import inspect
+import json
+import os
+import site
+import subprocess
+
+import torch
+import triton.testing as tt
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+import torch._dynamo
+
+torch._dynamo.config.recompile_limit = 64
+torch._dynamo.config.cache_size_limit = 64
+flex = torch.compile(flex_attention, dynamic=False)
+dev, dt = "cuda", torch.bfloat16
+H, HKV, D = 32, 8, 128
+BASELINES = ("fa4", "flex_flash", "flex_triton", "sdpa_varlen", "sdpa_cudnn")
+
+
+def bench(fn):
+    return tt.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def error_text(e):
+    return str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+
+
+def run_flexjit(flexjit, flags, b, s, sets):
+    cmd = [flexjit, "bench", "--varlen", *flags, "--shape", f"{b},{H},{HKV},{s},{s},{D}", "--json", "--iters", "100", "--warmup", "20"]
+    for x in sets:
+        cmd += ["--set", x]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        return {"error": (p.stderr or p.stdout).strip()[-400:]}
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def time_baselines(row, b, s, causal, window, fa4):
+    """q, k, v packed as [B * S, heads, D] with cu_seqlens, as flexjit takes them."""
+    total = b * s
+    q = torch.randn(total, H, D, device=dev, dtype=dt)
+    k, v = (torch.randn(total, HKV, D, device=dev, dtype=dt) for _ in range(2))
+    cu = torch.arange(0, total + 1, s, device=dev, dtype=torch.int32)
+
+    if callable(fa4):
+        try:
+            win = (window - 1, 0) if window else (None, None)
+            g = lambda: fa4(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=s, max_seqlen_k=s, causal=causal, window_size=win)
+            g()
+            row["fa4_ms"] = bench(g)
+        except Exception as e:  # noqa: BLE001
+            row["fa4_error"] = error_text(e)
+    else:
+        row["fa4_error"] = fa4
+
+    # FlexAttention: the packed batch as one sequence of B * S positions, each position's sequence id its document.
+    seq = torch.arange(total, device=dev) // s
+
+    def mask(bb, hh, qq, kk):
+        keep = seq[qq] == seq[kk]
+        if causal:
+            keep = keep & (qq >= kk)
+        if window:
+            keep = keep & (qq - kk < window)
+        return keep
+    try:
+        bm = create_block_mask(mask, None, None, total, total, device=dev)
+        qf, kf, vf = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # [1, heads, total, D]
+        for key, opts in (("flex_flash", {"BACKEND": "FLASH"}), ("flex_triton", None)):
+            try:
+                f = lambda: flex(qf, kf, vf, block_mask=bm, enable_gqa=True, kernel_options=opts)
+                f()
+                row[key + "_ms"] = bench(f)
+            except Exception as e:  # noqa: BLE001
+                row[key + "_error"] = error_text(e)
+    except Exception as e:  # noqa: BLE001
+        row["flex_flash_error"] = row["flex_triton_error"] = error_text(e)
+
+    # PyTorch's varlen SDPA, under its flash and its cuDNN backends. Its keywords changed across releases: causal is
+    # `is_causal` in some and a window of (-1, 0) in others; GQA is `enable_gqa` where it exists.
+    for backend, key in ((SDPBackend.FLASH_ATTENTION, "sdpa_varlen"), (SDPBackend.CUDNN_ATTENTION, "sdpa_cudnn")):
+        try:
+            from torch.nn.attention.varlen import varlen_attn  # noqa: PLC0415
+            params = inspect.signature(varlen_attn).parameters
+            kw, kk, vv = {}, k, v
+            if "enable_gqa" in params:
+                kw["enable_gqa"] = True
+            else:
+                kk, vv = (x.repeat_interleave(H // HKV, dim=1) for x in (k, v))
+            if "window_size" in params:
+                kw["window_size"] = (window - 1 if window else -1, 0 if causal else -1)
+            elif window:
+                raise RuntimeError("this torch's varlen_attn has no window")
+            else:
+                kw["is_causal"] = causal
+            with sdpa_kernel([backend]):
+                g = lambda: varlen_attn(q, kk, vv, cu, cu, s, s, **kw)
+                g()
+                row[key + "_ms"] = bench(g)
+        except Exception as e:  # noqa: BLE001
+            row[key + "_error"] = error_text(e)
+
+
+def density(s, causal, window):
+    qi = torch.arange(s, device=dev)[:, None]
+    ki = torch.arange(s, device=dev)[None, :]
+    keep = torch.ones(s, s, dtype=torch.bool, device=dev)
+    if causal:
+        keep &= qi >= ki
+    if window:
+        keep &= qi - ki < window
+    return keep.float().mean().item()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--flexjit", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--site", default="/tmp/site", help="site directory of flash-attn-4 (prepare.sh)")
+    ap.add_argument("--flexjit-only", action="store_true", help="time flexjit alone (no baselines)")
+    args = ap.parse_args()
+    if os.path.isdir(args.site):
+        site.addsitedir(args.site)
+    try:
+        from flash_attn.cute import flash_attn_varlen_func as fa4  # noqa: PLC0415
+    except Exception as e:  # noqa: BLE001
+        fa4 = error_text(e)
+    os.makedirs(args.out, exist_ok=True)
+    torch.manual_seed(0)
+    # name, sequences, length, causal, window, flexjit spec flags, --set values
+    cases = [
+        ("full_8x4096", 8, 4096, False, 0, ["--name", "full"], []),
+        ("causal_8x4096", 8, 4096, True, 0, ["--mask", "q >= kv", "--name", "causal"], []),
+        ("causal_64x512", 64, 512, True, 0, ["--mask", "q >= kv", "--name", "causal"], []),
+        ("causal_2x16384", 2, 16384, True, 0, ["--mask", "q >= kv", "--name", "causal"], []),
+        ("sliding_window_1024_8x4096", 8, 4096, True, 1024, ["--mask", "q >= kv && q - kv < window", "--param", "window: int",
+                                                             "--name", "sliding"], ["window=1024"]),
+    ]
+    rows = []
+    for (name, b, s, causal, window, flags, sets) in cases:
+        if args.only and name not in args.only:
+            continue
+        torch._dynamo.reset()
+        row = {"case": name, "B": b, "S": s, "density": density(s, causal, window)}
+        if not args.flexjit_only:
+            time_baselines(row, b, s, causal, window, fa4)
+        torch.cuda.empty_cache()
+        ours = run_flexjit(args.flexjit, flags, b, s, sets)
+        row["flexjit"] = ours
+        if "ms" in ours:
+            row["flexjit_ms"] = ours["ms"]
+        flops = 4 * b * H * s * s * D * row["density"]
+        for key in ("flexjit",) + BASELINES:
+            if key + "_ms" in row:
+                row[key + "_tflops"] = flops / row[key + "_ms"] / 1e9
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    json.dump(rows, open(f"{args.out}/bench.json", "w"), indent=1)
+    gpu = torch.cuda.get_device_name()
+    commit = os.environ.get("FLEXJIT_COMMIT", "unknown")
+    lines = [f"\n### Ragged prefill, {datetime.date.today()}, {gpu}, commit {commit}, torch {torch.__version__}\n",
+             f"H{H} Hkv{HKV} D{D} bf16, B sequences of S tokens packed. ms · TFLOP/s; ratio = FlashAttention-4's time over "
+             "flexjit's (above 1: flexjit is faster).\n",
+             "| case | density | flexjit | FlashAttention-4 varlen | ratio | Flex FLASH | Flex Triton | SDPA varlen flash | SDPA varlen cuDNN |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+
+    def cell(r, key):
+        return f"{r[key + '_ms']:.3f} · {r[key + '_tflops']:.0f}" if key + "_ms" in r else "–"
+    for r in rows:
+        ratio = f"{r['fa4_ms'] / r['flexjit_ms']:.2f}×" if "fa4_ms" in r and "flexjit_ms" in r else "–"
+        lines.append(f"| {r['case']} | {r['density']:.3f} | {cell(r, 'flexjit')} | {cell(r, 'fa4')} | {ratio} | {cell(r, 'flex_flash')} | "
+                     f"{cell(r, 'flex_triton')} | {cell(r, 'sdpa_varlen')} | {cell(r, 'sdpa_cudnn')} |")
+    open(f"{args.out}/results_table.md", "w").write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -247,6 +247,11 @@ std::vector<uint64_t> fill_variant_params(const ParamsLayout& layout, const std:
       case SlotKind::Symbol: out = static_cast<uint64_t>(values.symbols[s.index]); break;
       case SlotKind::IntParam: out = static_cast<uint64_t>(values.params[s.index].i); break;
       case SlotKind::IntParamDivisor: out = fj::divisor_magic(values.params[s.index].i); break;
+      case SlotKind::IntParamInt32: {
+        const int64_t v = std::clamp<int64_t>(values.params[s.index].i, INT32_MIN, INT32_MAX);
+        out = static_cast<uint32_t>(static_cast<int32_t>(v));
+        break;
+      }
       case SlotKind::BoolParam: out = values.params[s.index].b ? 1 : 0; break;
       case SlotKind::FloatParam:
       case SlotKind::FloatParamReciprocal: {

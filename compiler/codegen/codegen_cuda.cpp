@@ -204,6 +204,19 @@ class CudaEmitter {
     }
   }
 
+  // A runtime int parameter compared with a 32-bit value: its copy saturated to int32 by the host (the comparison
+  // then runs in 32 bits, as against a constant; a 64-bit one per score element cost a window mask ~900 bytes of
+  // spills in the D64 forward). Exact where the value provably never reaches INT32_MIN or INT32_MAX
+  // (RangeInfo::strict_int32: positions and their differences): every comparison with the saturated copy then comes
+  // out as with the parameter. `text` is operand e's text; `other` the other operand.
+  std::string narrow_param(const Expr& e, const Expr& other, const std::string& text) const {
+    const Param* p = e.as<Param>();
+    if (!p || wide(other) || !opt_.int32 || !ranges_.strict_int32.count(origin(other).get())) return text;
+    const dsl::ParamDecl& decl = ir_.spec().params.at(static_cast<size_t>(p->index));
+    if (decl.is_const || decl.type != dsl::ValueType::Int) return text;
+    return fmt::format("p.{}", int32_field(decl));
+  }
+
   // The C type arithmetic on these operands runs in: 64-bit if any side (or the result) is.
   std::string int_comp_type(const Expr& e) const {
     bool w = wide(e);
@@ -289,12 +302,12 @@ class CudaEmitter {
       }
     }
     switch (b->op) {
-      case BinaryOp::EQ: return fmt::format("({} == {})", x, y);
-      case BinaryOp::NE: return fmt::format("({} != {})", x, y);
-      case BinaryOp::LT: return fmt::format("({} < {})", x, y);
-      case BinaryOp::LE: return fmt::format("({} <= {})", x, y);
-      case BinaryOp::GT: return fmt::format("({} > {})", x, y);
-      case BinaryOp::GE: return fmt::format("({} >= {})", x, y);
+      case BinaryOp::EQ: return fmt::format("({} == {})", narrow_param(b->a, b->b, x), narrow_param(b->b, b->a, y));
+      case BinaryOp::NE: return fmt::format("({} != {})", narrow_param(b->a, b->b, x), narrow_param(b->b, b->a, y));
+      case BinaryOp::LT: return fmt::format("({} < {})", narrow_param(b->a, b->b, x), narrow_param(b->b, b->a, y));
+      case BinaryOp::LE: return fmt::format("({} <= {})", narrow_param(b->a, b->b, x), narrow_param(b->b, b->a, y));
+      case BinaryOp::GT: return fmt::format("({} > {})", narrow_param(b->a, b->b, x), narrow_param(b->b, b->a, y));
+      case BinaryOp::GE: return fmt::format("({} >= {})", narrow_param(b->a, b->b, x), narrow_param(b->b, b->a, y));
       default: break;
     }
     // Integer arithmetic.
@@ -444,6 +457,7 @@ std::string params_struct(const ParamsLayout& layout) {
       case SlotKind::BufferData: s += fmt::format("    const void* {};\n", slot.field); break;
       case SlotKind::FloatParam:
       case SlotKind::FloatParamReciprocal: s += fmt::format("    float {};\n    unsigned int {}_pad;\n", slot.field, slot.field); break;
+      case SlotKind::IntParamInt32: s += fmt::format("    int {};\n    unsigned int {}_pad;\n", slot.field, slot.field); break;
       default: s += fmt::format("    long long {};\n", slot.field); break;
     }
   }

@@ -10,6 +10,8 @@ std::string reciprocal_field(const dsl::ParamDecl& p) { return "param_" + p.name
 
 std::string divisor_field(const dsl::ParamDecl& p) { return "param_" + p.name + "_div"; }
 
+std::string int32_field(const dsl::ParamDecl& p) { return "param_" + p.name + "_i32"; }
+
 ParamsLayout make_params_layout(const SpecIR& ir) {
   ParamsLayout layout;
   layout.slots.push_back({SlotKind::ErrorFlags, 0, 0, "error_flags"});
@@ -29,7 +31,10 @@ ParamsLayout make_params_layout(const SpecIR& ir) {
     SlotKind k = p.type == dsl::ValueType::Float ? SlotKind::FloatParam : p.type == dsl::ValueType::Bool ? SlotKind::BoolParam : SlotKind::IntParam;
     layout.slots.push_back({k, int(i), 0, "param_" + p.name});
     if (k == SlotKind::FloatParam) layout.slots.push_back({SlotKind::FloatParamReciprocal, int(i), 0, reciprocal_field(p)});
-    if (k == SlotKind::IntParam) layout.slots.push_back({SlotKind::IntParamDivisor, int(i), 0, divisor_field(p)});
+    if (k == SlotKind::IntParam) {
+      layout.slots.push_back({SlotKind::IntParamDivisor, int(i), 0, divisor_field(p)});
+      layout.slots.push_back({SlotKind::IntParamInt32, int(i), 0, int32_field(p)});
+    }
   }
   return layout;
 }

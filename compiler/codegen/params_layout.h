@@ -18,6 +18,7 @@ enum class SlotKind {
   FloatParam,    // runtime float param `index` (float in the low 4 bytes)
   FloatParamReciprocal,  // 1 / runtime float param `index`, rounded once by the host (a division by it multiplies by this)
   IntParamDivisor,  // fj::divisor_magic of runtime int param `index` (flex_int_divisor.cuh: a floor division by it multiplies)
+  IntParamInt32,    // runtime int param `index` saturated to int32 (int in the low 4 bytes): compared with 32-bit values
   BoolParam,     // runtime bool param `index` (0 or 1 as long long)
 };
 
@@ -35,7 +36,7 @@ struct ParamsLayout {
 
 // The layout every back end uses for a spec: the error word, then per buffer its pointer,
 // strides and extents, then every shape symbol, then the runtime parameters (a float one followed by its reciprocal, an
-// int one by its divisor multiplier).
+// int one by its divisor multiplier and its saturated 32-bit copy).
 ParamsLayout make_params_layout(const SpecIR& ir);
 
 // The name of a buffer's field in the Params struct ("buf_" + name).
@@ -46,5 +47,8 @@ std::string reciprocal_field(const dsl::ParamDecl& p);
 
 // The name of a runtime int parameter's divisor multiplier field ("param_" + name + "_div").
 std::string divisor_field(const dsl::ParamDecl& p);
+
+// The name of a runtime int parameter's saturated 32-bit copy ("param_" + name + "_i32").
+std::string int32_field(const dsl::ParamDecl& p);
 
 }  // namespace flexjit

@@ -746,6 +746,12 @@ RangeInfo analyze_ranges(const std::vector<Expr>& roots, const dsl::CheckedSpec&
         std::vector<Expr> conds;
         Tri lo_ok = an.require_nonneg(lin_add(an.lin(r.lo), lin_const(-static_cast<i128>(kInt32Min)), 1), conds);
         Tri hi_ok = an.require_nonneg(lin_add(lin_const(kInt32Max), an.lin(r.hi), -1), conds);
+        // Strictly inside for every binding of the symbols: a runtime int parameter saturated to int32 compares with
+        // such a value exactly (codegen_cuda.cpp, narrow_param).
+        std::vector<Expr> strict_conds;
+        if (an.require_nonneg(lin_add(an.lin(r.lo), lin_const(-static_cast<i128>(kInt32Min) - 1), 1), strict_conds) == Tri::True &&
+            an.require_nonneg(lin_add(lin_const(kInt32Max - 1), an.lin(r.hi), -1), strict_conds) == Tri::True)
+          out.strict_int32.insert(e.get());
         if (lo_ok == Tri::False || hi_ok == Tri::False) out.wide_ints.insert(e.get());
         else int32_conds.insert(int32_conds.end(), conds.begin(), conds.end());
       }

@@ -51,6 +51,7 @@ struct RangeInfo {
   ir::Expr int32_obligation;
   std::unordered_set<const ir::Node*> unbounded_ints;     // Int nodes with no finite range (must stay 64-bit)
   std::unordered_set<const ir::Node*> wide_ints;          // bounded, but provably not always within int32 (stay 64-bit)
+  std::unordered_set<const ir::Node*> strict_int32;       // provably in [INT32_MIN + 1, INT32_MAX - 1] for every binding
 
   const LoadCheck* check_of(const ir::Expr& load) const;  // nullptr if not an analysed load
   std::string describe(const ir::Expr& e) const;          // e.g. "[0, (Skv - 1) // 64]"; "[-inf, +inf]" if unbounded

@@ -95,6 +95,7 @@ struct CodeGenLLVM::Impl {
         case SlotKind::BoolParam: param_slot[ps.index] = si; break;
         case SlotKind::FloatParamReciprocal:  // the JIT divides exactly
         case SlotKind::IntParamDivisor:
+        case SlotKind::IntParamInt32:  // the JIT compares in 64 bits
         case SlotKind::ErrorFlags: break;
       }
     }

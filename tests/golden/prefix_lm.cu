@@ -20,11 +20,13 @@ struct FlexVariant : flex::VariantBase<FlexVariant> {
     long long sym_D;
     long long param_prefix;
     long long param_prefix_div;
+    int param_prefix_i32;
+    unsigned int param_prefix_i32_pad;
   };
   static constexpr bool kHasMaskMod = true;
   __device__ static __forceinline__ bool mask_mod(const Params& p, const Row& row, const Col& col, const Tile& tile, int b, int h, int hkv, int q, int k0, int j) {
     const int t0 = (k0 + j);
-    const bool t1 = (t0 < p.param_prefix);
+    const bool t1 = (t0 < p.param_prefix_i32);
     const bool t2 = (q >= t0);
     const bool t3 = (t1 || t2);
     return t3;

@@ -20,13 +20,15 @@ struct FlexVariant : flex::VariantBase<FlexVariant> {
     long long sym_D;
     long long param_window;
     long long param_window_div;
+    int param_window_i32;
+    unsigned int param_window_i32_pad;
   };
   static constexpr bool kHasMaskMod = true;
   __device__ static __forceinline__ bool mask_mod(const Params& p, const Row& row, const Col& col, const Tile& tile, int b, int h, int hkv, int q, int k0, int j) {
     const int t0 = (k0 + j);
     const bool t1 = (q >= t0);
     const int t2 = (q - t0);
-    const bool t3 = (t2 < p.param_window);
+    const bool t3 = (t2 < p.param_window_i32);
     const bool t4 = (t1 && t3);
     return t4;
   }

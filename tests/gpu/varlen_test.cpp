@@ -230,6 +230,17 @@ TEST_CASE("ragged prefill skips the KV tiles a mask excludes: sinks + window, pr
   }
 }
 
+// A runtime int parameter compared with positions reads its copy saturated to int32 (codegen_cuda.cpp, narrow_param):
+// windows past the int32 range keep every causal pair (2^40) or none (-2^40; O = 0, LSE = -inf), as in 64 bits.
+TEST_CASE("a runtime window beyond the int32 range saturates exactly", "[gpu][varlen]") {
+  FLEXJIT_REQUIRE_GPU();
+  const std::vector<int> lq = {300, 129}, lkv = {300, 1000};
+  for (double window : {1099511627776.0, -1099511627776.0, 2147483647.0, -2147483648.0}) {
+    INFO("window " << window);
+    run_varlen(load_spec(gallery_dir() / "sliding_window.json"), 4, 2, lq, lkv, {{"window", window}}, 41);
+  }
+}
+
 // An FP8 K / V (VarlenArgs::k_scale / v_scale): widened into bf16 by the launch, then the usual kernels (the
 // warp-specialised one at head dims 64 and 128, the mma.sync one at 32).
 TEST_CASE("ragged prefill over an FP8 K / V: e4m3 and e5m2, per-head and single scales", "[gpu][varlen][fp8]") {

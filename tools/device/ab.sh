@@ -10,7 +10,8 @@
 #   bash tools/device/ab.sh "base new" 3 "full causal"            # forward cases
 #   MODE=backward bash tools/device/ab.sh "base new" 3 "causal sam"   # backward cases (flexjit bench-backward)
 # Cases: full, full8k, causal, softcap, softcaprt, sam64, sam80, full64, softcap64, softcap96, alibi64, alibi96, relh64,
-# relw64, scale64, relbias64, samrt64 (SAM with a runtime width W), causal64, causal96, full80, full96, full192, full256 (forward); causal, full, causal96,
+# relw64, scale64, relbias64, samrt64 (SAM with a runtime width W), causal64, sw64 / swrt64 / swrt (a sliding window of
+# 1024, constant or a runtime int), causal96, full80, full96, full192, full256 (forward); causal, full, causal96,
 # causal64, sam, samrt (SAM with a runtime width W; backward).
 set -uo pipefail
 builds=$1
@@ -41,6 +42,9 @@ forward_args() {
     relbias64) echo "--name relbias_d64 --score score+bias[h,q-kv+Skv-1] --buffer bias:f32[H,8191] --shape 8,12,12,4096,4096,64" ;;
     samrt64) echo "--name samrt_d64 --score score+rel_h[b,h,q,kv//W]+rel_w[b,h,q,kv%W] --buffer rel_h:bf16[B,H,Sq,64] --buffer rel_w:bf16[B,H,Sq,64] --param W:int --set W=64 --shape 8,12,12,4096,4096,64" ;;
     causal64) echo "--name causal_d64 --mask q>=kv --shape 8,12,12,4096,4096,64" ;;
+    sw64) echo "--name sw_d64 --mask q>=kv&&q-kv<1024 --shape 8,12,12,4096,4096,64" ;;
+    swrt64) echo "--name swrt_d64 --mask q>=kv&&q-kv<window --param window:int --set window=1024 --shape 8,12,12,4096,4096,64" ;;
+    swrt) echo "--name swrt --mask q>=kv&&q-kv<window --param window:int --set window=1024 --shape 4,16,16,4096,4096,128" ;;
     sam80) echo "--name sam_d80 --score score+rel_h[b,h,q,kv//64]+rel_w[b,h,q,kv%64] --buffer rel_h:bf16[B,H,Sq,64] --buffer rel_w:bf16[B,H,Sq,64] --shape 8,16,16,4096,4096,80" ;;
     causal96) echo "--name causal_d96 --mask q>=kv --shape 4,16,16,4096,4096,96" ;;
     full80) echo "--name full_d80 --shape 4,16,16,4096,4096,80" ;;

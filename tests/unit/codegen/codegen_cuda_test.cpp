@@ -109,6 +109,25 @@ TEST_CASE("runtime factors split like literals: a division by a parameter multip
   CHECK(runtime_split_for(scales, {0.f}) == RuntimeSplit::Unsplit);
 }
 
+TEST_CASE("a runtime int parameter compared with a 32-bit value reads its saturated 32-bit copy", "[codegen]") {
+  dsl::Spec spec;
+  spec.mask_mod = "q >= kv && q - kv < window && kv * 4000000000 != window";
+  dsl::Diagnostics d;
+  REQUIRE(dsl::add_param(spec, "window: int", "test", d));
+  SpecIR ir = build_spec_ir(spec);
+  VariantOptions vo;
+  const std::string narrow = generate_cuda_variant(ir, analyze_ir_ranges(ir), vo).code;
+  INFO(narrow);
+  CHECK(narrow.find("int param_window_i32;") != std::string::npos);
+  CHECK(narrow.find("< p.param_window_i32)") != std::string::npos);
+  // kv * 4e9 does not fit in 32 bits: that comparison keeps the 64-bit parameter.
+  CHECK(narrow.find("!= p.param_window)") != std::string::npos);
+  // The 64-bit variant (int32 off) compares in 64 bits throughout.
+  vo.int32 = false;
+  const std::string wide = generate_cuda_variant(ir, analyze_ir_ranges(ir), vo).code;
+  CHECK(wide.find("< p.param_window_i32") == std::string::npos);
+}
+
 TEST_CASE("a split score_mod whose core is bounded declares the bound (the kernels' fixed softmax maximum)", "[codegen]") {
   const std::string softcap = source_for("30 * tanh(score / 30)", "", {});
   CHECK(softcap.find("kFixedMax = true;") != std::string::npos);

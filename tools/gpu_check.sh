@@ -6,6 +6,7 @@
 #   sanitize_bwd: compute-sanitizer memcheck and racecheck on `flexjit run --backward` of causal, document, SAM and the
 #   learnable relative bias (its gradient: the diagonal scatter)
 #   backward: the [backward] GPU tests, then bench/bench_backward.py (table in $OUT/backward_table.md)
+#   decode: the [decode] and [varlen] GPU tests, then bench/bench_decode.py and bench/bench_varlen.py ($OUT/varlen)
 #   multi_gpu: the two-GPU tests (one spec on both devices, replicas, wrong-device errors); needs 2 GPUs
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -72,6 +73,9 @@ for step in $steps; do
       "$BIN/gpu_tests" "[decode],[varlen]" 2>&1 | tee "$OUT/decode_tests.log" | tail -25 || status=1
       echo "== decode benchmarks"
       python3 bench/bench_decode.py --flexjit "$BIN/flexjit" --out "$OUT" || status=1
+      echo "== ragged-prefill benchmarks"
+      mkdir -p "$OUT/varlen"
+      python3 bench/bench_varlen.py --flexjit "$BIN/flexjit" --out "$OUT/varlen" || status=1
       ;;
     bench)
       echo "== benchmarks"

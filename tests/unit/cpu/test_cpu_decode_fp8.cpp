@@ -18,10 +18,13 @@
 #include "runtime/npy.h"
 #include "unit/cpu/decode_inputs.h"
 #include "unit/cpu/gallery_inputs.h"
+#include "support/error_text.h"
 
 using namespace flexjit;
 
 namespace {
+
+using flexjit::test::error_of;
 
 constexpr uint16_t kPoisonBf16 = 0x7fc1;  // a NaN: rows the decode writes must lose it, the others keep it
 const float kPoisonF32 = std::numeric_limits<float>::quiet_NaN();
@@ -158,16 +161,6 @@ void check_fp8_decode(DType t, const std::vector<float>& k_scale, const std::vec
       }
   }
   CHECK(checked == (kQLens[0] + kQLens[2]) * kH * kD);
-}
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no flexjit::Error)";
 }
 
 }  // namespace

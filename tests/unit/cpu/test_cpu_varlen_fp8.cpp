@@ -20,10 +20,13 @@
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/flexjit.hpp"
 #include "runtime/npy.h"
+#include "support/error_text.h"
 
 using namespace flexjit;
 
 namespace {
+
+using flexjit::test::error_of;
 
 constexpr int64_t kH = 4, kHkv = 2, kD = 64;
 constexpr int64_t kPad = 16;        // k's rows are kD + kPad bytes apart; the padding holds NaN codes
@@ -175,16 +178,6 @@ void check_fp8_varlen(DType t, DType spec_dtype, bool causal, const std::vector<
         }
       }
   CHECK(empty_rows == kLenQ[3] * kH);  // the sequence without KV rows, and no other
-}
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no flexjit::Error)";
 }
 
 }  // namespace

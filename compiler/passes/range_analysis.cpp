@@ -697,13 +697,6 @@ VarDomains VarDomains::forward(const dsl::CheckedSpec& spec) {
   return d;
 }
 
-VarDomains VarDomains::decode(const dsl::CheckedSpec& spec) {
-  Analyzer an(spec);
-  VarDomains d = forward(spec);
-  d.q = {Binary::make(BinaryOp::Sub, an.symbol("Skv"), an.symbol("Sq")), Binary::make(BinaryOp::Sub, an.symbol("Skv"), make_int(1))};
-  return d;
-}
-
 const Interval* VarDomains::of(VarId v) const {
   switch (v) {
     case VarId::B: return &b;

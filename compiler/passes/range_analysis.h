@@ -27,8 +27,6 @@ struct VarDomains {
   // Forward kernels: b in [0, B-1], h in [0, H-1], kv_head in [0, Hkv-1], q in [0, Sq-1],
   // kv in [0, Skv-1].
   static VarDomains forward(const dsl::CheckedSpec& spec);
-  // Decode kernels: as forward, but the queries are the last Sq positions: q in [Skv-Sq, Skv-1].
-  static VarDomains decode(const dsl::CheckedSpec& spec);
   const Interval* of(dsl::VarId v) const;  // nullptr for score
 };
 

@@ -7,10 +7,11 @@
 
 namespace flex {
 
-// A work tile's KV tiles as ranges (a classified ragged batch, TileScheduler::classify): the partial ones
-// [lo, lo + n_low) then [high0, high0 + n_partial - n_low), the full ones [full0, full0 + n_full).
+// A work tile's KV tiles as ranges (a classified ragged batch, TileScheduler::classify): n_low partial ones from lo
+// on, skipping `gap` excluded tiles after the first n_before_gap of them, then [high0, high0 + n_partial - n_low);
+// the full ones [full0, full0 + n_full).
 struct TileRanges {
-  int n_partial, n_full, lo, n_low, high0, full0;
+  int n_partial, n_full, lo, n_low, n_before_gap, gap, high0, full0;
 };
 
 // The work of one query tile: its (b, h, query tile), sequence lengths, row offsets of a ragged batch, and the KV
@@ -23,14 +24,20 @@ struct ForwardTiles {
   const int* partial_idx;
   const int* full_idx;
   int n_partial, n_full;
-  int lo, n_low, high0, full0;  // the TileRanges, where partial_idx / full_idx are null
+  int lo, n_low, n_before_gap, gap, high0, full0;  // the TileRanges, where partial_idx / full_idx are null
   __device__ __forceinline__ int count() const { return n_partial + n_full; }
-  __device__ __forceinline__ TileRanges ranges() const { return TileRanges{n_partial, n_full, lo, n_low, high0, full0}; }
+  __device__ __forceinline__ TileRanges ranges() const {
+    return TileRanges{n_partial, n_full, lo, n_low, n_before_gap, gap, high0, full0};
+  }
   __device__ __forceinline__ void set_ranges(const TileRanges& r) {
-    n_partial = r.n_partial, n_full = r.n_full, lo = r.lo, n_low = r.n_low, high0 = r.high0, full0 = r.full0;
+    n_partial = r.n_partial, n_full = r.n_full, lo = r.lo, n_low = r.n_low, n_before_gap = r.n_before_gap, gap = r.gap;
+    high0 = r.high0, full0 = r.full0;
   }
   __device__ __forceinline__ int at(int t) const {
-    if (t < n_partial) return partial_idx != nullptr ? partial_idx[t] : (t < n_low ? lo + t : high0 + (t - n_low));
+    if (t < n_partial) {
+      if (partial_idx != nullptr) return partial_idx[t];
+      return t < n_low ? lo + t + (t < n_before_gap ? 0 : gap) : high0 + (t - n_low);
+    }
     return full_idx != nullptr ? full_idx[t - n_partial] : full0 + (t - n_partial);
   }
 };
@@ -94,9 +101,10 @@ struct TileScheduler {
   // of indices (as the block mask's builder does for dense launches, but per work tile inside the kernel: the lengths
   // live on the device, and a list per (sequence, head, query tile) would be sized by B x max lengths). Lane i
   // classifies tiles i, i + 32, ...; the kept tiles [lo, hi) are visited, and the full ones among them, when they form
-  // one range [flo, fhi), without mask_mod after the partial ones. Empty tiles between kept ones (attention sinks and a
-  // window) are visited as partial tiles; causal, windowed and prefix masks have none. Every lane of one warp calls it
-  // after work() (only when kClassifies); ForwardTiles::set_ranges takes the result.
+  // one range [flo, fhi), without mask_mod after the partial ones. The first run of excluded tiles below the full
+  // ones (between attention sinks and a window) is skipped; excluded tiles elsewhere between kept ones are visited as
+  // partial tiles (causal, windowed and prefix masks have none). Every lane of one warp calls it after work() (only
+  // when kClassifies); ForwardTiles::set_ranges takes the result.
   template <class VParams>
   __device__ __forceinline__ static TileRanges classify(const VParams& vp, const ForwardTiles& w) {
     static_assert(kClassifies, "TileScheduler::classify: a ragged batch with the mask's classifier only");
@@ -105,6 +113,7 @@ struct TileScheduler {
     const fji::I bi = fji::pt((long long)w.b), hi = fji::pt((long long)w.h), hkv = fji::pt((long long)w.hkv);
     const fji::I qi{(long long)w.q_pos0 + w.m0, (long long)w.q_pos0 + min(w.seqlen_q, w.m0 + kBlockM) - 1};
     int lo = n, kept_end = 0, flo = n, fhi = 0, n_full = 0;
+    int gap0 = -1, gap1 = -1;  // the first run of excluded tiles after the first kept one: [gap0, gap1)
     for (int base = 0; base < n; base += 32) {
       const int t = base + lane;
       int c = 0;
@@ -117,22 +126,38 @@ struct TileScheduler {
         lo = min(lo, base + __ffs(kept) - 1);
         kept_end = base + 32 - __clz(kept);
       }
+      // Bits of this chunk's tiles from tile `from` on (0 when from is past the chunk).
+      auto from_tile = [&](int from) { return from - base >= 32 ? 0u : 0xffffffffu << max(from - base, 0); };
+      if (lo < n && gap0 < 0) {
+        const unsigned in_range = n - base >= 32 ? 0xffffffffu : (1u << (n - base)) - 1u;
+        const unsigned excluded = ~kept & in_range & from_tile(lo);
+        if (excluded != 0) gap0 = base + __ffs(excluded) - 1;
+      }
+      if (gap0 >= 0 && gap1 < 0) {
+        const unsigned after = kept & from_tile(gap0 + 1);
+        if (after != 0) gap1 = base + __ffs(after) - 1;
+      }
       if (full != 0) {
         flo = min(flo, base + __ffs(full) - 1);
         fhi = base + 32 - __clz(full);
         n_full += __popc(full);
       }
     }
-    TileRanges r{0, 0, lo, 0, 0, 0};
+    TileRanges r{0, 0, lo, 0, 0, 0, 0, 0};
     if (kept_end <= lo) return r;  // nothing kept
-    if (n_full > 0 && n_full == fhi - flo) {
+    const bool full_run = n_full > 0 && n_full == fhi - flo;
+    const int low_end = full_run ? flo : kept_end;  // the partial tiles before the full ones (all, without them)
+    if (gap1 >= 0 && gap1 <= low_end) {
+      r.n_before_gap = gap0 - lo;
+      r.gap = gap1 - gap0;
+    }
+    r.n_low = low_end - lo - r.gap;
+    r.n_partial = r.n_low;
+    if (full_run) {
       r.n_full = n_full;
       r.full0 = flo;
-      r.n_low = flo - lo;
       r.high0 = fhi;
-      r.n_partial = kept_end - lo - n_full;
-    } else {
-      r.n_low = r.n_partial = kept_end - lo;
+      r.n_partial += kept_end - fhi;
     }
     return r;
   }
@@ -181,8 +206,8 @@ struct TileScheduler {
       if (kHasMaskMod) w.n_partial = n_blocks;
       else w.n_full = n_blocks;
     }
-    w.lo = w.high0 = w.full0 = 0;
-    w.n_low = w.n_partial;
+    w.lo = w.high0 = w.full0 = w.gap = 0;
+    w.n_low = w.n_before_gap = w.n_partial;
   }
 
 };
@@ -196,7 +221,7 @@ struct TileScheduler {
 // producer warp classifies, and the consumers' registers stay with the main loop.
 // smem: 2 slots of kSlotBytes (the index, then its TileRanges), then the ring's 4 mbarriers.
 struct WorkQueue {
-  static constexpr unsigned kSlotBytes = 32;
+  static constexpr unsigned kSlotBytes = 48;
   static constexpr int kBytes = 2 * kSlotBytes + 32;
   static constexpr int kRangeInts = sizeof(TileRanges) / 4;
   static_assert(4 * (1 + kRangeInts) <= kSlotBytes, "WorkQueue: a slot holds an index and its TileRanges");

@@ -195,14 +195,16 @@ TEST_CASE("ragged prefill at head dims 64 and 96", "[gpu][varlen]") {
 
 // The kernel classifies each work tile's KV tiles by interval arithmetic (flex::TileScheduler): excluded tiles are
 // skipped and fully kept ones run without mask_mod. Masks whose kept tiles are not one range (attention sinks plus a
-// window, a prefix), that depend on the head or the sequence (sequence 2 keeps nothing: O = 0, LSE = -inf), and a
-// buffer-reading mask, which is not classified, at the Hopper kernel's tile sizes of head dims 64 and 128.
+// window, whose gap is skipped; a prefix), that depend on the head or the sequence (sequence 2 keeps nothing: O = 0,
+// LSE = -inf; so does the last, which has no KV rows), and a buffer-reading mask, which is not classified, at the
+// Hopper kernel's tile sizes of head dims 64 and 128.
 TEST_CASE("ragged prefill skips the KV tiles a mask excludes: sinks + window, prefix, per-head and per-sequence masks", "[gpu][varlen]") {
   FLEXJIT_REQUIRE_GPU();
-  const std::vector<int> lq = {700, 1, 385, 2000, 129, 1000};
-  const std::vector<int> lkv = {700, 64, 385, 2100, 1000, 1000};
+  const std::vector<int> lq = {700, 1, 385, 2000, 129, 1000, 7};
+  const std::vector<int> lkv = {700, 64, 385, 2100, 1000, 1000, 0};
   const std::vector<std::pair<const char*, const char*>> masks = {
       {"sinks_window", "kv < 4 || (q >= kv && q - kv < window)"},
+      {"sinks_in_two_tiles_window", "kv < 130 || (q >= kv && q - kv < window)"},
       {"prefix", "kv < window || q >= kv"},
       {"per_head", "q >= kv && (h % 2 == 0 || q - kv < window)"},
       {"per_sequence", "q >= kv && b != 2"},

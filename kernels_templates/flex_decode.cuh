@@ -441,8 +441,10 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
   const int group = p.heads / p.kv_heads;
   const int max_q = p.max_q_len;
   const int n_rows = group * max_q;  // packed rows of this KV head
-  const int kv_len = p.kv_lens != nullptr ? p.kv_lens[b] : p.kv_len;
-  const int q_len = p.q_lens != nullptr ? p.q_lens[b] : max_q;
+  const FlexDecodeLengths len = flex_decode_lengths(p.kv_lens, p.q_lens, b, p.kv_len, max_q, p.max_kv_len);
+  if (!len.ok && split == 0 && blockIdx.y == 0 && tid == 0 && p.error_word != nullptr) atomicOr(p.error_word, kFlexBadLengthsFlag);
+  const int kv_len = len.kv_len;
+  const int q_len = len.q_len;
   // Packed row tr of the tile is R = rb * kBlockM + tr -> (g, i) -> query head hkv * group + g, query row i.
   auto row_valid = [&](int tr, int& g, int& i) {
     const int R = rb * kBlockM + tr;
@@ -563,7 +565,7 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
     row_ok[r] = row_valid(K::row_in_tile(lane, r), g, i);
     head[r] = hkv * group + g;
     qpos[r] = kv_len - q_len + i;
-    if (row_ok[r]) {
+    if (row_ok[r] && len.ok) {  // a sequence outside its bounds has no valid query position to hoist for
       Variant::row(vp, row_st[r], b, head[r], hkv, qpos[r]);
 #pragma unroll
       for (int c = 0; c < kColsPerThread; ++c) {
@@ -877,7 +879,6 @@ __device__ __forceinline__ void flex_decode_combine(const FlexDecodeParams& p) {
   const int i = (int)(row % max_q);
   const int h = (int)((row / max_q) % p.heads);
   const int b = (int)(row / ((long long)max_q * p.heads));
-  const int q_len = p.q_lens != nullptr ? p.q_lens[b] : max_q;
-  if (i >= q_len) return;
+  if (i >= flex_decode_lengths(p.kv_lens, p.q_lens, b, p.kv_len, max_q, p.max_kv_len).q_len) return;
   flex::decode_combine_row<kHeadDim, Element, false>(p, row, b, h, i, lane);
 }

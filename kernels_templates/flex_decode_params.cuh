@@ -1,5 +1,6 @@
 // Launch parameters, workspace layout and split heuristic of the flex decode kernels (split-KV + LSE combine).
 #pragma once
+#include "flex_params.cuh"  // kFlexBadLengthsFlag
 
 // Plain data only: this header is also compiled as host C++20 (no CUDA headers), so it must not use
 // CUDA types, qualifiers or fixed-width integer typedefs. The split heuristic is host code and is hidden
@@ -109,6 +110,9 @@ struct FlexDecodeParams {
   const float* k_scale;
   const float* v_scale;
   long long kv_scale_stride;
+  // The plan's bound of the KV lengths (max_seqlen_kv), and the launch's error word (flex_decode_lengths).
+  int max_kv_len;
+  unsigned int* error_word;
 };
 
 // Where the tile-list kernel writes FlexDecodeTiles' arrays, and what it classifies.
@@ -125,7 +129,27 @@ struct FlexDecodeTileListParams {
   int heads;
   int kv_heads;
   int per_head;        // nonzero: grid.x = kv_heads, one list per KV head
+  int max_kv_len;      // the plan's bound of the KV lengths (flex_decode_lengths)
 };
+
+// Sequence b's KV length and query rows, checked: q_len in 1..max_q and kv_len in q_len..max_kv (the contract of
+// DecodeArgs). Outside them the query positions kv_len - q_len + i would leave [0, Skv - 1], the domain the range
+// analysis proved the mods' loads for, and a KV length past the bound would pass the sequence's pages: such a
+// sequence runs with no KV positions (no mod is evaluated; its rows get O = 0, LSE = -inf) and `ok` is false, which
+// the decode kernel reports in the error word (kFlexBadLengthsFlag, Kernel::check_errors). q_len stays within the rows of q / o.
+struct FlexDecodeLengths {
+  int kv_len, q_len;
+  bool ok;
+};
+#ifdef __CUDACC__
+__device__ __forceinline__ FlexDecodeLengths flex_decode_lengths(const int* kv_lens, const int* q_lens, int b, int kv_len_all, int max_q,
+                                                                 int max_kv) {
+  const int kv_len = kv_lens != nullptr ? kv_lens[b] : kv_len_all;
+  const int q_len = q_lens != nullptr ? q_lens[b] : max_q;
+  const bool ok = q_len >= 1 && q_len <= max_q && kv_len >= q_len && kv_len <= max_kv;
+  return FlexDecodeLengths{ok ? kv_len : 0, min(max(q_len, 0), max_q), ok};
+}
+#endif
 
 // Threads of the tile-list kernel: one block classifies and lists 1024 tiles (65536 positions) per pass.
 constexpr int kFlexDecodeTileListThreads = 1024;

@@ -55,8 +55,9 @@ template <class F>
 __device__ __forceinline__ void run(const FlexDecodeTileListParams& p, F body) {
   const int w = blockIdx.x;
   const int b = blockIdx.y;
-  const int kv_len = p.kv_lens != nullptr ? p.kv_lens[b] : p.kv_len;
-  const int q_len = p.q_lens != nullptr ? p.q_lens[b] : p.max_q_len;
+  // A sequence outside its bounds lists no tile (flex_decode_lengths): the decode kernel reports it.
+  const FlexDecodeLengths len = flex_decode_lengths(p.kv_lens, p.q_lens, b, p.kv_len, p.max_q_len, p.max_kv_len);
+  const int kv_len = len.kv_len, q_len = len.q_len;
   const int group = p.heads / p.kv_heads;
   const int n_tiles = min((kv_len + kFlexDecodeBlockN - 1) / kFlexDecodeBlockN, p.capacity);
   const long long off = (long long)b * gridDim.x + w;

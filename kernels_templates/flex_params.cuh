@@ -68,9 +68,13 @@ struct FlexForwardParams {
   // cu_seqlens_q[b + 1]) and KV rows [cu_seqlens_kv[b], cu_seqlens_kv[b + 1]) of q/o and k/v (the _stride_b
   // strides are then unused, usually 0), and lse entries at the same query rows. seqlen_q / seqlen_kv are the
   // bounds of the per-sequence lengths (grid.x = ceil(seqlen_q / kBlockM)); CTAs past their sequence's end exit.
-  // The block mask must be empty (every tile below the sequence's KV length runs as partial).
+  // The block mask must be empty (the kernel classifies a sequence's KV tiles itself, flex::TileScheduler).
+  // total_q / total_kv: the packed tensors' rows. A sequence outside these bounds is skipped and sets
+  // kFlexBadLengthsFlag in *error_word (the launch's error word; null: not reported).
   const int* cu_seqlens_q;
   const int* cu_seqlens_kv;
+  int total_q, total_kv;
+  unsigned int* error_word;
   // The warp-specialised kernel's work counter (flex::TileScheduler): [0] the next work index past the first wave,
   // [1] the CTAs done. Zero before a launch; the launch's last CTA zeroes them again (so graph replays need no reset).
   int* tile_counter;
@@ -80,6 +84,10 @@ struct FlexForwardParams {
   int q_offset;
   int kv_offset;
 };
+
+// The error-word bit a launch sets for sequence lengths outside its bounds (ragged prefill, decode). Bit 31 is the
+// zero divisor's, bits 0..29 the checked loads' (compiler/codegen/codegen_cuda.h).
+constexpr unsigned kFlexBadLengthsFlag = 1u << 30;
 
 // FLEX_SHARD_POSITIONS: defined 1 (before any include) by the module of a launch that is a shard of a longer
 // sequence; the other modules compile the offsets away, so whole-sequence launches spend no registers on them.

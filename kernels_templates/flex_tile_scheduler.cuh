@@ -163,7 +163,10 @@ struct TileScheduler {
   }
 
  private:
-  // Sequence lengths and offsets of w's (b, query tile); false past a ragged sequence's end.
+  // Sequence lengths and offsets of w's (b, query tile); false past a ragged sequence's end, and for a sequence whose
+  // lengths are outside the launch's bounds (max_seqlen_*) or whose rows lie outside the packed tensors: its rows would
+  // be read and written out of range, and its positions be ones the range analysis did not allow for. Such a
+  // sequence is skipped and the launch's error word says so (Kernel::check_errors).
   __device__ __forceinline__ static bool geometry(const FlexForwardParams& p, ForwardTiles& w) {
     w.m0 = w.m_block * kBlockM;
     w.seqlen_q = p.seqlen_q;
@@ -173,10 +176,16 @@ struct TileScheduler {
     w.q_pos0 = FLEX_SHARD_POSITIONS && !kVarlen ? p.q_offset : 0;
     w.kv_pos0 = FLEX_SHARD_POSITIONS && !kVarlen ? p.kv_offset : 0;
     if constexpr (kVarlen) {
-      w.q_row0 = p.cu_seqlens_q[w.b];
-      w.kv_row0 = p.cu_seqlens_kv[w.b];
-      w.seqlen_q = p.cu_seqlens_q[w.b + 1] - (int)w.q_row0;
-      w.seqlen_kv = p.cu_seqlens_kv[w.b + 1] - (int)w.kv_row0;
+      const int q0 = p.cu_seqlens_q[w.b], q1 = p.cu_seqlens_q[w.b + 1], k0 = p.cu_seqlens_kv[w.b], k1 = p.cu_seqlens_kv[w.b + 1];
+      w.q_row0 = q0;
+      w.kv_row0 = k0;
+      w.seqlen_q = q1 - q0;
+      w.seqlen_kv = k1 - k0;
+      if (q0 < 0 || k0 < 0 || w.seqlen_q < 0 || w.seqlen_kv < 0 || w.seqlen_q > p.seqlen_q || w.seqlen_kv > p.seqlen_kv || q1 > p.total_q ||
+          k1 > p.total_kv) {
+        if (p.error_word != nullptr && w.m_block == 0) atomicOr(p.error_word, kFlexBadLengthsFlag);
+        return false;
+      }
       if (w.m0 >= w.seqlen_q) return false;
     }
     return true;

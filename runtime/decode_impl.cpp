@@ -381,6 +381,10 @@ void KernelImpl::decode(const DecodePlan& plan_base, const DecodeArgs& a) {
   }
   p.kv_lens = static_cast<const int*>(a.kv_lens.data);
   p.q_lens = static_cast<const int*>(a.q_lens.data);
+  // Lengths are checked on the device (flex_decode_lengths): outside the plan's bounds a sequence is skipped and the
+  // error word says so, whether or not loads are checked.
+  p.max_kv_len = o.max_seqlen_kv;
+  p.error_word = error_word;
   p.q_stride_b = qs[0], p.q_stride_h = qs[1], p.q_stride_s = qs[2];
   p.o_stride_b = os[0], p.o_stride_h = os[1], p.o_stride_s = os[2];
   if (a.lse.data) {
@@ -430,6 +434,7 @@ void KernelImpl::decode(const DecodePlan& plan_base, const DecodeArgs& a) {
     wp.q_lens = p.q_lens;
     wp.kv_len = p.kv_len;
     wp.max_q_len = p.max_q_len;
+    wp.max_kv_len = p.max_kv_len;
     wp.heads = p.heads;
     wp.kv_heads = p.kv_heads;
     wp.per_head = mask_uses_h_ ? 1 : 0;

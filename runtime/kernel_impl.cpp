@@ -277,6 +277,11 @@ void KernelImpl::check_errors(int device, CUstream stream, Workspace* workspace)
   check_cu(d.cuMemsetD32_v2(static_cast<CUdeviceptr>(ws->memory_), 0, 1), "clearing the error word");
   std::vector<std::string> problems;
   if (word & kZeroDivisorFlag) problems.push_back("an integer division or modulo met a zero divisor (the result was 0)");
+  if (word & kFlexBadLengthsFlag)
+    problems.push_back(
+        "a sequence's lengths were outside the launch's bounds (forward_varlen: a cu_seqlens length above max_seqlen_q / "
+        "max_seqlen_kv, negative, or past the packed tensors' rows; decode: a q_len outside 1..max_seqlen_q or a kv_len outside "
+        "q_len..max_seqlen_kv), so that sequence's outputs were not computed");
   std::lock_guard<std::mutex> lock(mutex_);
   for (const auto& [key, var] : variants_) {
     for (const LoadSite& s : var->source.variant.loads)
@@ -285,8 +290,10 @@ void KernelImpl::check_errors(int device, CUstream stream, Workspace* workspace)
     break;
   }
   if (problems.empty()) problems.push_back(fmt::format("error word {:#x}", word));
-  throw Error(fmt::format("spec `{}`: {}; check the buffer's declared shape against the indices the expression produces", spec().name,
-                          fmt::join(problems, "; ")));
+  const bool loads = (word & ~(kZeroDivisorFlag | kFlexBadLengthsFlag)) != 0;
+  throw Error(fmt::format("spec `{}`: {}{}", spec().name, fmt::join(problems, "; "),
+                          loads ? "; check the buffer's declared shape against the indices the expression produces"
+                                : (word & kFlexBadLengthsFlag) ? "; check cu_seqlens / kv_lens / q_lens against the bounds given at launch" : ""));
 }
 
 int KernelImpl::launch_device(const AttentionArgs& a) const {

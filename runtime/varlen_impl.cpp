@@ -225,6 +225,9 @@ void KernelImpl::forward_varlen(const VarlenArgs& a) {
   p.scale = a.scale > 0 ? a.scale : default_softmax_scale(static_cast<int>(D));
   p.cu_seqlens_q = static_cast<const int*>(a.cu_seqlens_q.data);
   p.cu_seqlens_kv = static_cast<const int*>(a.cu_seqlens_kv.data);
+  p.total_q = static_cast<int>(a.q.shape[0]);
+  p.total_kv = static_cast<int>(total_kv);
+  p.error_word = error_word;  // lengths outside the bounds are reported whether or not loads are checked
   p.tile_counter = reinterpret_cast<int*>(ws.memory_ + kTileCounterOffset);
   FlexForwardTmaMaps maps;
   if (cfg.warp_specialized) maps = runtime::encode_forward_tensor_maps(require_driver(), a.q, k, v, cfg);

@@ -389,7 +389,8 @@ class CudaEmitter {
     std::string f = buffer_field(decl);
     int idx = -1;
     bool checked = emitted_checked(e, &idx);
-    unsigned bit = idx < 0 ? (1u << 30) : (1u << std::min(idx, 30));
+    // Bits 0..29: bit 30 is the launches' length check (kFlexBadLengthsFlag), 31 the zero divisor's.
+    unsigned bit = idx < 0 ? (1u << 29) : (1u << std::min(idx, 29));
     std::string off;
     for (size_t d = 0; d < k.size(); ++d) {
       std::string i = checked ? fmt::format("fj::checked_index((long long){}, p.{}_n{}, {}, {}u)", k[d], f, d,

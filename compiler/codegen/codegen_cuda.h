@@ -40,7 +40,8 @@ struct LoadSite {
   unsigned flag_bit = 0;    // bit in the error word (0 when unchecked)
 };
 
-// The error bit set when an integer division or modulo meets a zero divisor at run time.
+// The error bit set when an integer division or modulo meets a zero divisor at run time. Bit 30 is the launches'
+// length check (kFlexBadLengthsFlag, kernels_templates/flex_params.cuh); bits 0..29 the checked loads'.
 inline constexpr unsigned kZeroDivisorFlag = 1u << 31;
 
 struct GeneratedVariant {

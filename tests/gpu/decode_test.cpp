@@ -456,6 +456,35 @@ TEST_CASE("decode: page sizes and mixed KV lengths match the float64 reference",
   run_and_expect(c, "page size 48");
 }
 
+// kv_lens outside q_len..max_seqlen_kv would give the mods query positions outside [0, Skv - 1] (here doc[b, q], a
+// load the range analysis proved in range for valid lengths) and read past a sequence's pages: such a sequence runs
+// with no KV positions (O = 0, LSE = -inf, no mod evaluated) and check_errors reports it.
+TEST_CASE("decode: a sequence whose KV length is outside q_len..max_seqlen_kv is skipped and reported", "[gpu][decode]") {
+  FLEXJIT_REQUIRE_GPU();
+  DecodeCase c = with_spec(make_spec("doc_rows", std::nullopt, "doc[b, q] >= 0", 128, {"doc: i32[B, Skv]"}));
+  c.capacity = {300, 600, 100};
+  c.kv_lens = {300, 0, 100};
+  c.max_seqlen_kv = 512;
+  c.page_size = 16;
+  c.doc_len = 64;
+  DecodeProblem p(c);
+  for (const std::vector<int>& lens : {std::vector<int>{300, 0, 100}, std::vector<int>{300, 600, 100}}) {
+    INFO("kv_lens " << lens[0] << ", " << lens[1] << ", " << lens[2]);
+    p.set_kv_lens(lens);
+    p.poison();
+    p.kernel->decode(*p.plan, p.args());
+    CHECK_THROWS_WITH(p.kernel->check_errors(0, nullptr), Catch::Contains("outside the launch's bounds"));
+    p.set_kv_lens({300, 0, 100});  // the reference of a skipped sequence: no KV positions
+    auto [o, l] = p.check();
+    CHECK(o.bad == 0);
+    CHECK(l.bad == 0);
+    CHECK(o.rel_l2 < 1.5e-2);
+  }
+  p.set_kv_lens({300, 1, 100});  // valid again: nothing reported
+  p.kernel->decode(*p.plan, p.args());
+  CHECK_NOTHROW(p.kernel->check_errors(0, nullptr));
+}
+
 TEST_CASE("decode: GQA 1, 4, 8 and several query rows", "[gpu][decode]") {
   FLEXJIT_REQUIRE_GPU();
   dsl::Spec plain = make_spec("plain", std::nullopt, std::nullopt);
@@ -493,6 +522,7 @@ TEST_CASE("decode: mods see logical positions (causal, window, ALiBi, softcap, d
     c.params = {{"window", 300}};
     run_and_expect(c, "sliding window 300");
     c.Sq = 3;
+    c.kv_lens[0] = 3;  // a sequence's KV positions include its query rows (kv_len >= q_len)
     c.page_size = 0;
     run_and_expect(c, "sliding window 300, 3 rows, contiguous");
   }

@@ -243,6 +243,51 @@ TEST_CASE("a runtime window beyond the int32 range saturates exactly", "[gpu][va
   }
 }
 
+// cu_seqlens are read on the device: a sequence longer than max_seqlen_q / max_seqlen_kv, or rows past the packed
+// tensors, would be read and written out of range. Such a sequence is skipped and check_errors reports it; the
+// other sequences are computed.
+TEST_CASE("ragged prefill: a sequence outside the launch's bounds is skipped and reported", "[gpu][varlen]") {
+  FLEXJIT_REQUIRE_GPU();
+  const int H = 2, D = 64, dev = 0;
+  dsl::Spec spec = load_spec(gallery_dir() / "causal.json");
+  spec.head_dim = D;
+  Runtime rt;
+  auto kernel = rt.compile(spec);
+  std::mt19937 rng(5);
+  std::vector<uint16_t> qb, kb, vb;
+  random_rounded(size_t(400) * H * D, dsl::DType::BF16, rng, qb);
+  random_rounded(size_t(400) * H * D, dsl::DType::BF16, rng, kb);
+  random_rounded(size_t(400) * H * D, dsl::DType::BF16, rng, vb);
+  runtime::DeviceBuffer dq(dev, qb.size() * 2), dk(dev, kb.size() * 2), dv(dev, vb.size() * 2), dout(dev, qb.size() * 2), dcq(dev, 12), dck(dev, 12);
+  dq.upload(qb.data(), qb.size() * 2);
+  dk.upload(kb.data(), kb.size() * 2);
+  dv.upload(vb.data(), vb.size() * 2);
+  // Sequence 0 fits (100 x 100); sequence 1 has 300 KV rows against max_seqlen_kv = 200, then (second launch) KV rows
+  // past the 400 of k.
+  for (const std::vector<int32_t>& ck : {std::vector<int32_t>{0, 100, 400}, std::vector<int32_t>{0, 100, 450}}) {
+    const std::vector<int32_t> cq = {0, 100, 300};
+    dcq.upload(cq.data(), 12);
+    dck.upload(ck.data(), 12);
+    dout.fill_bytes(0xff);
+    VarlenArgs a;
+    a.q = Tensor{dq.data(), spec.dtype, {400, H, D}, {}};
+    a.k = Tensor{dk.data(), spec.dtype, {400, H, D}, {}};
+    a.v = Tensor{dv.data(), spec.dtype, {400, H, D}, {}};
+    a.o = Tensor{dout.data(), spec.dtype, {400, H, D}, {}};
+    a.cu_seqlens_q = Tensor{dcq.data(), dsl::DType::I32, {3}, {}};
+    a.cu_seqlens_kv = Tensor{dck.data(), dsl::DType::I32, {3}, {}};
+    a.max_seqlen_q = 200;
+    a.max_seqlen_kv = ck[2] == 400 ? 200 : 400;
+    kernel->forward_varlen(a);
+    CHECK_THROWS_WITH(kernel->check_errors(dev, nullptr), Catch::Contains("outside the launch's bounds"));
+    std::vector<uint16_t> out(qb.size());
+    dout.download(out.data(), out.size() * 2);
+    bool first_computed = true;
+    for (size_t e = 0; e < size_t(100) * H * D; ++e) first_computed = first_computed && std::isfinite(bf16_to_float(out[e]));
+    CHECK(first_computed);
+  }
+}
+
 // An FP8 K / V (VarlenArgs::k_scale / v_scale): widened into bf16 by the launch, then the usual kernels (the
 // warp-specialised one at head dims 64 and 128, the mma.sync one at 32).
 TEST_CASE("ragged prefill over an FP8 K / V: e4m3 and e5m2, per-head and single scales", "[gpu][varlen][fp8]") {

@@ -128,7 +128,9 @@ struct VarlenArgs {
   Tensor cu_seqlens_q;   // I32 [B + 1], on the launch's device, non-decreasing, starting at 0
   Tensor cu_seqlens_kv;  // I32 [B + 1]
   int max_seqlen_q = 0;   // bounds of the per-sequence lengths (host values, for grid sizes and
-  int max_seqlen_kv = 0;  // the launch-time range checks, which use them as Sq and Skv)
+  int max_seqlen_kv = 0;  // the launch-time range checks, which use them as Sq and Skv). The kernel checks
+                          // each sequence against them and the packed tensors' rows: one outside is skipped
+                          // (its outputs are not written) and Kernel::check_errors reports it.
   float scale = 0;
   // FP8 K and V only (optional; absent = 1): f32 dequantisation scales on the launch's device, [Hkv] (one per KV head)
   // or [1], so that K = k_scale * stored value and V likewise. Each launch first widens K and V into the spec's dtype
@@ -167,7 +169,8 @@ struct DecodeArgs {
   Tensor k, v;        // contiguous [B, Hkv, Skv_cap, D]; paged [num_pages, page_size, Hkv, D]
                       // (head-major: [num_pages, Hkv, page_size, D])
   Tensor page_table;  // I32 [B, max_pages_per_seq] when the plan is paged
-  Tensor kv_lens;     // I32 [B]: KV positions of each sequence, the new tokens included
+  Tensor kv_lens;     // I32 [B]: KV positions of each sequence, the new tokens included (q_len..max_seqlen_kv;
+                      // a sequence outside gets O = 0, LSE = -inf, and Kernel::check_errors reports it)
   Tensor q_lens;      // optional I32 [B]: query rows of each sequence, 1..Sq (absent: Sq)
   Tensor o;           // [B, H, Sq, Dv], written (rows past q_len(b) are left alone)
   Tensor lse;         // optional [B, H, Sq] f32

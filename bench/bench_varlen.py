@@ -3,7 +3,9 @@ without padding) against FlashAttention-4's varlen entry (flash_attn_varlen_func
 PyTorch FlexAttention (torch.compile, FLASH and Triton backends) over the packed batch as one sequence with a
 document mask (the way FlexAttention users run ragged batches; the block mask is built once, outside the timing),
 and PyTorch's varlen SDPA (torch.nn.attention.varlen) under its flash and cuDNN backends where this torch offers
-them. GQA: H32 Hkv8, D128, bf16. FLOPs = 4 * B * H * S^2 * D * density (unmasked pairs of one sequence).
+them. Chunked prefill: fewer query rows than KV rows, the queries the last positions of each sequence (flexjit's
+--queries-at-kv-end). GQA: H32 Hkv8, D128, bf16. FLOPs = 4 * B * H * Sq * Skv * D * density (unmasked pairs of one
+sequence).
 A baseline that cannot run a case gets a dash and the reason in bench.json.
 
 FlashAttention-4 and the FLASH backend need the flash-attn-4 package (--site, see bench_forward.py). Writes bench.json
@@ -39,8 +41,8 @@ def error_text(e):
     return str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
 
 
-def run_flexjit(flexjit, flags, b, s, sets):
-    cmd = [flexjit, "bench", "--varlen", *flags, "--shape", f"{b},{H},{HKV},{s},{s},{D}", "--json", "--iters", "100", "--warmup", "20"]
+def run_flexjit(flexjit, flags, b, sq, skv, sets):
+    cmd = [flexjit, "bench", "--varlen", *flags, "--shape", f"{b},{H},{HKV},{sq},{skv},{D}", "--json", "--iters", "100", "--warmup", "20"]
     for x in sets:
         cmd += ["--set", x]
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -49,17 +51,19 @@ def run_flexjit(flexjit, flags, b, s, sets):
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def time_baselines(row, b, s, causal, window, fa4):
-    """q, k, v packed as [B * S, heads, D] with cu_seqlens, as flexjit takes them."""
-    total = b * s
-    q = torch.randn(total, H, D, device=dev, dtype=dt)
-    k, v = (torch.randn(total, HKV, D, device=dev, dtype=dt) for _ in range(2))
-    cu = torch.arange(0, total + 1, s, device=dev, dtype=torch.int32)
+def time_baselines(row, b, sq, skv, causal, window, fa4):
+    """q [B * Sq, H, D], k, v [B * Skv, Hkv, D] packed with cu_seqlens, as flexjit takes them. With Sq < Skv the queries
+    are each sequence's last Sq positions (a chunked prefill; FlashAttention-4's causal aligns them so too)."""
+    tq, tk = b * sq, b * skv
+    q = torch.randn(tq, H, D, device=dev, dtype=dt)
+    k, v = (torch.randn(tk, HKV, D, device=dev, dtype=dt) for _ in range(2))
+    cu_q = torch.arange(0, tq + 1, sq, device=dev, dtype=torch.int32)
+    cu = torch.arange(0, tk + 1, skv, device=dev, dtype=torch.int32)
 
     if callable(fa4):
         try:
             win = (window - 1, 0) if window else (None, None)
-            g = lambda: fa4(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=s, max_seqlen_k=s, causal=causal, window_size=win)
+            g = lambda: fa4(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu, max_seqlen_q=sq, max_seqlen_k=skv, causal=causal, window_size=win)
             g()
             row["fa4_ms"] = bench(g)
         except Exception as e:  # noqa: BLE001
@@ -67,18 +71,20 @@ def time_baselines(row, b, s, causal, window, fa4):
     else:
         row["fa4_error"] = fa4
 
-    # FlexAttention: the packed batch as one sequence of B * S positions, each position's sequence id its document.
-    seq = torch.arange(total, device=dev) // s
+    # FlexAttention: the packed batch as one sequence of queries and one of keys, each row's sequence id its document
+    # and its position within the sequence (the queries at the end of their KV) what the mask compares.
+    q_seq, kv_seq = torch.arange(tq, device=dev) // sq, torch.arange(tk, device=dev) // skv
+    q_pos, kv_pos = torch.arange(tq, device=dev) % sq + (skv - sq), torch.arange(tk, device=dev) % skv
 
     def mask(bb, hh, qq, kk):
-        keep = seq[qq] == seq[kk]
+        keep = q_seq[qq] == kv_seq[kk]
         if causal:
-            keep = keep & (qq >= kk)
+            keep = keep & (q_pos[qq] >= kv_pos[kk])
         if window:
-            keep = keep & (qq - kk < window)
+            keep = keep & (q_pos[qq] - kv_pos[kk] < window)
         return keep
     try:
-        bm = create_block_mask(mask, None, None, total, total, device=dev)
+        bm = create_block_mask(mask, None, None, tq, tk, device=dev)
         qf, kf, vf = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # [1, heads, total, D]
         for key, opts in (("flex_flash", {"BACKEND": "FLASH"}), ("flex_triton", None)):
             try:
@@ -108,17 +114,17 @@ def time_baselines(row, b, s, causal, window, fa4):
             else:
                 kw["is_causal"] = causal
             with sdpa_kernel([backend]):
-                g = lambda: varlen_attn(q, kk, vv, cu, cu, s, s, **kw)
+                g = lambda: varlen_attn(q, kk, vv, cu_q, cu, sq, skv, **kw)
                 g()
                 row[key + "_ms"] = bench(g)
         except Exception as e:  # noqa: BLE001
             row[key + "_error"] = error_text(e)
 
 
-def density(s, causal, window):
-    qi = torch.arange(s, device=dev)[:, None]
-    ki = torch.arange(s, device=dev)[None, :]
-    keep = torch.ones(s, s, dtype=torch.bool, device=dev)
+def density(sq, skv, causal, window):
+    qi = torch.arange(sq, device=dev)[:, None] + (skv - sq)
+    ki = torch.arange(skv, device=dev)[None, :]
+    keep = torch.ones(sq, skv, dtype=torch.bool, device=dev)
     if causal:
         keep &= qi >= ki
     if window:
@@ -142,29 +148,33 @@ def main():
         fa4 = error_text(e)
     os.makedirs(args.out, exist_ok=True)
     torch.manual_seed(0)
-    # name, sequences, length, causal, window, flexjit spec flags, --set values
+    # name, sequences, query rows, KV rows, causal, window, flexjit spec flags, --set values. Fewer query rows than KV
+    # rows: a chunked prefill, the queries the last positions of their sequence (--queries-at-kv-end).
+    causal_flags = ["--mask", "q >= kv", "--name", "causal"]
     cases = [
-        ("full_8x4096", 8, 4096, False, 0, ["--name", "full"], []),
-        ("causal_8x4096", 8, 4096, True, 0, ["--mask", "q >= kv", "--name", "causal"], []),
-        ("causal_64x512", 64, 512, True, 0, ["--mask", "q >= kv", "--name", "causal"], []),
-        ("causal_2x16384", 2, 16384, True, 0, ["--mask", "q >= kv", "--name", "causal"], []),
-        ("sliding_window_1024_8x4096", 8, 4096, True, 1024, ["--mask", "q >= kv && q - kv < window", "--param", "window: int",
-                                                             "--name", "sliding"], ["window=1024"]),
+        ("full_8x4096", 8, 4096, 4096, False, 0, ["--name", "full"], []),
+        ("causal_8x4096", 8, 4096, 4096, True, 0, causal_flags, []),
+        ("causal_64x512", 64, 512, 512, True, 0, causal_flags, []),
+        ("causal_2x16384", 2, 16384, 16384, True, 0, causal_flags, []),
+        ("sliding_window_1024_8x4096", 8, 4096, 4096, True, 1024, ["--mask", "q >= kv && q - kv < window", "--param", "window: int",
+                                                                   "--name", "sliding"], ["window=1024"]),
+        ("chunked_causal_8x512_of_4096", 8, 512, 4096, True, 0, [*causal_flags, "--queries-at-kv-end"], []),
+        ("chunked_causal_32x2048_of_8192", 32, 2048, 8192, True, 0, [*causal_flags, "--queries-at-kv-end"], []),
     ]
     rows = []
-    for (name, b, s, causal, window, flags, sets) in cases:
+    for (name, b, sq, skv, causal, window, flags, sets) in cases:
         if args.only and name not in args.only:
             continue
         torch._dynamo.reset()
-        row = {"case": name, "B": b, "S": s, "density": density(s, causal, window)}
+        row = {"case": name, "B": b, "Sq": sq, "Skv": skv, "density": density(sq, skv, causal, window)}
         if not args.flexjit_only:
-            time_baselines(row, b, s, causal, window, fa4)
+            time_baselines(row, b, sq, skv, causal, window, fa4)
         torch.cuda.empty_cache()
-        ours = run_flexjit(args.flexjit, flags, b, s, sets)
+        ours = run_flexjit(args.flexjit, flags, b, sq, skv, sets)
         row["flexjit"] = ours
         if "ms" in ours:
             row["flexjit_ms"] = ours["ms"]
-        flops = 4 * b * H * s * s * D * row["density"]
+        flops = 4 * b * H * sq * skv * D * row["density"]
         for key in ("flexjit",) + BASELINES:
             if key + "_ms" in row:
                 row[key + "_tflops"] = flops / row[key + "_ms"] / 1e9
@@ -174,7 +184,7 @@ def main():
     gpu = torch.cuda.get_device_name()
     commit = os.environ.get("FLEXJIT_COMMIT", "unknown")
     lines = [f"\n### Ragged prefill, {datetime.date.today()}, {gpu}, commit {commit}, torch {torch.__version__}\n",
-             f"H{H} Hkv{HKV} D{D} bf16, B sequences of S tokens packed. ms · TFLOP/s; ratio = FlashAttention-4's time over "
+             f"H{H} Hkv{HKV} D{D} bf16, B sequences packed (chunked: Sq new tokens at the end of Skv). ms · TFLOP/s; ratio = FlashAttention-4's time over "
              "flexjit's (above 1: flexjit is faster).\n",
              "| case | density | flexjit | FlashAttention-4 varlen | ratio | Flex FLASH | Flex Triton | SDPA varlen flash | SDPA varlen cuDNN |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]

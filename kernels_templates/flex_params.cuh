@@ -80,7 +80,8 @@ struct FlexForwardParams {
   int* tile_counter;
   // Context parallelism: the positions the mods see for query row 0 and KV row 0 of this launch, a shard of a longer
   // sequence (0 for a whole sequence; dense launches only; read only by modules built with FLEX_SHARD_POSITIONS).
-  // seqlen_q / seqlen_kv stay the shard's rows.
+  // seqlen_q / seqlen_kv stay the shard's rows. (A ragged module built with FLEX_SHARD_POSITIONS places each
+  // sequence's queries at the end of its KV instead.)
   int q_offset;
   int kv_offset;
 };
@@ -90,7 +91,8 @@ struct FlexForwardParams {
 constexpr unsigned kFlexBadLengthsFlag = 1u << 30;
 
 // FLEX_SHARD_POSITIONS: defined 1 (before any include) by the module of a launch that is a shard of a longer
-// sequence; the other modules compile the offsets away, so whole-sequence launches spend no registers on them.
+// sequence, or of a ragged prefill whose queries sit at the end of their KV (VarlenArgs::queries_at_kv_end); the
+// other modules compile the offsets away, so whole-sequence launches spend no registers on them.
 #ifndef FLEX_SHARD_POSITIONS
 #define FLEX_SHARD_POSITIONS 0
 #endif

@@ -181,11 +181,14 @@ struct TileScheduler {
       w.kv_row0 = k0;
       w.seqlen_q = q1 - q0;
       w.seqlen_kv = k1 - k0;
+      // FLEX_SHARD_POSITIONS in a ragged module: the queries sit at the end of the sequence's KV (position
+      // seqlen_kv - seqlen_q + i), so there must be as many KV rows as query rows.
       if (q0 < 0 || k0 < 0 || w.seqlen_q < 0 || w.seqlen_kv < 0 || w.seqlen_q > p.seqlen_q || w.seqlen_kv > p.seqlen_kv || q1 > p.total_q ||
-          k1 > p.total_kv) {
+          k1 > p.total_kv || (FLEX_SHARD_POSITIONS && w.seqlen_q > w.seqlen_kv)) {
         if (p.error_word != nullptr && w.m_block == 0) atomicOr(p.error_word, kFlexBadLengthsFlag);
         return false;
       }
+      w.q_pos0 = FLEX_SHARD_POSITIONS ? w.seqlen_kv - w.seqlen_q : 0;
       if (w.m0 >= w.seqlen_q) return false;
     }
     return true;

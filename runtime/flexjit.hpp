@@ -132,6 +132,12 @@ struct VarlenArgs {
                           // each sequence against them and the packed tensors' rows: one outside is skipped
                           // (its outputs are not written) and Kernel::check_errors reports it.
   float scale = 0;
+  // Where the queries sit: false, query row i of a sequence is position i (the mods see q = i); true, it is position
+  // kv_len - q_len + i, the sequence's last q_len KV positions, as in decode: a chunked prefill whose earlier tokens
+  // are in the KV (a causal mask `q >= kv` then lets each new token see the whole prefix). Then q_len <= kv_len for
+  // every sequence (a sequence that breaks it is skipped and reported like lengths outside the bounds), and Sq in
+  // the mods stays max_seqlen_q, the query rows' bound, while positions reach max_seqlen_kv - 1.
+  bool queries_at_kv_end = false;
   // FP8 K and V only (optional; absent = 1): f32 dequantisation scales on the launch's device, [Hkv] (one per KV head)
   // or [1], so that K = k_scale * stored value and V likewise. Each launch first widens K and V into the spec's dtype
   // (one rounding of the scaled value) in the workspace, which then holds 2 * total_kv * Hkv * (D + Dv) bytes more.

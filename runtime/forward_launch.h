@@ -69,7 +69,8 @@ struct VariantChoice {
   // A score_mod split with runtime factors: whether the parameter values keep the split, with or without the fixed
   // softmax maximum (ForwardKernelOptions::variant.runtime_split).
   RuntimeSplit runtime_split = RuntimeSplit::RunningMax;
-  // The launch is a shard of a longer sequence (ForwardKernelOptions::shard_positions).
+  // The launch is a shard of a longer sequence (ForwardKernelOptions::shard_positions); for a ragged prefill, its
+  // queries sit at the end of their sequence's KV (VarlenArgs::queries_at_kv_end), whose ranges are decode's.
   bool shard = false;
   // Runtime int parameters compiled in as constants (parameter index, value): divisors of positions
   // (compiler/specialize.h), so the variant's IR is the spec's with these values folded in.

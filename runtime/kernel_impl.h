@@ -198,6 +198,8 @@ class KernelImpl : public Kernel {
   // varlen_impl.cpp: the ragged-prefill module of a variant choice (forward_fn holds its kernel; widen_fn the widening
   // pass when K and V are stored in the FP8 format fp8_kv), on first use.
   struct VarlenState;
+  // varlen_impl.cpp: the ranges of ragged launches whose queries sit at the end of their KV, computed on first use.
+  const RangeInfo& varlen_kv_end_ranges();
   std::shared_ptr<VarlenState> varlen_state_;
   VariantState& varlen_variant(const runtime::VariantChoice& choice, int device, std::optional<DType> fp8_kv);
 };

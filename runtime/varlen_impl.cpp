@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "dsl/error.h"
+#include "compiler/codegen/decode_source.h"
 #include "runtime/cpu_executor.h"
 #include "runtime/device.h"
 #include "runtime/kernel_impl.h"
@@ -46,11 +47,23 @@ void check_packed(const Tensor& t, const char* name, int64_t heads, int64_t dim,
 // Ragged-prefill modules of this kernel, keyed by variant choice and architecture.
 struct KernelImpl::VarlenState {
   std::map<std::string, std::unique_ptr<VariantState>> modules;
+  // The ranges of launches whose queries sit at the end of their KV (VarlenArgs::queries_at_kv_end): query positions
+  // among the KV positions, as decode's (compiler/codegen/decode_source.h).
+  std::unique_ptr<RangeInfo> kv_end_ranges;
 };
+
+const RangeInfo& KernelImpl::varlen_kv_end_ranges() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!varlen_state_) varlen_state_ = std::make_shared<VarlenState>();
+  if (!varlen_state_->kv_end_ranges) varlen_state_->kv_end_ranges = std::make_unique<RangeInfo>(analyze_decode_ranges(ir_));
+  return *varlen_state_->kv_end_ranges;
+}
 
 KernelImpl::VariantState& KernelImpl::varlen_variant(const runtime::VariantChoice& choice, int device, std::optional<DType> fp8_kv) {
   const runtime::DeviceInfo& info = runtime::device_info(device);
-  const auto [ir, ranges] = variant_ir(choice);
+  // Queries at the end of their KV (choice.shard in a ragged launch) compile with those ranges and no specialisation.
+  const auto [ir, forward_ranges] = variant_ir(choice);
+  const RangeInfo* ranges = choice.shard ? &varlen_kv_end_ranges() : forward_ranges;
   std::lock_guard<std::mutex> lock(mutex_);
   if (!varlen_state_) varlen_state_ = std::make_shared<VarlenState>();
   auto& slot = varlen_state_->modules[fmt::format("{}_{}{}", choice.key(), info.arch, fp8_kv ? dsl::dtype_name(*fp8_kv) : "")];
@@ -164,7 +177,17 @@ void KernelImpl::forward_varlen(const VarlenArgs& a) {
     k = Tensor{nullptr, spec().dtype, a.k.shape, {}};
     v = Tensor{nullptr, spec().dtype, a.v.shape, {}};
   }
-  runtime::VariantChoice choice = forward_choice(values, runtime::tensor_maps_describe(a.q, k, v));
+  runtime::VariantChoice choice;
+  if (a.queries_at_kv_end) {
+    // Query row i of a sequence at KV position kv_len - q_len + i: decode's ranges, the offsets compiled in
+    // (FLEX_SHARD_POSITIONS), no value specialisation (its ranges are the forward's).
+    choice = runtime::choose_variant(varlen_kv_end_ranges(), ir_.checked, values);
+    choice.tma = runtime::tensor_maps_describe(a.q, k, v);
+    choice.shard = true;
+    choice.runtime_split = runtime_split(values);
+  } else {
+    choice = forward_choice(values, runtime::tensor_maps_describe(a.q, k, v));
+  }
   VariantState& var = varlen_variant(choice, device, fp8_kv);
   const ForwardConfig& cfg = var.source.config;
 

@@ -39,12 +39,15 @@ struct BenchOptions {
   std::string kv_dtype;     // --decode / --varlen: K and V's element type (empty: the spec's dtype)
   // --varlen: time Kernel::forward_varlen over B packed sequences of Sq query and Skv KV rows each.
   bool varlen = false;
+  bool queries_at_kv_end = false;  // --varlen: each sequence's queries are its last KV positions (chunked prefill)
   bool no_flush = false;    // keep L2 warm between timed launches (default: flush 256 MB first, like triton's do_bench)
 };
 
 // The fraction of (q, kv) pairs the mask keeps, from a strided sample evaluated with the
-// interpreter (exact for masks that are periodic in the stride; close otherwise).
-double mask_density(const SpecIR& ir, const BoundValues& values, const std::vector<NpyArray>& buffers, int64_t sq, int64_t skv) {
+// interpreter (exact for masks that are periodic in the stride; close otherwise). Query row i sits at position
+// q_offset + i.
+double mask_density(const SpecIR& ir, const BoundValues& values, const std::vector<NpyArray>& buffers, int64_t sq, int64_t skv,
+                    int64_t q_offset = 0) {
   if (!ir.mask_mod) return 1.0;
   EvalEnv env;
   env.symbols = values.symbols;
@@ -54,7 +57,7 @@ double mask_density(const SpecIR& ir, const BoundValues& values, const std::vect
   int64_t kept = 0, total = 0;
   for (int64_t q = 0; q < sq; q += qs)
     for (int64_t kv = 0; kv < skv; kv += ks) {
-      env.vars[int(dsl::VarId::Q)] = q;
+      env.vars[int(dsl::VarId::Q)] = q_offset + q;
       env.vars[int(dsl::VarId::KV)] = kv;
       kept += evaluate(ir.mask_mod, env).b;
       ++total;
@@ -202,6 +205,7 @@ int run_bench_varlen(const BenchOptions& o, const dsl::Spec& spec, const std::ve
   args.cu_seqlens_kv = offsets(Skv);
   args.max_seqlen_q = static_cast<int>(Sq);
   args.max_seqlen_kv = static_cast<int>(Skv);
+  args.queries_at_kv_end = o.queries_at_kv_end;
   std::map<std::string, std::string> values = {{"B", std::to_string(B)}, {"H", std::to_string(H)}, {"Hkv", std::to_string(Hkv)},
                                                {"Sq", std::to_string(Sq)}, {"Skv", std::to_string(Skv)}, {"D", std::to_string(D)}};
   for (const std::string& st : o.sets) {
@@ -210,7 +214,7 @@ int run_bench_varlen(const BenchOptions& o, const dsl::Spec& spec, const std::ve
     values[set.param->name] = set.text;
   }
   SpecIR ir = build_spec_ir(spec);
-  const double density = mask_density(ir, bind_values(ir.checked, values, {}, true), {}, Sq, Skv);
+  const double density = mask_density(ir, bind_values(ir.checked, values, {}, true), {}, Sq, Skv, o.queries_at_kv_end ? Skv - Sq : 0);
   auto t0 = std::chrono::steady_clock::now();
   kernel->forward_varlen(args);
   runtime::check_cu(drv->cuCtxSynchronize(), "synchronise");
@@ -349,6 +353,8 @@ void add_bench_command(CLI::App& app, Action& action) {
   cmd->add_flag("--mask-per-launch", o->mask_per_launch, "Rebuild the block mask in every timed launch (default: build once, reuse)");
   cmd->add_flag("--decode", o->decode, "Time Kernel::decode: Sq = query rows per sequence (1..16), Skv = every sequence's KV length");
   cmd->add_flag("--varlen", o->varlen, "Time Kernel::forward_varlen: B packed sequences of Sq query and Skv KV rows each");
+  cmd->add_flag("--queries-at-kv-end", o->queries_at_kv_end,
+                "--varlen: each sequence's queries are its last KV positions (a chunked prefill over a cached prefix)");
   cmd->add_option("--page-size", o->page_size, "--decode: paged KV cache with this page size (0: contiguous)")->capture_default_str();
   cmd->add_option("--splits", o->splits, "--decode: KV splits (0: the plan's heuristic)")->capture_default_str();
   cmd->add_option("--kv-dtype", o->kv_dtype, "--decode / --varlen: the KV cache's type: bf16/f16 (default: the spec's dtype), fp8 (= e4m3) or e5m2 "

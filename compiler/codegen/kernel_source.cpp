@@ -55,7 +55,9 @@ KernelSource forward_module(const SpecIR& ir, const RangeInfo& ranges, const For
                                                  mask_is_data_dependent(ir), ks.variant.col_values > 0, ks.variant.fixed_max,
                                                  ks.variant.element_loads});
   const char* element = cuda_element_type(options.dtype);
-  const bool shard = options.shard_positions && !varlen;
+  // Positions offset per launch (a shard of a longer sequence) or, for a ragged batch, per sequence (its queries at
+  // the end of its KV: flex::TileScheduler).
+  const bool shard = options.shard_positions;
   ks.name = fmt::format("{}_fwd{}_{}_{}{}{}", ir.spec().name, varlen ? "_varlen" : "", dsl::dtype_name(options.dtype), ks.config.str(),
                         shard ? "_shard" : "", varlen && options.fp8_kv ? fmt::format("_kv{}", dsl::dtype_name(*options.fp8_kv)) : "");
   ks.entries = {varlen ? kForwardVarlenEntry : kForwardEntry};
@@ -105,7 +107,9 @@ KernelSource forward_module(const SpecIR& ir, const RangeInfo& ranges, const For
       "{}{}{}{}",
       varlen ? "ragged-prefill forward" : "forward", ir.spec().name, ks.config.block_m, ks.config.block_n, ks.config.warps,
       options.head_dim, element, ks.config.warp_specialized ? ", warp-specialised (sm_90a)" : "",
-      shard ? "#define FLEX_SHARD_POSITIONS 1  // a shard of a longer sequence: the mods see global positions\n" : "",
+      !shard    ? ""
+      : varlen ? "#define FLEX_SHARD_POSITIONS 1  // queries at the end of their sequence's KV: the mods see their KV positions\n"
+               : "#define FLEX_SHARD_POSITIONS 1  // a shard of a longer sequence: the mods see global positions\n",
       ks.config.warp_specialized ? "flex_forward_kernel_sm90.cuh" : "flex_forward.cuh",
       !block_mask.empty() ? "#include \"flex_blockmask.cuh\"\n" : "", ks.variant.code,
       classifier, forward_entry(ks.config, element, ks.entries[0].c_str(), varlen, varlen && mask_box), block_mask, widen);

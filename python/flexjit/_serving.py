@@ -133,13 +133,16 @@ def decode(plan, q, k_cache, v_cache, kv_lens, page_table=None, q_lens=None, buf
 
 
 def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, score_mod=None, mask_mod=None, buffers=None,
-                   params=None, scale=None, return_lse=False, stream=None, k_scale=None, v_scale=None, kv_dtype=None):
+                   params=None, scale=None, return_lse=False, stream=None, k_scale=None, v_scale=None, kv_dtype=None,
+                   queries_at_kv_end=False):
     """Ragged prefill: q [total_q, H, D], k and v [total_kv, Hkv, D(v)], sequence b owning rows
     [cu_seqlens_q[b], cu_seqlens_q[b+1]) of q and [cu_seqlens_kv[b], cu_seqlens_kv[b+1]) of k and
     v (i32 arrays on the same device); max_seqlen_* bound the lengths. The mods see b as the
     sequence and q, kv as positions within it. k and v may be FP8 (torch.float8_e4m3fn /
     float8_e5m2, or uint8 bytes with kv_dtype "fp8" / "e5m2"), with k_scale / v_scale f32 [Hkv]
-    or [1] on q's device (absent: 1): K = k_scale * stored value, V likewise. Returns
+    or [1] on q's device (absent: 1): K = k_scale * stored value, V likewise. queries_at_kv_end:
+    each sequence's query rows are its last KV positions (row i at kv_len - q_len + i, as in
+    decode: a chunked prefill over a cached prefix); by default row i is position i. Returns
     o [total_q, H, Dv] (and the LSE [H, total_q] with return_lse)."""
     qs = _arrays.shape_of(q, "q", 3, "[total_q, H, D]")
     vs = _arrays.shape_of(v, "v", 3, "[total_kv, Hkv, Dv]")
@@ -148,7 +151,7 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqle
     if stream is None:
         stream = _arrays.current_stream(q)
     _forward_varlen(score_mod, mask_mod, buffers, params, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_kv, int(max_seqlen_q),
-                    int(max_seqlen_kv), k_scale, v_scale, kv_dtype_text(kv_dtype), launch_scale(scale), stream)
+                    int(max_seqlen_kv), k_scale, v_scale, kv_dtype_text(kv_dtype), bool(queries_at_kv_end), launch_scale(scale), stream)
     return (o, lse) if return_lse else o
 
 

@@ -121,7 +121,7 @@ void backward(const ModArgs& mods, nb::handle q, nb::handle k, nb::handle v, nb:
 
 void forward_varlen(const ModArgs& mods, nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, nb::handle cu_seqlens_q,
                     nb::handle cu_seqlens_kv, int max_seqlen_q, int max_seqlen_kv, nb::handle k_scale, nb::handle v_scale, const std::string& kv_dtype,
-                    float scale, uintptr_t stream) {
+                    bool queries_at_kv_end, float scale, uintptr_t stream) {
   LaunchArgs args;
   args.read_mods(mods.score_mod, mods.mask_mod);
   VarlenArgs a;
@@ -151,6 +151,7 @@ void forward_varlen(const ModArgs& mods, nb::handle q, nb::handle k, nb::handle 
   std::shared_ptr<Kernel> kernel = kernel_for(args.request);
   a.max_seqlen_q = max_seqlen_q;
   a.max_seqlen_kv = max_seqlen_kv;
+  a.queries_at_kv_end = queries_at_kv_end;
   a.buffers = launch_buffers(args.request);
   a.params = launch_params(args.request);
   a.scale = scale;

@@ -39,9 +39,10 @@ void backward(const ModArgs& mods, nb::handle q, nb::handle k, nb::handle v, nb:
               nb::handle dk, nb::handle dv, nb::handle grad_outputs, float scale, bool deterministic, BlockMasks* block_mask, uintptr_t stream);
 
 // Packed sequences: q [total_q, H, D], k / v [total_kv, Hkv, D(v)] (FP8 with k_scale / v_scale: torch float8 tensors, or uint8
-// bytes in the format kv_dtype names), cu_seqlens i32 [batch + 1]; lse [H, total_q].
+// bytes in the format kv_dtype names), cu_seqlens i32 [batch + 1]; lse [H, total_q]. queries_at_kv_end: VarlenArgs'.
 void forward_varlen(const ModArgs& mods, nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, nb::handle cu_seqlens_q,
-                    nb::handle cu_seqlens_kv, int max_seqlen_q, int max_seqlen_kv, nb::handle k_scale, nb::handle v_scale, const std::string& kv_dtype, float scale, uintptr_t stream);
+                    nb::handle cu_seqlens_kv, int max_seqlen_q, int max_seqlen_kv, nb::handle k_scale, nb::handle v_scale, const std::string& kv_dtype,
+                    bool queries_at_kv_end, float scale, uintptr_t stream);
 
 // A decode plan with the kernel it was made for.
 struct DecodeSession {

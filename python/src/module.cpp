@@ -111,13 +111,13 @@ NB_MODULE(_flexjit, m) {
       "forward_varlen",
       [](nb::handle score_mod, nb::handle mask_mod, nb::handle buffers, nb::handle params, nb::handle q, nb::handle k, nb::handle v, nb::handle o,
          nb::handle lse, nb::handle cu_seqlens_q, nb::handle cu_seqlens_kv, int max_seqlen_q, int max_seqlen_kv, nb::handle k_scale,
-         nb::handle v_scale, const std::string& kv_dtype, float scale, uintptr_t stream) {
+         nb::handle v_scale, const std::string& kv_dtype, bool queries_at_kv_end, float scale, uintptr_t stream) {
         forward_varlen(mods(score_mod, mask_mod, buffers, params, nb::none()), q, k, v, o, lse, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q,
-                       max_seqlen_kv, k_scale, v_scale, kv_dtype, scale, stream);
+                       max_seqlen_kv, k_scale, v_scale, kv_dtype, queries_at_kv_end, scale, stream);
       },
       "score_mod"_a.none(), "mask_mod"_a.none(), "buffers"_a.none(), "params"_a.none(), "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a.none(),
-      "cu_seqlens_q"_a, "cu_seqlens_kv"_a, "max_seqlen_q"_a, "max_seqlen_kv"_a, "k_scale"_a.none(), "v_scale"_a.none(), "kv_dtype"_a, "scale"_a,
-      "stream"_a);
+      "cu_seqlens_q"_a, "cu_seqlens_kv"_a, "max_seqlen_q"_a, "max_seqlen_kv"_a, "k_scale"_a.none(), "v_scale"_a.none(), "kv_dtype"_a,
+      "queries_at_kv_end"_a, "scale"_a, "stream"_a);
 
   m.def(
       "plan_decode",

@@ -262,3 +262,19 @@ def test_ragged_prefill_over_fp8_k_and_v_on_cuda(fp8):
         kk, vv = (x[a:b].transpose(0, 1)[None] for x in (kd, vd))
         expected, _ = reference(qv[a:b].transpose(0, 1)[None], kk, vv, mask_mod=lambda bb, h, qi, kv: qi >= kv)
         assert_close(o[a:b].transpose(0, 1)[None], expected, atol=3e-2, rtol=3e-2, what=f"FP8 varlen sequence {s}")
+
+
+def test_chunked_prefill_with_queries_at_kv_end_on_cuda():
+    # Each sequence's query rows are its last KV positions: a causal mask lets the new tokens see their prefix.
+    lq, lkv = [3, 100], [50, 300]
+    cu_q = torch.tensor([0, 3, 103], device=DEV, dtype=torch.int32)
+    cu_kv = torch.tensor([0, 50, 350], device=DEV, dtype=torch.int32)
+    qv = torch.randn(103, H, D, device=DEV, dtype=DT)
+    kv_, vv_ = (torch.randn(350, H, D, device=DEV, dtype=DT) for _ in range(2))
+    o = flexjit.forward_varlen(qv, kv_, vv_, cu_q, cu_kv, 100, 300, mask_mod="q >= kv", queries_at_kv_end=True)
+    for s in range(2):
+        qa, qb, ka, kb = int(cu_q[s]), int(cu_q[s + 1]), int(cu_kv[s]), int(cu_kv[s + 1])
+        shift = lkv[s] - lq[s]
+        expected, _ = reference(qv[qa:qb].transpose(0, 1)[None], kv_[ka:kb].transpose(0, 1)[None], vv_[ka:kb].transpose(0, 1)[None],
+                                mask_mod=lambda bb, h, qi, kv: qi + shift >= kv)
+        assert_close(o[qa:qb].transpose(0, 1)[None], expected, atol=3e-2, rtol=3e-2, what=f"chunked prefill sequence {s}")

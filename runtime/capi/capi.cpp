@@ -36,6 +36,7 @@ struct flexjit_args {
   // Ragged prefill.
   flexjit::Tensor cu_seqlens_q, cu_seqlens_kv;
   int max_seqlen_q = 0, max_seqlen_kv = 0;
+  bool queries_at_kv_end = false;
   // Decode.
   flexjit::Tensor page_table, kv_lens, q_lens;
   std::optional<flexjit::DType> kv_dtype;  // k and v's when it is not q's (an FP8 cache)
@@ -330,6 +331,12 @@ flexjit_status flexjit_args_set_varlen(flexjit_args* a, const void* q, const voi
   });
 }
 
+flexjit_status flexjit_args_set_queries_at_kv_end(flexjit_args* a, int at_kv_end) {
+  if (!a) return invalid("flexjit_args_set_queries_at_kv_end: NULL args");
+  a->queries_at_kv_end = at_kv_end != 0;
+  return FLEXJIT_OK;
+}
+
 flexjit_status flexjit_forward_varlen(flexjit_kernel* k, const flexjit_args* a) {
   if (!k || !a) return invalid("flexjit_forward_varlen: NULL kernel or args");
   return guarded([&] {
@@ -342,6 +349,7 @@ flexjit_status flexjit_forward_varlen(flexjit_kernel* k, const flexjit_args* a) 
     if (a->lse) v.lse = flexjit::Tensor{a->lse, flexjit::DType::F32, {f.q.shape[1], f.q.shape[0]}, {}};
     v.cu_seqlens_q = a->cu_seqlens_q, v.cu_seqlens_kv = a->cu_seqlens_kv;
     v.max_seqlen_q = a->max_seqlen_q, v.max_seqlen_kv = a->max_seqlen_kv;
+    v.queries_at_kv_end = a->queries_at_kv_end;
     v.scale = f.scale, v.buffers = f.buffers, v.params = f.params, v.stream = f.stream, v.device = f.device;
     for (auto [t, name] : {std::pair{&v.q, "q"}, {&v.k, "k"}, {&v.v, "v"}, {&v.o, "o"}, {&v.lse, "lse"}, {&v.k_scale, "k_scale"}, {&v.v_scale, "v_scale"}})
       flexjit::runtime::check_addressable(*t, name);

@@ -102,6 +102,9 @@ flexjit_status flexjit_args_set_varlen(flexjit_args* a, const void* q, const voi
                                        int64_t total_q, int64_t total_kv, int64_t H, int64_t Hkv, int64_t D, int64_t batch,
                                        const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_kv, int max_seqlen_q, int max_seqlen_kv);
 flexjit_status flexjit_forward_varlen(flexjit_kernel* k, const flexjit_args* a);
+/* Nonzero: each sequence's query rows are its last KV positions (row i at kv_len - q_len + i), as in decode:
+ * a chunked prefill over a cached prefix (VarlenArgs::queries_at_kv_end). Default 0: row i at position i. */
+flexjit_status flexjit_args_set_queries_at_kv_end(flexjit_args* a, int at_kv_end);
 
 /* Decode: a plan fixes the split count and workspace for a batch shape (device -2: CPU);
  * page_size 0 means a contiguous KV cache. Runs within the plan never allocate. */

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "compiler/codegen/decode_source.h"
+#include "compiler/codegen/kernel_source.h"
 #include "compiler/passes/dependence.h"
 #include "dsl/error.h"
 #include "runtime/forward_launch.h"
@@ -28,6 +30,7 @@ std::shared_ptr<const SpecState> make_spec_state(const SpecIR& ir, const std::st
   if (st->ir.score_mod) roots.push_back(st->ir.score_mod);
   if (st->ir.mask_mod) roots.push_back(st->ir.mask_mod);
   st->ranges = analyze_ranges(roots, st->ir.checked, VarDomains::forward(st->ir.checked));
+  st->kv_end_ranges = analyze_ranges(roots, st->ir.checked, decode_var_domains(st->ir.checked));
   if (st->ir.mask_mod) {
     DependenceInfo deps({st->ir.mask_mod});
     const Dependence& d = deps.of(st->ir.mask_mod);
@@ -54,14 +57,21 @@ void apply_tiles(const CpuSettings& cfg, AttentionJob& job) {
 }
 
 std::shared_ptr<const CompiledMods> attach_mods(const SpecState& st, const BoundValues& values, const std::vector<Tensor>& buffers,
-                                                const CpuSettings& cfg, AttentionJob& job, std::vector<uint64_t>& params) {
+                                                const CpuSettings& cfg, AttentionJob& job, std::vector<uint64_t>& params,
+                                                bool queries_at_kv_end) {
   if (!st.ir.score_mod && !st.ir.mask_mod) return nullptr;
-  runtime::VariantChoice choice = runtime::choose_variant(st.ranges, st.ir.checked, values);
+  // Queries at the end of their KV reach positions up to Skv - 1: a load the forward's ranges prove in range (t[q]
+  // with t sized Sq) may not be, so those launches compile with their own ranges (a module of its own).
+  const RangeInfo& ranges = queries_at_kv_end ? st.kv_end_ranges : st.ranges;
+  runtime::VariantChoice choice = runtime::choose_variant(ranges, st.ir.checked, values);
   CodeGenOptions options;
   options.tile_size = job.block_n;
   options.checked_loads = choice.checked_loads;
   options.vector_math = !cfg.exact_math;
-  std::shared_ptr<const CompiledMods> mods = compile_mods(st.ir, st.ranges, options, st.canonical);
+  std::shared_ptr<const CompiledMods> mods =
+      compile_mods(st.ir, ranges, options,
+                   queries_at_kv_end ? (st.canonical.empty() ? canonical_ir_text(st.ir) : st.canonical) + "\nqueries at the end of their KV"
+                                     : st.canonical);
   // A buffer with an empty dimension is read (clamped to index 0, flagged) from zeros.
   alignas(64) static const uint64_t zeros[8] = {};
   std::vector<Tensor> safe = buffers;

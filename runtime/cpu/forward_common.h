@@ -20,6 +20,9 @@ struct SpecState {
   SpecIR ir;  // the first caller's IR; any later IR with the same canonical text is identical
   std::string canonical;
   RangeInfo ranges;
+  // For launches whose queries sit at the end of each sequence's KV (decode, a ragged prefill with
+  // queries_at_kv_end): query positions among the KV positions, [0, Skv - 1], as the GPU's decode.
+  RangeInfo kv_end_ranges;
   bool mask_uses_b = true, mask_uses_h = true;
 };
 std::shared_ptr<const SpecState> make_spec_state(const SpecIR& ir, const std::string& canonical);
@@ -29,8 +32,10 @@ ElemType elem_type(dsl::DType t);
 
 // Compiles (or fetches) the mods for these launch values and fills the job's mod fields;
 // `params` receives the slot array job.params points into. Null when the spec has no mods.
+// queries_at_kv_end: the launch's query positions are among its KV positions (st.kv_end_ranges).
 std::shared_ptr<const CompiledMods> attach_mods(const SpecState& st, const BoundValues& values, const std::vector<Tensor>& buffers,
-                                                const CpuSettings& cfg, AttentionJob& job, std::vector<uint64_t>& params);
+                                                const CpuSettings& cfg, AttentionJob& job, std::vector<uint64_t>& params,
+                                                bool queries_at_kv_end = false);
 
 // The block classification inputs for a launch of `st` at `values`.
 BlockSparsity sparsity_of(const SpecState& st, const BoundValues& values);

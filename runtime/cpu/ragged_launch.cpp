@@ -135,11 +135,12 @@ float scale_for(const std::string& what, float scale, int64_t D) {
 // Runs one sequence's job per entry, in order; throws the mods' errors at the end.
 class SequenceRunner {
  public:
+  // queries_at_kv_end: the query positions are among the KV positions (decode; VarlenArgs::queries_at_kv_end).
   SequenceRunner(const SpecState& st, const SpecIR& ir, const runtime::LaunchShape& shape, const std::vector<Tensor>& buffers,
-                 const AttentionArgs& binding)
+                 const AttentionArgs& binding, bool queries_at_kv_end)
       : st_(st), values_(runtime::bind_launch(ir.checked, shape, buffers, binding)), cfg_(settings()) {
     apply_tiles(cfg_, base_);
-    mods_ = attach_mods(st_, values_, buffers, cfg_, base_, params_);
+    mods_ = attach_mods(st_, values_, buffers, cfg_, base_, params_, queries_at_kv_end);
     driver_.threads = cfg_.threads;
     driver_.isa = choose_isa(cfg_.isa);
   }
@@ -220,11 +221,19 @@ void launch_varlen(const SpecState& st, const SpecIR& ir, const VarlenArgs& a) {
     require((*cu)[static_cast<size_t>(B)] <= total, what,
             fmt::format("{}[B] = {} exceeds the {} rows of the packed tensor", name, (*cu)[static_cast<size_t>(B)], total));
   }
+  if (a.queries_at_kv_end)
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t lq = cq[static_cast<size_t>(b + 1)] - cq[static_cast<size_t>(b)], lkv = ck[static_cast<size_t>(b + 1)] - ck[static_cast<size_t>(b)];
+      require(lq <= lkv, what,
+              fmt::format("sequence {} has {} query rows but {} KV rows: with queries_at_kv_end its queries are its last KV positions, so "
+                          "it needs at least as many KV rows",
+                          b, lq, lkv));
+    }
 
   runtime::LaunchShape shape{B, H, Hkv, a.max_seqlen_q, a.max_seqlen_kv, D, Dv};
   AttentionArgs binding = binding_args(a.buffers, a.params);
   std::vector<Tensor> buffers = runtime::collect_buffers(spec, binding, {});
-  SequenceRunner runner(st, ir, shape, buffers, binding);
+  SequenceRunner runner(st, ir, shape, buffers, binding, a.queries_at_kv_end);
   const float scale = scale_for(what, a.scale, D);
   std::vector<int64_t> qs = a.q.effective_strides(), ks = a.k.effective_strides(), vs = a.v.effective_strides(), os = a.o.effective_strides();
   std::vector<int64_t> ls = a.lse.data ? a.lse.effective_strides() : std::vector<int64_t>{0, 0};
@@ -241,6 +250,7 @@ void launch_varlen(const SpecState& st, const SpecIR& ir, const VarlenArgs& a) {
     job.D = D;
     job.Dv = Dv;
     job.b_offset = b;
+    if (a.queries_at_kv_end) job.q_offset = job.Skv - job.Sq;  // query row i sits at KV position Skv - Sq + i
     job.scale = scale;
     job.dtype = et;
     if (job.Sq == 0) continue;
@@ -354,7 +364,7 @@ void launch_decode(const SpecState& st, const SpecIR& ir, const DecodePlanOption
   runtime::LaunchShape shape{B, H, Hkv, plan.max_seqlen_q, plan.max_seqlen_kv, D, Dv};
   AttentionArgs binding = binding_args(a.buffers, a.params);
   std::vector<Tensor> buffers = runtime::collect_buffers(spec, binding, {});
-  SequenceRunner runner(st, ir, shape, buffers, binding);
+  SequenceRunner runner(st, ir, shape, buffers, binding, /*queries_at_kv_end=*/true);
   const float scale = scale_for(what, a.scale, D);
   std::vector<int64_t> qs = a.q.effective_strides(), ks = a.k.effective_strides(), vs = a.v.effective_strides(), os = a.o.effective_strides();
   std::vector<int64_t> ls = a.lse.data ? a.lse.effective_strides() : std::vector<int64_t>{0, 0, 0};

@@ -17,7 +17,7 @@ namespace {
 // Skv]` gets random documents of 1 to 400 positions per sequence.
 void run_varlen(const dsl::Spec& spec, int H, int Hkv, const std::vector<int>& lq, const std::vector<int>& lkv,
                 std::vector<std::pair<std::string, double>> params, unsigned seed, std::optional<dsl::DType> kv_fp8 = std::nullopt,
-                bool one_scale = false) {
+                bool one_scale = false, bool queries_at_kv_end = false) {
   const int B = static_cast<int>(lq.size());
   const int D = spec.head_dim;
   std::vector<int32_t> cq(B + 1, 0), ck(B + 1, 0);
@@ -105,6 +105,7 @@ void run_varlen(const dsl::Spec& spec, int H, int Hkv, const std::vector<int>& l
   a.max_seqlen_q = max_q;
   a.max_seqlen_kv = max_kv;
   a.params = params;
+  a.queries_at_kv_end = queries_at_kv_end;
   if (!doc.empty()) a.buffers.emplace_back("doc", Tensor{ddoc.data(), dsl::DType::I32, {B, max_kv}, {}});
   kernel->forward_varlen(a);
   kernel->check_errors(dev, nullptr);
@@ -147,7 +148,7 @@ void run_varlen(const dsl::Spec& spec, int H, int Hkv, const std::vector<int>& l
           vs[(size_t(h) * lkv[b] + j) * D + d] = v[(size_t(ck[b] + j) * Hkv + h) * D + d];
         }
     RefResult r = reference_attention(ir, RefShape{1, H, Hkv, lq[b], lkv[b], D, D}, qs, ks, vs, env, 1.0 / std::sqrt(double(D)),
-                                      /*query_offset=*/0, /*batch_offset=*/b);
+                                      /*query_offset=*/queries_at_kv_end ? lkv[b] - lq[b] : 0, /*batch_offset=*/b);
     for (int h = 0; h < H; ++h)
       for (int i = 0; i < lq[b]; ++i) {
         for (int d = 0; d < D; ++d) {
@@ -263,8 +264,9 @@ TEST_CASE("ragged prefill: a sequence outside the launch's bounds is skipped and
   dk.upload(kb.data(), kb.size() * 2);
   dv.upload(vb.data(), vb.size() * 2);
   // Sequence 0 fits (100 x 100); sequence 1 has 300 KV rows against max_seqlen_kv = 200, then (second launch) KV rows
-  // past the 400 of k.
-  for (const std::vector<int32_t>& ck : {std::vector<int32_t>{0, 100, 400}, std::vector<int32_t>{0, 100, 450}}) {
+  // past the 400 of k, then (third) 200 query rows at the end of 50 KV rows (queries_at_kv_end).
+  for (const std::vector<int32_t>& ck :
+       {std::vector<int32_t>{0, 100, 400}, std::vector<int32_t>{0, 100, 450}, std::vector<int32_t>{0, 100, 150}}) {
     const std::vector<int32_t> cq = {0, 100, 300};
     dcq.upload(cq.data(), 12);
     dck.upload(ck.data(), 12);
@@ -278,6 +280,7 @@ TEST_CASE("ragged prefill: a sequence outside the launch's bounds is skipped and
     a.cu_seqlens_kv = Tensor{dck.data(), dsl::DType::I32, {3}, {}};
     a.max_seqlen_q = 200;
     a.max_seqlen_kv = ck[2] == 400 ? 200 : 400;
+    a.queries_at_kv_end = ck[2] == 150;
     kernel->forward_varlen(a);
     CHECK_THROWS_WITH(kernel->check_errors(dev, nullptr), Catch::Contains("outside the launch's bounds"));
     std::vector<uint16_t> out(qb.size());
@@ -285,6 +288,31 @@ TEST_CASE("ragged prefill: a sequence outside the launch's bounds is skipped and
     bool first_computed = true;
     for (size_t e = 0; e < size_t(100) * H * D; ++e) first_computed = first_computed && std::isfinite(bf16_to_float(out[e]));
     CHECK(first_computed);
+  }
+}
+
+// VarlenArgs::queries_at_kv_end: a chunked prefill, each sequence's query rows its last KV positions (as decode's), so
+// that `q >= kv` lets the new tokens see their whole prefix. Causal, a window and a buffer indexed by the query
+// position (doc[b, q]: positions reach max_seqlen_kv - 1, past max_seqlen_q), at D64 and D128; a sequence with more
+// query rows than KV rows is skipped and reported.
+TEST_CASE("ragged prefill with the queries at the end of their KV (chunked prefill)", "[gpu][varlen]") {
+  FLEXJIT_REQUIRE_GPU();
+  const std::vector<int> lq = {512, 1, 129, 300, 0};
+  const std::vector<int> lkv = {4096, 700, 129, 2000, 50};
+  for (int d : {64, 128}) {
+    INFO("head dim " << d);
+    dsl::Spec causal = load_spec(gallery_dir() / "causal.json"), window = load_spec(gallery_dir() / "sliding_window.json");
+    causal.head_dim = window.head_dim = d;
+    run_varlen(causal, 4, 2, lq, lkv, {}, 51 + d, std::nullopt, false, /*queries_at_kv_end=*/true);
+    run_varlen(window, 4, 1, lq, lkv, {{"window", 300}}, 52 + d, std::nullopt, false, /*queries_at_kv_end=*/true);
+    dsl::Spec document = load_spec(gallery_dir() / "document.json");
+    document.buffers.clear();
+    dsl::Diagnostics diags;
+    dsl::add_buffer(document, "doc: i32[B, Skv]", "test", diags);
+    REQUIRE(!diags.has_errors());
+    document.mask_mod = std::string("doc[b, q] == doc[b, kv] && q >= kv");
+    document.head_dim = d;
+    run_varlen(document, 4, 2, lq, lkv, {}, 53 + d, std::nullopt, false, /*queries_at_kv_end=*/true);
   }
 }
 

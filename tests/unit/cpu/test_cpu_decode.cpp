@@ -181,8 +181,9 @@ TEST_CASE("CPU decode: head-major pages, one query row, head dim 80", "[cpu][dec
 namespace {
 
 // Packs sequences of query lengths `lq` and KV lengths `lk` and checks forward_varlen of `c`
-// against the reference per sequence.
-void check_varlen(const Case& c, const std::vector<int32_t>& lq, const std::vector<int32_t>& lk, uint64_t seed) {
+// against the reference per sequence (at_kv_end: VarlenArgs::queries_at_kv_end, query row i at
+// position lk - lq + i).
+void check_varlen(const Case& c, const std::vector<int32_t>& lq, const std::vector<int32_t>& lk, uint64_t seed, bool at_kv_end = false) {
   cpu::install();
   const int64_t H = 4, Hkv = 1, D = 64;
   const int64_t B = static_cast<int64_t>(lq.size());
@@ -217,6 +218,7 @@ void check_varlen(const Case& c, const std::vector<int32_t>& lq, const std::vect
   for (test::HostBuffer& hb : buffers) a.buffers.push_back({hb.name, hb.tensor()});
   a.params = params;
   a.device = Device::cpu();
+  a.queries_at_kv_end = at_kv_end;
   kernel->forward_varlen(a);
 
   SpecIR ir = build_spec_ir(c.spec);
@@ -234,7 +236,7 @@ void check_varlen(const Case& c, const std::vector<int32_t>& lq, const std::vect
           kb.push_back(k[static_cast<size_t>(((ck[static_cast<size_t>(b)] + i) * Hkv + h) * D + d)]);
           vb.push_back(v[static_cast<size_t>(((ck[static_cast<size_t>(b)] + i) * Hkv + h) * D + d)]);
         }
-    test::RefResult ref = reference_sequence(ir, env, b, c.uses_b, H, Hkv, sq, skv, D, qb, kb, vb, 0);
+    test::RefResult ref = reference_sequence(ir, env, b, c.uses_b, H, Hkv, sq, skv, D, qb, kb, vb, at_kv_end ? skv - sq : 0);
     for (int64_t h = 0; h < H; ++h)
       for (int64_t i = 0; i < sq; ++i) {
         size_t rr = static_cast<size_t>(h * sq + i);
@@ -253,6 +255,38 @@ TEST_CASE("CPU ragged prefill: packed sequences of lengths 0..300 match the refe
   std::vector<Case> all = cases(64);
   check_varlen(all[0], {1, 300, 17, 64, 129, 0}, {1, 300, 40, 64, 200, 3}, seed++);
   for (const Case& c : all) check_varlen(c, {1, 100, 17, 64, 0}, {1, 130, 40, 64, 3}, seed++);
+}
+
+TEST_CASE("CPU ragged prefill with the queries at the end of their KV (chunked prefill) matches the reference", "[cpu][varlen]") {
+  uint64_t seed = 90;
+  // max_seqlen_q = max_seqlen_kv, so the gallery's position-indexed buffers (sized by Sq + Skv) cover the positions.
+  for (const Case& c : cases(64)) check_varlen(c, {1, 230, 17, 30, 0}, {1, 230, 40, 64, 3}, seed++, /*at_kv_end=*/true);
+}
+
+// Decode's queries sit at KV positions up to Skv - 1: a buffer indexed by the query position and sized by the query
+// rows (t: [Sq]) is out of range there although the forward's ranges (q < Sq) prove it in range. The CPU compiles
+// such launches with the KV positions' ranges, so the load is checked and reported, never read out of range.
+TEST_CASE("CPU decode: a load indexed by the query position is checked against the KV positions", "[cpu][decode][errors]") {
+  cpu::install();
+  dsl::Spec spec = f32_spec(test::load_spec(test::gallery_dir() / "causal.json"), 64);
+  spec.score_mod = std::string("score + t[q]");
+  dsl::Diagnostics diags;
+  dsl::add_buffer(spec, "t: f32[Sq]", "test", diags);
+  REQUIRE(!diags.has_errors());
+  Runtime rt;
+  std::shared_ptr<Kernel> kernel = rt.compile(spec);
+  const int64_t B = 1, H = 2, Sq = 1, D = 64, cap = 32;
+  std::vector<float> q(static_cast<size_t>(B * H * Sq * D), 0.1f), k(static_cast<size_t>(B * H * cap * D), 0.1f), v = k, o = q, t = {0.5f};
+  std::vector<int32_t> kv_lens = {10};
+  std::unique_ptr<DecodePlan> plan = kernel->plan_decode(test::cpu_plan_options(1, 2, 2, 1, 32));
+  DecodeArgs a;
+  a.q = Tensor::contiguous(q.data(), DType::F32, {B, H, Sq, D});
+  a.k = Tensor::contiguous(k.data(), DType::F32, {B, H, cap, D});
+  a.v = Tensor::contiguous(v.data(), DType::F32, {B, H, cap, D});
+  a.kv_lens = Tensor::contiguous(kv_lens.data(), DType::I32, {B});
+  a.o = Tensor::contiguous(o.data(), DType::F32, {B, H, Sq, D});
+  a.buffers = {{"t", Tensor::contiguous(t.data(), DType::F32, {1})}};
+  CHECK_THROWS_WITH(kernel->decode(*plan, a), Catch::Contains("out of range"));  // q = 9 against t's one entry
 }
 
 TEST_CASE("CPU decode and ragged prefill: argument errors are reported", "[cpu][decode][varlen][errors]") {
@@ -318,4 +352,9 @@ TEST_CASE("CPU decode and ragged prefill: argument errors are reported", "[cpu][
   CHECK_NOTHROW(kernel->forward_varlen(va));
   cu = {0, 3, 5};
   CHECK_THROWS_WITH(kernel->forward_varlen(va), Catch::Contains("exceeds the 4 rows"));
+  std::vector<int32_t> cu_kv = {0, 2, 4};
+  cu = {0, 3, 4};
+  va.cu_seqlens_kv = Tensor::contiguous(cu_kv.data(), DType::I32, {3});
+  va.queries_at_kv_end = true;
+  CHECK_THROWS_WITH(kernel->forward_varlen(va), Catch::Contains("sequence 0 has 3 query rows but 2 KV rows"));
 }

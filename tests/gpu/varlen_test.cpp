@@ -168,6 +168,18 @@ void run_varlen(const dsl::Spec& spec, int H, int Hkv, const std::vector<int>& l
   CHECK(cl.max_abs < 1e-3);
 }
 
+// A spec whose mask reads documents per sequence and position (doc: i32[B, Skv], which run_varlen fills).
+dsl::Spec sequence_documents(const std::string& mask, int head_dim) {
+  dsl::Spec spec = load_spec(gallery_dir() / "document.json");
+  spec.buffers.clear();
+  dsl::Diagnostics diags;
+  dsl::add_buffer(spec, "doc: i32[B, Skv]", "test", diags);
+  REQUIRE(!diags.has_errors());
+  spec.mask_mod = mask;
+  spec.head_dim = head_dim;
+  return spec;
+}
+
 }  // namespace
 
 TEST_CASE("ragged prefill: packed sequences of lengths 1 to 3000 match the float64 reference", "[gpu][varlen]") {
@@ -221,15 +233,8 @@ TEST_CASE("ragged prefill skips the KV tiles a mask excludes: sinks + window, pr
       run_varlen(spec, 4, 2, lq, lkv, {{"window", 200}}, 21 + d);
     }
     // A buffer-reading mask: not classified, every tile below a sequence's length runs mask_mod.
-    dsl::Spec document = load_spec(gallery_dir() / "document.json");
-    document.buffers.clear();
-    dsl::Diagnostics diags;
-    dsl::add_buffer(document, "doc: i32[B, Skv]", "test", diags);
-    REQUIRE(!diags.has_errors());
-    document.mask_mod = std::string("doc[b, q] == doc[b, kv]");
-    document.head_dim = d;
     INFO("head dim " << d << ", document mask");
-    run_varlen(document, 4, 2, lq, lkv, {}, 31 + d);
+    run_varlen(sequence_documents("doc[b, q] == doc[b, kv]", d), 4, 2, lq, lkv, {}, 31 + d);
   }
 }
 
@@ -305,14 +310,8 @@ TEST_CASE("ragged prefill with the queries at the end of their KV (chunked prefi
     causal.head_dim = window.head_dim = d;
     run_varlen(causal, 4, 2, lq, lkv, {}, 51 + d, std::nullopt, false, /*queries_at_kv_end=*/true);
     run_varlen(window, 4, 1, lq, lkv, {{"window", 300}}, 52 + d, std::nullopt, false, /*queries_at_kv_end=*/true);
-    dsl::Spec document = load_spec(gallery_dir() / "document.json");
-    document.buffers.clear();
-    dsl::Diagnostics diags;
-    dsl::add_buffer(document, "doc: i32[B, Skv]", "test", diags);
-    REQUIRE(!diags.has_errors());
-    document.mask_mod = std::string("doc[b, q] == doc[b, kv] && q >= kv");
-    document.head_dim = d;
-    run_varlen(document, 4, 2, lq, lkv, {}, 53 + d, std::nullopt, false, /*queries_at_kv_end=*/true);
+    run_varlen(sequence_documents("doc[b, q] == doc[b, kv] && q >= kv", d), 4, 2, lq, lkv, {}, 53 + d, std::nullopt, false,
+               /*queries_at_kv_end=*/true);
   }
 }
 

@@ -123,6 +123,24 @@ static void test_decode_and_varlen(flexjit_runtime* rt) {
   CHECK(max_abs_diff(od, last, H * D) < 1e-5f);
   flexjit_decode_plan_destroy(plan);
 
+  /* A chunked prefill: one query row at the end of the sequence's Skv KV positions ([total, H, D] rows) is the
+   * forward's last row too. */
+  float *kpk = malloc(sizeof(float) * Skv * H * D), *vpk = malloc(sizeof(float) * Skv * H * D), oc[H * D];
+  for (int pos = 0; pos < Skv; ++pos)
+    for (int h = 0; h < H; ++h)
+      for (int d = 0; d < D; ++d) {
+        kpk[(pos * H + h) * D + d] = kk[(h * Skv + pos) * D + d];
+        vpk[(pos * H + h) * D + d] = v[(h * Skv + pos) * D + d];
+      }
+  int32_t cu_q1[2] = {0, 1}, cu_kv1[2] = {0, Skv};
+  CHECK(flexjit_args_set_queries_at_kv_end(NULL, 1) != FLEXJIT_OK);
+  CHECK(flexjit_args_set_varlen(a, qd, kpk, vpk, oc, FLEXJIT_F32, 1, Skv, H, H, D, 1, cu_q1, cu_kv1, 1, Skv) == FLEXJIT_OK);
+  CHECK(flexjit_args_set_queries_at_kv_end(a, 1) == FLEXJIT_OK);
+  CHECK(flexjit_forward_varlen(k, a) == FLEXJIT_OK);
+  CHECK(max_abs_diff(oc, last, H * D) < 1e-5f);
+  CHECK(flexjit_args_set_queries_at_kv_end(a, 0) == FLEXJIT_OK);
+  free(kpk), free(vpk);
+
   /* Two packed sequences of 5 and 7 rows ([total, H, D]) against one forward each. */
   int32_t cu[3] = {0, 5, 12};
   float *qv = filled(Skv * H * D, 21), *kv = filled(Skv * H * D, 22), *vv = filled(Skv * H * D, 23), *ov = filled(Skv * H * D, 24);

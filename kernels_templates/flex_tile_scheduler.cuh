@@ -1,5 +1,6 @@
 // The forward kernels' work: which (b, h, query tile) a linear work index is, in what order the launch takes them,
-// and which KV tiles each visits (from the block mask).
+// and which KV tiles each visits (from the block mask, or, for a ragged batch, classified in the kernel), and the work
+// queue that hands the indices from the producer warp to the consumers.
 #pragma once
 #include "flex_interval.cuh"
 #include "flex_params.cuh"
@@ -20,7 +21,8 @@ struct TileRanges {
 struct ForwardTiles {
   int b, h, hkv, m_block, m0, seqlen_q, seqlen_kv;
   long long q_row0, kv_row0;  // first row of this sequence in packed (ragged) tensors; 0 when dense
-  int q_pos0, kv_pos0;        // the positions the mods see for query row 0 and KV row 0 (a shard's offsets; else 0)
+  int q_pos0, kv_pos0;        // the positions the mods see for query row 0 and KV row 0 (a shard's offsets, a ragged
+                              // sequence's kv_len - q_len with its queries at its KV end; else 0)
   const int* partial_idx;
   const int* full_idx;
   int n_partial, n_full;

@@ -405,10 +405,12 @@ KernelImpl::VariantState& KernelImpl::variant(const runtime::VariantChoice& choi
   return v;
 }
 
-runtime::VariantChoice KernelImpl::forward_choice(const BoundValues& values, bool tma, bool shard) {
-  std::vector<std::pair<int, int64_t>> specialized = specialized_params(values);
+runtime::VariantChoice KernelImpl::forward_choice(const BoundValues& values, bool tma, bool shard, const RangeInfo* ranges) {
+  std::vector<std::pair<int, int64_t>> specialized = ranges ? std::vector<std::pair<int, int64_t>>{} : specialized_params(values);
   runtime::VariantChoice c;
-  if (specialized.empty()) {
+  if (ranges) {
+    c = runtime::choose_variant(*ranges, ir_.checked, values);
+  } else if (specialized.empty()) {
     c = runtime::choose_variant(ranges_, ir_.checked, values);
   } else {
     const Specialization& s = specialization(specialized);

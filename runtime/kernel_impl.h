@@ -93,7 +93,9 @@ class KernelImpl : public Kernel {
   // The forward's variant choice for a launch's values. tma: whether tensor maps can describe the launch's q, k and v
   // (runtime::tensor_maps_describe).
   // shard: the launch is a shard of a longer sequence (its variant adds the offsets to the positions).
-  runtime::VariantChoice forward_choice(const BoundValues& values, bool tma, bool shard = false);
+  // ranges: the launch's own ranges (a ragged prefill's queries at the end of their KV), without value
+  // specialisation; null: the spec's forward ranges.
+  runtime::VariantChoice forward_choice(const BoundValues& values, bool tma, bool shard = false, const RangeInfo* ranges = nullptr);
 
   // Value specialisation (compiler/specialize.h). The IR of a choice whose `specialized` list is not empty is the
   // spec's with those parameter values folded in, with its own range analysis.

@@ -177,17 +177,10 @@ void KernelImpl::forward_varlen(const VarlenArgs& a) {
     k = Tensor{nullptr, spec().dtype, a.k.shape, {}};
     v = Tensor{nullptr, spec().dtype, a.v.shape, {}};
   }
-  runtime::VariantChoice choice;
-  if (a.queries_at_kv_end) {
-    // Query row i of a sequence at KV position kv_len - q_len + i: decode's ranges, the offsets compiled in
-    // (FLEX_SHARD_POSITIONS), no value specialisation (its ranges are the forward's).
-    choice = runtime::choose_variant(varlen_kv_end_ranges(), ir_.checked, values);
-    choice.tma = runtime::tensor_maps_describe(a.q, k, v);
-    choice.shard = true;
-    choice.runtime_split = runtime_split(values);
-  } else {
-    choice = forward_choice(values, runtime::tensor_maps_describe(a.q, k, v));
-  }
+  // Queries at the end of their KV (row i at kv_len - q_len + i): the offsets compiled in (FLEX_SHARD_POSITIONS) and
+  // decode's ranges, without value specialisation (its ranges are the forward's).
+  const runtime::VariantChoice choice = forward_choice(values, runtime::tensor_maps_describe(a.q, k, v), a.queries_at_kv_end,
+                                                       a.queries_at_kv_end ? &varlen_kv_end_ranges() : nullptr);
   VariantState& var = varlen_variant(choice, device, fp8_kv);
   const ForwardConfig& cfg = var.source.config;
 

@@ -204,9 +204,8 @@ class CudaEmitter {
     }
   }
 
-  // A runtime int parameter compared with a 32-bit value: its copy saturated to int32 by the host (the comparison
-  // then runs in 32 bits, as against a constant; a 64-bit one per score element cost a window mask ~900 bytes of
-  // spills in the D64 forward). Exact where the value provably never reaches INT32_MIN or INT32_MAX
+  // A runtime int parameter compared with a 32-bit value: its copy saturated to int32 by the host, so the comparison
+  // runs in 32 bits, as against a constant, instead of widening every score element's operand to 64. Exact where the value provably never reaches INT32_MIN or INT32_MAX
   // (RangeInfo::strict_int32: positions and their differences): every comparison with the saturated copy then comes
   // out as with the parameter. `text` is operand e's text; `other` the other operand.
   std::string narrow_param(const Expr& e, const Expr& other, const std::string& text) const {

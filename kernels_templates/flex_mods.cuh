@@ -96,9 +96,13 @@ struct FragmentMods {
   // variant's in scale for a split score_mod, whose core is then applied), plus the column terms (kColTerms).
   // kPartial: run mask_mod. kCheckKv: the tile crosses Skv, so columns past it become -inf without calling the
   // variant. kv_cols: the tile's staged per-column values (kStagedKvCols), one per column.
+  // Where the mods may run past Skv, a partial tile's column check selects after them instead of branching around
+  // them: with the branch, ptxas spilled the S tile of masks like attention sinks + window at head dim 64. Tiles
+  // without mask_mod keep the branch: a score_mod alone does not spill there, and the select did not pay off.
   template <bool kPartial, bool kCheckKv>
   __device__ __forceinline__ void apply(float (&s)[kMTiles][kNTiles][4], const VParams& vp, int b, int h, int hkv, int k0, int lane,
                                         int seqlen_kv, float score_scale, const KvCol* kv_cols = nullptr) const {
+    constexpr bool kSelectPastSkv = kPartial && kCheckKv && Variant::kEvaluablePastSkv;
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -122,7 +126,8 @@ struct FragmentMods {
           const int j = Layout::col(lane, pc);
           const int kp = k0 + part * kTileCols;  // in the launch; the hooks see kp + kv_pos0
           float x = s[mt][nt][e];
-          if (!kCheckKv || kp + j < seqlen_kv) {
+          const bool in_kv = !kCheckKv || kp + j < seqlen_kv;
+          if (kSelectPastSkv || in_kv) {
             if constexpr (Variant::kHasScoreMod) {
               // FUSION POINT: score_mod
               if constexpr (Variant::kSplitScore)
@@ -144,6 +149,7 @@ struct FragmentMods {
           } else {
             x = neg_inf();
           }
+          if constexpr (kSelectPastSkv) x = in_kv ? x : neg_inf();
           s[mt][nt][e] = x;
         }
       }

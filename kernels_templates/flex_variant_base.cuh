@@ -21,7 +21,9 @@ namespace flex {
 // kDataDependentMask: the mask reads buffers, so its block mask comes from the dense builder (and its kept area is
 // irregular, which the tile policy weighs). kColumnState: Col is not empty; kElementLoads: the mods load buffers per
 // element (the tile policy weighs the registers of both).
-// The variant is only ever called with q < Sq and k0 + j < Skv.
+// The variant is only ever called with q < Sq and k0 + j < Skv, except that a kEvaluablePastSkv variant (its mods
+// read no buffer and divide by no runtime value, so they can neither fault nor flag an error) may be called at
+// k0 + j >= Skv, with stale Tile / Col state, by kernels that then discard the result.
 //
 // Optional refinements, each with a default here:
 //   kSplitScore: score_mod(s) = score_out_scale(vp) * score_mod_core(score_in_scale(vp) * s) with a positive out
@@ -55,6 +57,7 @@ struct VariantBase {
   static constexpr bool kStagedKvCols = false;
   static constexpr bool kRowTerms = false;
   static constexpr bool kColTerms = false;
+  static constexpr bool kEvaluablePastSkv = false;
 
   template <class P, class R>
   __device__ static __forceinline__ void row(const P&, R&, int, int, int, int) {}

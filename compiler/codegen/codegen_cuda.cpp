@@ -482,6 +482,23 @@ bool may_flag(const SpecIR&, const RangeInfo& ranges, const VariantOptions& opt,
   return true;
 }
 
+// Whether the staged mods can be evaluated at any KV column, Skv and past it included, without reading memory or
+// raising an error: no loads and no integer division by anything but a non-zero constant (flex_variant_base.cuh,
+// kEvaluablePastSkv). A float result there may be anything; the kernels replace it.
+bool mods_evaluable_past_skv(const StagedMods& staged) {
+  bool ok = true;
+  for (const Expr& root : {staged.score_mod, staged.mask_mod})
+    if (root)
+      for_each_node(root, [&](const Expr& n) {
+        if (n.as<Load>()) ok = false;
+        if (const Binary* b = n.as<Binary>(); b && n.type() == Type::Int && (b->op == BinaryOp::FloorDiv || b->op == BinaryOp::Mod)) {
+          const IntImm* d = b->b.as<IntImm>();
+          if (!d || d->value == 0) ok = false;
+        }
+      });
+  return ok;
+}
+
 // mask_mod's subexpressions worth staging per KV column (VariantOptions::stage_kv_cols): the largest ones that use
 // the column (both k0 and j after the tile rewrite) but neither the query row nor the score, hold a load, fit 32 bits
 // and can raise no error flag (a staged value is computed for every column of a partial tile, which mask_mod's
@@ -587,6 +604,9 @@ GeneratedVariant generate_cuda_variant(const SpecIR& ir, const RangeInfo& ranges
     if (root)
       for_each_node(root, [&](const Expr& n) { out.element_loads = out.element_loads || (n.as<Load>() && staged.stage_of(n) == Stage::Element); });
   if (out.element_loads) code += "  static constexpr bool kElementLoads = true;\n";
+  if (mods_evaluable_past_skv(staged))
+    code += "  // No loads and no division by a runtime value: the kernels may evaluate the mods past Skv and discard them.\n"
+            "  static constexpr bool kEvaluablePastSkv = true;\n";
   const char* attrs = "  __device__ static __forceinline__";
   auto stage_fn = [&](Stage s, const std::string& signature) {
     if (staged.count(s) == 0) return;

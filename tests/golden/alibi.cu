@@ -22,6 +22,8 @@ struct FlexVariant : flex::VariantBase<FlexVariant> {
     long long sym_D;
   };
   static constexpr bool kHasScoreMod = true;
+  // No loads and no division by a runtime value: the kernels may evaluate the mods past Skv and discard them.
+  static constexpr bool kEvaluablePastSkv = true;
   // score_mod(score) = score_mod below + score_col_term(kv) + score_row_term(q): the forward kernels add the row
   // terms to the LSE instead of every score of the row (the softmax does not change), the column terms once per
   // column. a: the anchor row (within the thread's rows), kv = k0 + j with k0 = a.

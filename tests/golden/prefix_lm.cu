@@ -24,6 +24,8 @@ struct FlexVariant : flex::VariantBase<FlexVariant> {
     unsigned int param_prefix_i32_pad;
   };
   static constexpr bool kHasMaskMod = true;
+  // No loads and no division by a runtime value: the kernels may evaluate the mods past Skv and discard them.
+  static constexpr bool kEvaluablePastSkv = true;
   __device__ static __forceinline__ bool mask_mod(const Params& p, const Row& row, const Col& col, const Tile& tile, int b, int h, int hkv, int q, int k0, int j) {
     const int t0 = (k0 + j);
     const bool t1 = (t0 < p.param_prefix_i32);

@@ -19,6 +19,8 @@ struct FlexVariant : flex::VariantBase<FlexVariant> {
     long long sym_D;
   };
   static constexpr bool kHasScoreMod = true;
+  // No loads and no division by a runtime value: the kernels may evaluate the mods past Skv and discard them.
+  static constexpr bool kEvaluablePastSkv = true;
   __device__ static __forceinline__ float score_mod(const Params& p, const Row& row, const Col& col, const Tile& tile, int b, int h, int hkv, int q, int k0, int j, float score) {
     const float t0 = (score * 0.033333335f);
     const float t1 = fj::tanh_fast(t0);

@@ -260,7 +260,7 @@ TEST_CASE("odd lengths with Sq != Skv on every kind of tile", "[gpu]") {
   FLEXJIT_REQUIRE_GPU();
   // Bottom-right causal alignment (q + Skv - Sq >= kv) covers rows that see nothing (Sq > Skv) and tiles cut by Skv.
   for (auto [sq, skv] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {127, 129}, {129, 1000}, {1000, 177}, {4097, 333}, {333, 4097}}) {
-    for (int d : {64, 128, 256}) {
+    for (int d : {32, 64, 128, 256}) {
       INFO("Sq " << sq << " Skv " << skv << " head dim " << d);
       CaseOptions c;
       c.B = 1;
@@ -271,6 +271,8 @@ TEST_CASE("odd lengths with Sq != Skv on every kind of tile", "[gpu]") {
       expect_close(run_case(inline_spec("plain_odd", std::nullopt, std::nullopt, d), c));
       expect_close(run_case(inline_spec("causal_odd", std::nullopt, "q + Skv - Sq >= kv", d), c));
       expect_close(run_case(inline_spec("softcap_odd", std::string("30 * tanh(score / 30)"), std::nullopt, d), c));
+      // Index-only mods run past Skv on the tile that crosses it (kEvaluablePastSkv), their results replaced after.
+      expect_close(run_case(inline_spec("sinks_window_odd", std::nullopt, "kv < 4 || (q + Skv - Sq >= kv && q + Skv - Sq - kv < 100)", d), c));
     }
   }
 }

@@ -11,7 +11,7 @@
 #   MODE=backward bash tools/device/ab.sh "base new" 3 "causal sam"   # backward cases (flexjit bench-backward)
 # Cases: full, full8k, causal, softcap, softcaprt, sam64, sam80, full64, softcap64, softcap96, alibi64, alibi96, relh64,
 # relw64, scale64, relbias64, samrt64 (SAM with a runtime width W), causal64, sw64 / swrt64 / swrt (a sliding window of
-# 1024, constant or a runtime int), causal96, full80, full96, full192, full256 (forward); causal, full, causal96,
+# 1024, constant or a runtime int), sinks64 / sinksrt64 / sinks / sinks64odd (4 attention sinks + that window; odd: S 4000), causal96, full80, full96, full192, full256 (forward); causal, full, causal96,
 # causal64, sam, samrt (SAM with a runtime width W; backward).
 set -uo pipefail
 builds=$1
@@ -45,6 +45,10 @@ forward_args() {
     sw64) echo "--name sw_d64 --mask q>=kv&&q-kv<1024 --shape 8,12,12,4096,4096,64" ;;
     swrt64) echo "--name swrt_d64 --mask q>=kv&&q-kv<window --param window:int --set window=1024 --shape 8,12,12,4096,4096,64" ;;
     swrt) echo "--name swrt --mask q>=kv&&q-kv<window --param window:int --set window=1024 --shape 4,16,16,4096,4096,128" ;;
+    sinks64) echo "--name sinks_d64 --mask kv<4||(q>=kv&&q-kv<1024) --shape 8,12,12,4096,4096,64" ;;
+    sinksrt64) echo "--name sinksrt_d64 --mask kv<4||(q>=kv&&q-kv<window) --param window:int --set window=1024 --shape 8,12,12,4096,4096,64" ;;
+    sinks) echo "--name sinks --mask kv<4||(q>=kv&&q-kv<1024) --shape 4,16,16,4096,4096,128" ;;
+    sinks64odd) echo "--name sinks_d64_odd --mask kv<4||(q>=kv&&q-kv<1024) --shape 8,12,12,4000,4000,64" ;;
     sam80) echo "--name sam_d80 --score score+rel_h[b,h,q,kv//64]+rel_w[b,h,q,kv%64] --buffer rel_h:bf16[B,H,Sq,64] --buffer rel_w:bf16[B,H,Sq,64] --shape 8,16,16,4096,4096,80" ;;
     causal96) echo "--name causal_d96 --mask q>=kv --shape 4,16,16,4096,4096,96" ;;
     full80) echo "--name full_d80 --shape 4,16,16,4096,4096,80" ;;

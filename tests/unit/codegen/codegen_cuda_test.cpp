@@ -191,3 +191,24 @@ TEST_CASE("staged column values: several types, at most two per column", "[codeg
   REQUIRE(staged != std::string::npos);
   CHECK(three.substr(staged, three.find("  }\n", staged) - staged).find("load_i32") != std::string::npos);  // the third, per element
 }
+
+TEST_CASE("mods without loads or runtime divisors may run past Skv (kEvaluablePastSkv)", "[codegen]") {
+  auto evaluable = [](const std::string& score, const std::string& mask, const std::vector<std::string>& buffers,
+                      const std::string& param = "") {
+    dsl::Spec spec = spec_of(score, mask, buffers);
+    dsl::Diagnostics d;
+    if (!param.empty()) REQUIRE(dsl::add_param(spec, param, "test", d));
+    SpecIR ir = build_spec_ir(spec);
+    const std::string code = generate_cuda_variant(ir, analyze_ir_ranges(ir), VariantOptions{}).code;
+    INFO(code);
+    return code.find("static constexpr bool kEvaluablePastSkv = true;") != std::string::npos;
+  };
+  CHECK(evaluable("", "kv < 4 || (q >= kv && q - kv < 1024)", {}));
+  CHECK(evaluable("30 * tanh(score / 30)", "", {}));
+  CHECK(evaluable("", "q >= kv && q - kv < window", {}, "window: int"));
+  CHECK(evaluable("", "kv // 64 <= q // 64", {}));
+  // A load past Skv could read past its buffer; a division by a runtime value could flag a zero divisor.
+  CHECK_FALSE(evaluable("", "doc[q] == doc[kv]", {"doc: i32[Skv]"}));
+  CHECK_FALSE(evaluable("score + bias[h, q - kv + Skv - 1]", "", {"bias: f32[H, L]"}));
+  CHECK_FALSE(evaluable("", "kv // w <= q // w", {}, "w: int"));
+}

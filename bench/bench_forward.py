@@ -130,6 +130,7 @@ def main():
     def sliding(b, h, q, kv): return (q >= kv) & (q - kv <= W)
     def document(b, h, q, kv): return doc[q] == doc[kv]
     def prefix_lm(b, h, q, kv): return (kv <= P) | (q >= kv)
+    def sinks_window(b, h, q, kv): return (kv < 4) | ((q >= kv) & (q - kv <= W))
     def alibi(s, b, h, q, kv): return s + slopes[h] * (kv - q)
     def softcap(s, b, h, q, kv): return 30.0 * torch.tanh(s / 30.0)
 
@@ -147,6 +148,11 @@ def main():
          {"doc": f"{tmp}/doc.npy"}, []),
         ("sliding_window_1024", B, H, S, D, None, sliding, ["--mask", "q >= kv && q - kv <= 1024", "--name", "sliding"], {}, []),
         ("prefix_lm_1024", B, H, S, D, None, prefix_lm, ["--mask", "kv <= 1024 || q >= kv", "--name", "prefix_lm"], {}, []),
+        # StreamingLLM's mask: 4 attention sinks and a sliding window.
+        ("sinks4_window_1024", B, H, S, D, None, sinks_window, ["--mask", "kv < 4 || (q >= kv && q - kv <= 1024)", "--name", "sinks_window"],
+         {}, []),
+        ("sinks4_window_1024_D64", 8, 12, S, 64, None, sinks_window, ["--mask", "kv < 4 || (q >= kv && q - kv <= 1024)", "--name",
+                                                                        "sinks_window_d64"], {}, []),
     ]
     for (Bs, Hs, Ds) in [(8, 12, 64), (8, 16, 80)]:
         cases.append((f"sam_relpos_D{Ds}", Bs, Hs, S, Ds, "sam", None,

@@ -9,10 +9,11 @@
 # There (device tool, carry [".device"]):
 #   bash tools/device/ab.sh "base new" 3 "full causal"            # forward cases
 #   MODE=backward bash tools/device/ab.sh "base new" 3 "causal sam"   # backward cases (flexjit bench-backward)
-# Cases: full, full8k, causal, softcap, softcaprt, sam64, sam80, full64, softcap64, softcap96, alibi64, alibi96, relh64,
-# relw64, scale64, relbias64, samrt64 (SAM with a runtime width W), causal64, sw64 / swrt64 / swrt (a sliding window of
-# 1024, constant or a runtime int), sinks64 / sinksrt64 / sinks / sinks64odd (4 attention sinks + that window; odd: S 4000), causal96, full80, full96, full192, full256 (forward); causal, full, causal96,
-# causal64, sam, samrt (SAM with a runtime width W; backward).
+# Cases: full, full8k, causal, softcap, softcaprt, sam64, sam80, full64, softcap64, softcap96, alibi / alibirt (ALiBi +
+# causal at D128: slopes from a buffer / one runtime slope), alibi64, alibi96, relh64, relw64, scale64, relbias64, samrt64
+# (SAM with a runtime width W), causal64, sw64 / swrt64 / swrt (a sliding window of 1024, constant or a runtime int),
+# sinks64 / sinksrt64 / sinks / sinks64odd (4 attention sinks + that window; odd: S 4000), causal96, full80, full96,
+# full192, full256 (forward); causal, full, causal96, causal64, sam, samrt (SAM with a runtime width W; backward).
 set -uo pipefail
 builds=$1
 rounds=$2
@@ -34,6 +35,8 @@ forward_args() {
     full64) echo "--name full_d64 --shape 8,12,12,4096,4096,64" ;;
     softcap64) echo "--name softcap_d64 --score cap*tanh(score/cap) --const cap:float=30 --shape 8,12,12,4096,4096,64" ;;
     softcap96) echo "--name softcap_d96 --score cap*tanh(score/cap) --const cap:float=30 --shape 4,16,16,4096,4096,96" ;;
+    alibi) echo "--name alibi --score score+slope[h]*(kv-q) --buffer slope:f32[H] --mask q>=kv --shape 4,16,16,4096,4096,128" ;;
+    alibirt) echo "--name alibi_rt --score score+slope*(kv-q) --param slope:float --set slope=0.0625 --mask q>=kv --shape 4,16,16,4096,4096,128" ;;
     alibi64) echo "--name alibi_d64 --score score+slope*(kv-q) --param slope:float --set slope=0.0625 --mask q>=kv --shape 8,12,12,4096,4096,64" ;;
     alibi96) echo "--name alibi_d96 --score score+slope*(kv-q) --param slope:float --set slope=0.0625 --mask q>=kv --shape 4,16,16,4096,4096,96" ;;
     relh64) echo "--name relh_d64 --score score+rel_h[b,h,q,kv//64] --buffer rel_h:bf16[B,H,Sq,64] --shape 8,12,12,4096,4096,64" ;;

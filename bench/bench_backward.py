@@ -9,20 +9,17 @@ The causal and SAM cases also run each dQ strategy (`--dq atomic`: the KV-major 
 the query-major pass), plain and deterministic, for the "dQ strategy" table.
 Writes backward.json and backward_table.md (date, GPU, commit) to --out, for bench/RESULTS.md.
 --no-torch skips FlexAttention and SDPA (flexjit only)."""
-import argparse
-import datetime
 import json
 import os
-import site
 import subprocess
 
 import torch
 import torch.nn.functional as F
-import triton.testing as tt
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 import torch._dynamo
+from bench_common import bench, error_text, fa4_function, parse_args, table_heading
 
 torch._dynamo.config.recompile_limit = 64
 torch._dynamo.config.cache_size_limit = 64
@@ -36,22 +33,6 @@ ANCHOR_NOTES = {
 }
 
 
-def bench(fn, rep=100):
-    return tt.do_bench(fn, warmup=10, rep=rep, return_mode="median")
-
-
-def fa4_function():
-    try:
-        from flash_attn.cute import flash_attn_func  # noqa: PLC0415
-        return flash_attn_func
-    except Exception as e:  # noqa: BLE001
-        return str(e)[:200]
-
-
-def error_text(e):
-    return str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
-
-
 def time_flex(row, q, k, v, do, sm, mask_mod, s):
     """FlexAttention forward+backward through its FLASH and Triton backends (flex_flash_ms, flex_ms)."""
     bm = create_block_mask(mask_mod, None, None, s, s, device=dev) if mask_mod else None
@@ -60,7 +41,7 @@ def time_flex(row, q, k, v, do, sm, mask_mod, s):
             def f():
                 flex(q, k, v, score_mod=sm, block_mask=bm, kernel_options=opts).backward(do)
             f()
-            row[key + "_ms"] = bench(f, rep=50)
+            row[key + "_ms"] = bench(f, warmup=10, rep=50)
         except Exception as e:  # noqa: BLE001
             row[key + "_error"] = error_text(e)
 
@@ -75,7 +56,7 @@ def time_dense(row, q, k, v, do, fa4):
                 out = fa4(qt, kt, vt, causal=True)
                 (out[0] if isinstance(out, tuple) else out).backward(dot)
             g()
-            row["fa4_ms"] = bench(g)
+            row["fa4_ms"] = bench(g, warmup=10)
         except Exception as e:  # noqa: BLE001
             row["fa4_error"] = error_text(e)
     else:
@@ -86,7 +67,7 @@ def time_dense(row, q, k, v, do, fa4):
                 def g():
                     F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(do)
                 g()
-                row[key + "_ms"] = bench(g)
+                row[key + "_ms"] = bench(g, warmup=10)
         except Exception as e:  # noqa: BLE001
             row[key + "_error"] = error_text(e)
 
@@ -108,16 +89,11 @@ def run_flexjit(flexjit, flags, shape, deterministic=False, dq=None):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--flexjit", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--only", nargs="*", default=None)
-    ap.add_argument("--flex-learnable", action="store_true", help="also run FlexAttention on the learnable slope / bias cases")
-    ap.add_argument("--no-torch", action="store_true", help="flexjit only: skip FlexAttention and SDPA")
-    ap.add_argument("--site", default="/tmp/site", help="site directory of flash-attn-4 (prepare.sh)")
-    args = ap.parse_args()
-    if os.path.isdir(args.site):
-        site.addsitedir(args.site)
+    def options(ap):
+        ap.add_argument("--flex-learnable", action="store_true", help="also run FlexAttention on the learnable slope / bias cases")
+        ap.add_argument("--no-torch", action="store_true", help="flexjit only: skip FlexAttention and SDPA")
+
+    args = parse_args("Forward+backward benchmarks against FlexAttention, FlashAttention-4 and SDPA", flexjit_only=False, extra=options)
     fa4 = fa4_function()
     os.makedirs(args.out, exist_ok=True)
     torch.manual_seed(0)
@@ -197,9 +173,7 @@ def main():
         print(json.dumps(row), flush=True)
         rows.append(row)
     json.dump(rows, open(f"{args.out}/backward.json", "w"), indent=1)
-    gpu = torch.cuda.get_device_name()
-    commit = os.environ.get("FLEXJIT_COMMIT", "unknown")
-    lines = [f"\n### Forward + backward, {datetime.date.today()}, {gpu}, commit {commit}, torch {torch.__version__}\n",
+    lines = [table_heading("Forward + backward"),
              "TFLOP/s = 3.5 · 4·B·H·S²·D·density / time (the backward alone: 2.5 ·). flexjit columns: forward / backward / both (ms); "
              "deterministic = backward with fixed-point accumulation. Other columns: forward+backward ms · TFLOP/s; ratio = the "
              "FLASH backend's time over flexjit's (above 1: flexjit is faster).\n",

@@ -4,7 +4,6 @@ bench/ANCHORS.md: B8, 32 query heads / 8 KV heads, D128, bf16, one query token. 
 first (triton's do_bench; flexjit bench --decode does the same). Bytes = K and V read once. The e4m3 / e5m2 rows
 time flexjit over an FP8 cache (no FP8 KV path in FlexDecoding or SDPA: compare with the bf16 rows).
 Writes decode.json and decode_table.md (rows `decode ...` and `paged ...`, with date, GPU and commit) to --out."""
-import argparse
 import datetime
 import json
 import os
@@ -14,21 +13,17 @@ import tempfile
 import numpy as np
 import torch
 import torch.nn.functional as F
-import triton.testing as tt
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 import torch._dynamo
+from bench_common import bench, parse_args
 
 torch._dynamo.config.recompile_limit = 64
 torch._dynamo.config.cache_size_limit = 64
 flex = torch.compile(flex_attention, dynamic=False)
 dev, dt = "cuda", torch.bfloat16
 B, H, HKV, D = 8, 32, 8, 128
-
-
-def bench(fn):
-    return tt.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
 def run_flexjit(flexjit, flags, L, page_size, loads, sets, kv="bf16"):
@@ -70,11 +65,8 @@ def torch_times(L, score_mod, mask_mod, plain):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--flexjit", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--no-torch", action="store_true", help="flexjit rows only")
-    args = ap.parse_args()
+    args = parse_args("Decode benchmarks against FlexDecoding and SDPA", baselines=False, flexjit_only=False,
+                      extra=lambda ap: ap.add_argument("--no-torch", action="store_true", help="flexjit rows only"))
     os.makedirs(args.out, exist_ok=True)
     tmp = tempfile.mkdtemp()
     slopes = torch.exp2(-8.0 * torch.arange(1, H + 1) / H).float()

@@ -6,22 +6,19 @@ have no mods; a backend may reject a captured buffer) gets a dash and the reason
 
 FlashAttention-4 and the FLASH backend need the flash-attn-4 package and the CuTe DSL runtime, installed into the
 site directory passed with --site (the GPU machine has no package registry: they travel as wheels). Writes bench.json and results_table.md to --out."""
-import argparse
-import datetime
 import json
 import os
-import site
 import subprocess
 import tempfile
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-import triton.testing as tt
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 import torch._dynamo
+from bench_common import add_flexjit, bench, error_text, fa4_function, parse_args, table_heading
 
 torch._dynamo.config.recompile_limit = 64
 torch._dynamo.config.cache_size_limit = 64
@@ -30,8 +27,6 @@ dev, dt = "cuda", torch.bfloat16
 BASELINES = ("flex_flash", "flex_triton", "fa4", "sdpa_cudnn", "sdpa_flash")
 
 
-def bench(fn, rep=100):
-    return tt.do_bench(fn, warmup=25, rep=rep, return_mode="median")
 
 
 def density_of(mm, Sq, S):
@@ -61,12 +56,6 @@ def to_npy(t, path):
         np.save(path, t.cpu().numpy())
 
 
-def fa4_function():
-    try:
-        from flash_attn.cute import flash_attn_func  # noqa: PLC0415
-        return flash_attn_func
-    except Exception as e:  # noqa: BLE001
-        return str(e)[:200]
 
 
 def time_baselines(row, q, k, v, sm, mask_mod, causal_only, fa4):
@@ -81,7 +70,7 @@ def time_baselines(row, q, k, v, sm, mask_mod, causal_only, fa4):
             f()
             row[key + "_ms"] = bench(f)
         except Exception as e:  # noqa: BLE001
-            row[key + "_error"] = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            row[key + "_error"] = error_text(e)
     if sm is not None or (mask_mod is not None and not causal_only):
         return
     causal = mask_mod is not None
@@ -92,7 +81,7 @@ def time_baselines(row, q, k, v, sm, mask_mod, causal_only, fa4):
             g()
             row["fa4_ms"] = bench(g)
         except Exception as e:  # noqa: BLE001
-            row["fa4_error"] = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            row["fa4_error"] = error_text(e)
     else:
         row["fa4_error"] = fa4
     for backend, key in ((SDPBackend.CUDNN_ATTENTION, "sdpa_cudnn"), (SDPBackend.FLASH_ATTENTION, "sdpa_flash")):
@@ -102,19 +91,11 @@ def time_baselines(row, q, k, v, sm, mask_mod, causal_only, fa4):
                 g()
                 row[key + "_ms"] = bench(g)
         except Exception as e:  # noqa: BLE001
-            row[key + "_error"] = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            row[key + "_error"] = error_text(e)
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--flexjit", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--only", nargs="*", default=None)
-    ap.add_argument("--site", default="/tmp/site", help="site directory of flash-attn-4 (prepare.sh)")
-    ap.add_argument("--flexjit-only", action="store_true", help="time flexjit alone (no baselines)")
-    args = ap.parse_args()
-    if os.path.isdir(args.site):
-        site.addsitedir(args.site)
+    args = parse_args("Forward benchmarks against FlexAttention, FlashAttention-4 and SDPA")
     fa4 = fa4_function()
     os.makedirs(args.out, exist_ok=True)
     tmp = tempfile.mkdtemp()
@@ -186,18 +167,11 @@ def main():
         del q, k, v
         torch.cuda.empty_cache()
         ours = run_flexjit(args.flexjit, flags, [b, h, h, s, s, d], loads, sets)
-        row["flexjit"] = ours
-        if "ms" in ours:
-            row["flexjit_ms"] = ours["ms"]
-        for key in ("flexjit",) + BASELINES:
-            if key + "_ms" in row:
-                row[key + "_tflops"] = flops / row[key + "_ms"] / 1e9
+        add_flexjit(row, ours, flops, BASELINES)
         print(json.dumps(row), flush=True)
         rows.append(row)
     json.dump(rows, open(f"{args.out}/bench.json", "w"), indent=1)
-    gpu = torch.cuda.get_device_name()
-    commit = os.environ.get("FLEXJIT_COMMIT", "unknown")
-    lines = [f"\n### Forward, {datetime.date.today()}, {gpu}, commit {commit}, torch {torch.__version__}\n",
+    lines = [table_heading("Forward"),
              "ms · TFLOP/s; ratio = the FLASH backend's time over flexjit's (above 1: flexjit is faster).\n",
              "| case | density | flexjit | Flex FLASH | ratio | Flex Triton | FlashAttention-4 | cuDNN SDPA | SDPA flash | host launch |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]

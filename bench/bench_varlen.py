@@ -10,20 +10,17 @@ A baseline that cannot run a case gets a dash and the reason in bench.json.
 
 FlashAttention-4 and the FLASH backend need the flash-attn-4 package (--site, see bench_forward.py). Writes bench.json
 and results_table.md to --out."""
-import argparse
-import datetime
 import inspect
 import json
 import os
-import site
 import subprocess
 
 import torch
-import triton.testing as tt
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 import torch._dynamo
+from bench_common import add_flexjit, bench, error_text, fa4_function, parse_args, table_heading
 
 torch._dynamo.config.recompile_limit = 64
 torch._dynamo.config.cache_size_limit = 64
@@ -31,14 +28,6 @@ flex = torch.compile(flex_attention, dynamic=False)
 dev, dt = "cuda", torch.bfloat16
 H, HKV, D = 32, 8, 128
 BASELINES = ("fa4", "flex_flash", "flex_triton", "sdpa_varlen", "sdpa_cudnn")
-
-
-def bench(fn):
-    return tt.do_bench(fn, warmup=25, rep=100, return_mode="median")
-
-
-def error_text(e):
-    return str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
 
 
 def run_flexjit(flexjit, flags, b, sq, skv, sets):
@@ -133,19 +122,8 @@ def density(sq, skv, causal, window):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--flexjit", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--only", nargs="*", default=None)
-    ap.add_argument("--site", default="/tmp/site", help="site directory of flash-attn-4 (prepare.sh)")
-    ap.add_argument("--flexjit-only", action="store_true", help="time flexjit alone (no baselines)")
-    args = ap.parse_args()
-    if os.path.isdir(args.site):
-        site.addsitedir(args.site)
-    try:
-        from flash_attn.cute import flash_attn_varlen_func as fa4  # noqa: PLC0415
-    except Exception as e:  # noqa: BLE001
-        fa4 = error_text(e)
+    args = parse_args("Ragged-prefill benchmarks against FlashAttention-4's varlen entry, FlexAttention and varlen SDPA")
+    fa4 = fa4_function("flash_attn_varlen_func")
     os.makedirs(args.out, exist_ok=True)
     torch.manual_seed(0)
     # name, sequences, query rows, KV rows, causal, window, flexjit spec flags, --set values. Fewer query rows than KV
@@ -171,19 +149,11 @@ def main():
             time_baselines(row, b, sq, skv, causal, window, fa4)
         torch.cuda.empty_cache()
         ours = run_flexjit(args.flexjit, flags, b, sq, skv, sets)
-        row["flexjit"] = ours
-        if "ms" in ours:
-            row["flexjit_ms"] = ours["ms"]
-        flops = 4 * b * H * sq * skv * D * row["density"]
-        for key in ("flexjit",) + BASELINES:
-            if key + "_ms" in row:
-                row[key + "_tflops"] = flops / row[key + "_ms"] / 1e9
+        add_flexjit(row, ours, 4 * b * H * sq * skv * D * row["density"], BASELINES)
         print(json.dumps(row), flush=True)
         rows.append(row)
     json.dump(rows, open(f"{args.out}/bench.json", "w"), indent=1)
-    gpu = torch.cuda.get_device_name()
-    commit = os.environ.get("FLEXJIT_COMMIT", "unknown")
-    lines = [f"\n### Ragged prefill, {datetime.date.today()}, {gpu}, commit {commit}, torch {torch.__version__}\n",
+    lines = [table_heading("Ragged prefill"),
              f"H{H} Hkv{HKV} D{D} bf16, B sequences packed (chunked: Sq new tokens at the end of Skv). ms · TFLOP/s; ratio = FlashAttention-4's time over "
              "flexjit's (above 1: flexjit is faster).\n",
              "| case | density | flexjit | FlashAttention-4 varlen | ratio | Flex FLASH | Flex Triton | SDPA varlen flash | SDPA varlen cuDNN |",

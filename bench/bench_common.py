@@ -1,5 +1,5 @@
 """What the GPU benchmark scripts share: their command line, do_bench's median, FlashAttention-4's entry points
-(installed by ../shared/tools/fa4/prepare.sh into a site directory) and one-line error texts for table cells."""
+(installed into a site directory by the FlashAttention-4 preparation script of the GPU machine) and one-line error texts for table cells."""
 import argparse
 import datetime
 import os

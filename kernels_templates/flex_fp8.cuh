@@ -1,6 +1,7 @@
 // FP8 KV-cache element types and their exact widening to the kernels' 16-bit element types.
 #pragma once
 #include "flex_mma.cuh"
+#include "flex_type_traits.cuh"
 
 // Storage tags of an FP8 KV cache (one byte per element, OCP FP8 formats): e4m3 (bias 7, no infinities) and e5m2
 // (bias 15). Tags rather than cuda_fp8.h's types: the kernels only move and widen the bytes, never compute in FP8.
@@ -15,15 +16,7 @@ namespace flex {
 
 template <class T>
 struct IsFp8 {
-  static constexpr bool value = false;
-};
-template <>
-struct IsFp8<FlexFp8E4M3> {
-  static constexpr bool value = true;
-};
-template <>
-struct IsFp8<FlexFp8E5M2> {
-  static constexpr bool value = true;
+  static constexpr bool value = IsSame<T, FlexFp8E4M3>::value || IsSame<T, FlexFp8E5M2>::value;
 };
 
 // Widening without conversion instructions (so sm_80 runs it too): every e4m3 / e5m2 value, subnormals included,

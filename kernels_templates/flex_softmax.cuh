@@ -2,18 +2,10 @@
 // use the m16n8 C layout: mma.sync, and wgmma, which repeats it per warp).
 #pragma once
 #include "flex_mma.cuh"
+#include "flex_type_traits.cuh"
 
 namespace flex {
 
-// Element types whose exponent range is fp32's (bf16): a P far below 1 stays a normal number after packing.
-template <class Element>
-struct HasFp32ExponentRange {
-  static constexpr bool value = false;
-};
-template <>
-struct HasFp32ExponentRange<__nv_bfloat16> {
-  static constexpr bool value = true;
-};
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
 
@@ -35,7 +27,9 @@ __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u);
 template <class Variant, class Element, int kMTiles, int kNTiles, bool kFixedMaxAllowed = true>
 struct Softmax {
   static constexpr int kRows = 2 * kMTiles;
-  static constexpr bool kFixedMax = kFixedMaxAllowed && Variant::kFixedMax && HasFp32ExponentRange<Element>::value;
+  // The fixed maximum only where P's type has fp32's exponent range (bf16): a P far below 1 stays a normal number
+  // after packing.
+  static constexpr bool kFixedMax = kFixedMaxAllowed && Variant::kFixedMax && IsSame<Element, __nv_bfloat16>::value;
   static constexpr float kRescaleLog2 = 8.f;
 
   float row_max[kRows];     // in S units

@@ -5,6 +5,7 @@
 #include "flex_interval.cuh"
 #include "flex_params.cuh"
 #include "flex_sm90_pipeline.cuh"
+#include "flex_type_traits.cuh"
 
 namespace flex {
 
@@ -44,15 +45,6 @@ struct ForwardTiles {
   }
 };
 
-template <class T>
-struct IsVoid {
-  static constexpr bool value = false;
-};
-template <>
-struct IsVoid<void> {
-  static constexpr bool value = true;
-};
-
 // The order of a launch's work: work index t = ((b x head groups + group) x query tiles + rank) x heads in the group
 // + head in the group. Heads go in groups of kHeadGroup so that the K/V of the heads in flight stay in L2 while
 // every query tile of the group runs; within a group the heaviest query tiles come first (the reversed tile index,
@@ -65,7 +57,7 @@ template <int kBlockM, int kBlockN, bool kHasMaskMod, bool kVarlen, class MaskBo
 struct TileScheduler {
   static constexpr int kHeadGroup = 8;
   // Whether classify() narrows the tiles (a ragged batch whose mask has an interval classifier).
-  static constexpr bool kClassifies = kVarlen && kHasMaskMod && !IsVoid<MaskBox>::value;
+  static constexpr bool kClassifies = kVarlen && kHasMaskMod && !IsSame<MaskBox, void>::value;
 
   __device__ __forceinline__ static int query_tiles(const FlexForwardParams& p) { return (p.seqlen_q + kBlockM - 1) / kBlockM; }
   __device__ __forceinline__ static int num_work(const FlexForwardParams& p) { return p.batch * p.heads * query_tiles(p); }

@@ -6,7 +6,6 @@
 
 namespace flex {
 
-
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
 
 // Online softmax, base 2, over S tiles of kMTiles x kNTiles m16n8 blocks per warp (rows 2 kMTiles per thread):

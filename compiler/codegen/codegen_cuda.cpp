@@ -205,9 +205,10 @@ class CudaEmitter {
   }
 
   // A runtime int parameter compared with a 32-bit value: its copy saturated to int32 by the host, so the comparison
-  // runs in 32 bits, as against a constant, instead of widening every score element's operand to 64. Exact where the value provably never reaches INT32_MIN or INT32_MAX
-  // (RangeInfo::strict_int32: positions and their differences): every comparison with the saturated copy then comes
-  // out as with the parameter. `text` is operand e's text; `other` the other operand.
+  // runs in 32 bits, as against a constant, instead of widening every score element's operand to 64. Exact where the
+  // value provably never reaches INT32_MIN or INT32_MAX (RangeInfo::strict_int32: positions and their differences):
+  // every comparison with the saturated copy then comes out as with the parameter. `text` is operand e's text;
+  // `other` the other operand.
   std::string narrow_param(const Expr& e, const Expr& other, const std::string& text) const {
     const Param* p = e.as<Param>();
     if (!p || wide(other) || !opt_.int32 || !ranges_.strict_int32.count(origin(other).get())) return text;

@@ -71,7 +71,7 @@ constexpr int flex_backward_smem_bytes(const FlexBackwardPolicy& p, const FlexBa
   const bool selectors_in_k = 2 * ((d / 2 + region_cols - 1) / region_cols * region_cols) == d;
   if (f.staged_grad && grad_gemm) bytes += selectors_in_k ? 2 * n * p.swizzle_bytes : 2 * n * 16 * 2 + 1024;
   else if (f.staged_grad) bytes += f.spread_rows ? 8 * m * 20 * 4 + 8 * (m + 4) * 4 : 2 * m * 68 * 4;
-  if (dq_bulk) bytes += m * (d + 8) * 4;
+  if (dq_bulk) bytes += f.deterministic ? m * (d + 2) * 8 : m * (d + 8) * 4;  // fixed point, or fp32
   return bytes + 1024;
 }
 
@@ -82,10 +82,10 @@ constexpr int flex_backward_smem_bytes(const FlexBackwardPolicy& p, const FlexBa
 //     regions and the dQ column split lands on a region boundary;
 //   - launch groups of 8 (KV head, batch) pairs: heavy low KV blocks of causal masks start first, while the Q / dO
 //     tiles streamed at once stay within L2 (all heads at once overflow it);
-//   - bulk dQ reductions from head dim 96, where one bulk operation per query row of D * 4 bytes outweighs its issue
-//     cost; fp32 accumulation only (not deterministic), with dQ in this kernel, when the rows fit the 227 KB of shared
-//     memory, and not with a diagonal scatter, whose split reduction runs its cross-warp sums while dQ runs and
-//     leaves the float4 atomics' latency hidden;
+//   - bulk dQ reductions (with dQ in this kernel, when the rows fit the 227 KB of shared memory): in fp32 from head
+//     dim 96, where one bulk operation per query row of D * 4 bytes outweighs its issue cost, and not with a diagonal
+//     scatter, whose split reduction runs its cross-warp sums while dQ runs and leaves the float4 atomics' latency
+//     hidden; deterministic, in 64-bit fixed point at every head dim, where they replace one 64-bit atomic per element;
 //   - selector GEMMs for spread rows' staged gradients when dS^T is their gradient (bf16, d_score = 1; fp16 would lose
 //     small dS bits the fp32 slabs keep) and the kv // 64 term has one, so each warpgroup runs one selector GEMM
 //     (with rel_w's gradient alone warpgroup 0 would do all of it while the slabs use all eight warps).
@@ -108,8 +108,8 @@ constexpr FlexBackwardPolicy flex_backward_policy(int kind, int head_dim, FlexBa
   p.grad_gemm = wgmma && f.spread_rows && f.tile_term_grad && f.bf16 && f.d_score_is_one;
   constexpr int kDqBulkMinHeadDim = 96;
   constexpr int kSm90MaxDynamicShared = 227 * 1024;  // the opt-in limit per block
-  p.dq_bulk = wgmma && !f.query_major && !f.deterministic && head_dim >= kDqBulkMinHeadDim && !f.diagonal_scatter &&
-              flex_backward_smem_bytes(p, f, true, p.grad_gemm) <= kSm90MaxDynamicShared;
+  const bool bulk_pays = f.deterministic || (head_dim >= kDqBulkMinHeadDim && !f.diagonal_scatter);
+  p.dq_bulk = wgmma && !f.query_major && bulk_pays && flex_backward_smem_bytes(p, f, true, p.grad_gemm) <= kSm90MaxDynamicShared;
   p.smem_bytes = flex_backward_smem_bytes(p, f, p.dq_bulk, p.grad_gemm);
   return p;
 }
@@ -118,11 +118,14 @@ constexpr FlexBackwardPolicy flex_backward_policy(int kind, int head_dim, FlexBa
 constexpr FlexBackwardPolicy flex_backward_tiles(int head_dim) { return flex_backward_policy(kFlexBackwardMmaSync, head_dim, FlexBackwardFeatures{}); }
 
 // The automatic dQ strategy's tuning half (compiler/codegen/backward_source.cpp adds the correctness half: scatters
-// only the query-major pass reduces). Deterministic, the query-major pass computes dQ without atomics, which beats
-// staged gradients as 64-bit fixed-point atomics per element of each [64 q][64] block and, with nothing staged, the
-// wgmma kernel's fixed-point dQ atomics per element (docs/BACKWARD.md, dQ strategy).
-constexpr bool flex_backward_prefers_query_major(int kind, const FlexBackwardFeatures& f, bool any_staged) {
+// only the query-major pass reduces). Deterministic launches whose Hopper module takes bulk dQ rows (64-bit fixed
+// point, order-independent) stay KV-major: they beat the query-major pass on causal, the learnable bias and SAM
+// (docs/BACKWARD.md, dQ strategy). Where the rows do not fit, the query-major pass computes dQ without atomics, which
+// beats staged gradients as 64-bit fixed-point atomics per element of each [64 q][64] block and, with nothing staged,
+// the wgmma kernel's fixed-point dQ atomics per element.
+constexpr bool flex_backward_prefers_query_major(int kind, int head_dim, const FlexBackwardFeatures& f, bool any_staged) {
   if (!f.deterministic) return false;
+  if (kind == kFlexBackwardWgmma && flex_backward_policy(kind, head_dim, f).dq_bulk) return false;
   if (f.staged_grad) return true;
   return !any_staged && kind == kFlexBackwardWgmma;
 }

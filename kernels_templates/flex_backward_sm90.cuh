@@ -2,6 +2,7 @@
 #pragma once
 #include "flex_backward.cuh"
 #include "flex_backward_staged.cuh"
+#include "flex_type_traits.cuh"
 #include "flex_wgmma.cuh"
 
 // Drop-in replacement of flex_backward_main for head dims 32..128 on sm_90a (docs/notes/BACKWARD_SM90.md): the same
@@ -25,7 +26,7 @@ namespace flex_bwd_sm90 {
 // Shared-memory tiles and their offsets, in the policy's swizzle (flex_backward_policy.cuh: D has at least two swizzle
 // regions, so the dQ column split lands on a region boundary). The variant adds the regions of its staged terms
 // (flex_backward_staged.cuh) at the end. flex_backward_smem_bytes is the host's count of the same bytes.
-template <class Traits, class Variant = void, bool kDqBulk = false, bool kGradGemm = false>
+template <class Traits, class Variant = void, bool kDqBulk = false, bool kGradGemm = false, bool kDqFixed = false>
 struct Smem {
   using Staged = flex_bwd_staged::Flags<Variant>;
   static constexpr int kHeadDim = Traits::kHeadDim;
@@ -63,10 +64,15 @@ struct Smem {
   static constexpr int kOffSelectors = (kOffStGrad + 1023) / 1024 * 1024;
   static constexpr int kOffStTile = kOffStGrad + (Staged::kGrad ? kGradBytes : 0);  // [stages] Tile values
   static constexpr int kOffDqBuf = kOffStTile + (Staged::kTile ? kStages * Staged::kTileStageBytes : 0);  // dQ partial rows
-  // kDqBulk: the CTA's dQ partial of a query tile, [64 q][D + 8] fp32 (rows 16-byte aligned; the 8 floats of padding
-  // make the accumulator-layout float2 stores conflict-free), sent to dq_accum by one bulk reduction per row.
-  static constexpr int kDqRowFloats = kHeadDim + 8;
-  static constexpr int kBytes = kOffDqBuf + (kDqBulk ? kBlockM * kDqRowFloats * 4 : 0);
+  // kDqBulk: the CTA's dQ partial of a query tile, sent to dq_accum by one bulk reduction per row: [64 q][D + 8] fp32
+  // (rows 16-byte aligned; the 8 floats of padding make the accumulator-layout float2 stores conflict-free), or with
+  // kDqFixed (deterministic launches) [64 q][D + 2] 64-bit fixed point, whose integer sums do not depend on the order
+  // the CTAs' reductions arrive in. Two values of padding keep the rows 16-byte aligned; more would not fit next to
+  // D128's tiles (the 16-byte stores of two rows then share banks: two cycles instead of one, once per tile).
+  using DqValue = typename flex::Conditional<kDqFixed, unsigned long long, float>::type;
+  static constexpr int kDqRowValues = kHeadDim + (kDqFixed ? 2 : 8);
+  static constexpr int kDqRowBytes = kDqRowValues * (int)sizeof(DqValue);
+  static constexpr int kBytes = kOffDqBuf + (kDqBulk ? kBlockM * kDqRowBytes : 0);
   // What the launch must give: 1 KB of slack, so the tiles can start on a 1024-byte boundary (the swizzle
   // XOR acts on absolute address bits) whatever the base of dynamic shared memory.
   static constexpr int kAllocBytes = kBytes + 1024;
@@ -114,7 +120,7 @@ __device__ __forceinline__ float (&flat(float (&a)[M][N]))[M * N] {
 // group runs, which is left in flight on return.
 template <int kN, class Layout, class Element, bool kDeterministic, bool kBulk, class IssueNext, class Overlap>
 __device__ __forceinline__ void dq_block(const FlexBackwardParams& p, unsigned s_ds, unsigned s_k, int col0, long long row_base,
-                                         int q_row0, int t4, float* dq_buf, int m0, float (&sel)[8], IssueNext&& issue_next,
+                                         int q_row0, int t4, void* dq_buf, int m0, float (&sel)[8], IssueNext&& issue_next,
                                          Overlap&& overlap) {
   constexpr int kHeadDim = Layout::kHeadDim;
   constexpr int kNSel = kN + Layout::kSelectorCols;
@@ -134,11 +140,16 @@ __device__ __forceinline__ void dq_block(const FlexBackwardParams& p, unsigned s
     for (int i = 0; i < 8; ++i) sel[i] = acc[kN / 2 + i];
   }
   if constexpr (kBulk) {
+    using Value = typename Layout::DqValue;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      float* row = dq_buf + (q_row0 + half * 8 - m0) * Layout::kDqRowFloats + col0 + 2 * t4;
+      Value* row = static_cast<Value*>(dq_buf) + (q_row0 + half * 8 - m0) * Layout::kDqRowValues + col0 + 2 * t4;
 #pragma unroll
-      for (int i = 0; i < kN / 8; ++i) *reinterpret_cast<float2*>(row + i * 8) = make_float2(acc[4 * i + 2 * half], acc[4 * i + 2 * half + 1]);
+      for (int i = 0; i < kN / 8; ++i) {
+        const float a = acc[4 * i + 2 * half], c = acc[4 * i + 2 * half + 1];
+        if constexpr (kDeterministic) *reinterpret_cast<ulonglong2*>(row + i * 8) = make_ulonglong2(flex_bwd::to_fixed(a), flex_bwd::to_fixed(c));
+        else *reinterpret_cast<float2*>(row + i * 8) = make_float2(a, c);
+      }
     }
   } else if constexpr (!kDeterministic) {
     // Two adjacent n8 tiles per float4 atomic: partners t4 and t4 ^ 1 swap one pair, so the even thread holds
@@ -183,11 +194,13 @@ __device__ __forceinline__ void dq_block(const FlexBackwardParams& p, unsigned s
 
 // The main backward kernel for sm_90a. grid = (BackwardConfig::main_grid_x(Skv): ceil(Skv / 128), or 4 per started
 // 512 rows with spread rows; Hkv, B), block = 256,
-// dynamic shared memory = flex_bwd_sm90::Smem<Traits, Variant, kDqBulk>::kAllocBytes. Traits = FlexBackwardTraits<D, Element>.
+// dynamic shared memory = flex_bwd_sm90::Smem<Traits, Variant, kDqBulk, kGradGemm, kDqBulk && kDeterministic>::kAllocBytes.
+// Traits = FlexBackwardTraits<D, Element>.
 // kDq = false: dQ is left to another pass (no dS^T store, no dQ GEMM, no dQ atomics).
 // kDqBulk: dQ partials are added to dq_accum by bulk reductions (cp.reduce.async.bulk, one per query row, issued
 // by threads 0..63 after the next tile's first barrier) instead of atomics from the accumulators, so that no warp
-// waits for its reductions' registers to drain (fp32 only: not with kDeterministic).
+// waits for its reductions' registers to drain. Deterministic launches reduce 64-bit fixed point (one bulk
+// integer reduction per row instead of one 64-bit atomic per element): the same bits whatever the order.
 // kGradGemm: spread rows' staged gradients by selector GEMMs on the dS^T tile (flex_backward_staged.cuh); needs bf16
 // and d_score = 1, where that tile holds the terms' gradient, and a gradient of both terms (one GEMM per warpgroup).
 template <class Traits, class Variant, bool kDeterministic, bool kDq = true, bool kDqBulk = false, bool kGradGemm = false>
@@ -195,11 +208,11 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   using Element = typename Traits::Element;
   using Mma = flex::Mma16816<Element>;  // fragment packing only
   using Mods = flex_bwd::BackwardMods<Variant>;
-  using S = flex_bwd_sm90::Smem<Traits, Variant, kDqBulk, kGradGemm>;
+  using S = flex_bwd_sm90::Smem<Traits, Variant, kDqBulk, kGradGemm, kDqBulk && kDeterministic>;
   static_assert(!kGradGemm || (Variant::kDScoreIsOne && flex::std_like::is_same<Element, __nv_bfloat16>::value && kDq &&
                                Variant::kStagedTileScatter >= 0),
                 "flex_backward_main_sm90: selector GEMMs need bf16 dS^T equal to dS (d_score = 1) and both staged gradients");
-  static_assert(!kDqBulk || (kDq && !kDeterministic), "flex_backward_main_sm90: bulk dQ reductions are fp32 and need kDq");
+  static_assert(!kDqBulk || kDq, "flex_backward_main_sm90: bulk dQ reductions need kDq");
   using Staged = flex_bwd_staged::Flags<Variant>;
   using TileKV = typename S::TileKV;
   using TileK = typename S::TileK;
@@ -269,7 +282,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   float* sh_red = reinterpret_cast<float*>(smem + S::kOffRed);
   float* sh_planes = reinterpret_cast<float*>(smem + S::kOffPlanes);
   float* sh_st_grad = reinterpret_cast<float*>(smem + S::kOffStGrad);
-  float* sh_dq = reinterpret_cast<float*>(smem + S::kOffDqBuf);
+  void* sh_dq = smem + S::kOffDqBuf;
   // kDqBulk: the query tile whose dQ rows sit in sh_dq, waiting for their bulk reduction (row base -1: none).
   long long bulk_row_base = -1;
   int bulk_rows = 0;
@@ -277,8 +290,10 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   auto send_dq_rows = [&]() {
     if constexpr (kDqBulk) {
       if (bulk_row_base >= 0 && tid < bulk_rows) {
-        flex::bulk_reduce_add_f32(static_cast<float*>(p.dq_accum) + (bulk_row_base + tid) * kHeadDim, s_base + S::kOffDqBuf + tid * S::kDqRowFloats * 4,
-                                  kHeadDim * 4);
+        const unsigned src = s_base + S::kOffDqBuf + tid * S::kDqRowBytes;
+        const long long row = (bulk_row_base + tid) * kHeadDim;
+        if constexpr (kDeterministic) flex::bulk_reduce_add_u64(static_cast<unsigned long long*>(p.dq_accum) + row, src, kHeadDim * 8);
+        else flex::bulk_reduce_add_f32(static_cast<float*>(p.dq_accum) + row, src, kHeadDim * 4);
         flex::bulk_commit();
       }
       bulk_row_base = -1;

@@ -1,4 +1,4 @@
-// The one type trait the templates need (NVRTC compiles them without the standard library's <type_traits>).
+// The type traits the templates need (NVRTC compiles them without the standard library's <type_traits>).
 #pragma once
 
 namespace flex {
@@ -10,6 +10,15 @@ struct IsSame {
 template <class A>
 struct IsSame<A, A> {
   static constexpr bool value = true;
+};
+
+template <bool kCond, class T, class F>
+struct Conditional {
+  using type = T;
+};
+template <class T, class F>
+struct Conditional<false, T, F> {
+  using type = F;
 };
 
 }  // namespace flex

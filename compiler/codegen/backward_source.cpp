@@ -23,6 +23,7 @@ FlexBackwardFeatures BackwardConfig::features() const {
   f.staged_tile = staged_tile;
   f.staged_grad = staged_grad;
   f.spread_rows = spread_rows;
+  f.deterministic = deterministic;
   return f;
 }
 
@@ -91,7 +92,8 @@ bool auto_picks_query_major(const ScoreModGradient& grad, const RangeInfo& range
   BackwardKernelOptions atomic = options;
   atomic.query_major = false;
   const StagedTerms staged = backward_staged_terms(grad, ranges, atomic);
-  if (flex_backward_prefers_query_major(backward_kind(options), backward_features(grad, staged, atomic), !staged.terms.empty())) return true;
+  if (flex_backward_prefers_query_major(backward_kind(options), options.head_dim, backward_features(grad, staged, atomic), !staged.terms.empty()))
+    return true;
   return needs_query_major_pass(grad, staged);
 }
 
@@ -109,6 +111,7 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
   out.config.spread_rows = features.spread_rows;
   out.config.grad_gemm = policy.grad_gemm;
   out.config.dq_bulk = policy.dq_bulk;
+  out.config.deterministic = options.deterministic;
   GradVariantOptions kv_major;
   kv_major.query_major_pass = qm;
   kv_major.staged = &staged;
@@ -171,9 +174,10 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
       fmt::arg("hopper_header", out.config.hopper ? "#include \"flex_backward_sm90.cuh\"\n" : ""),
       fmt::arg("main_fn", out.config.hopper ? "flex_backward_main_sm90" : "flex_backward_main"),
       fmt::arg("bulk", out.config.hopper ? fmt::format(", /*kDqBulk=*/{}, /*kGradGemm=*/{}", out.config.dq_bulk, out.config.grad_gemm) : std::string()),
-      fmt::arg("smem_check", out.config.hopper ? fmt::format("static_assert(flex_bwd_sm90::Smem<FlexBwdTraits, FlexGradVariant, {}, {}>::kAllocBytes == {}, "
+      fmt::arg("smem_check", out.config.hopper ? fmt::format("static_assert(flex_bwd_sm90::Smem<FlexBwdTraits, FlexGradVariant, {}, {}, {}>::kAllocBytes == {}, "
                                                               "\"host and template disagree on the backward's shared memory\");\n",
-                                                              out.config.dq_bulk, out.config.grad_gemm, out.config.shared_bytes()) +
+                                                              out.config.dq_bulk, out.config.grad_gemm, out.config.dq_bulk && options.deterministic,
+                                                              out.config.shared_bytes()) +
                                                       (out.config.spread_rows
                                                            ? "static_assert(flex_bwd_staged::kSpreadRange == 512 && flex_bwd_staged::kSpreadCtas == 4, "
                                                              "\"host (BackwardConfig::main_grid_x) and template disagree on the spread rows' grid\");\n"

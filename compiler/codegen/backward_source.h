@@ -46,9 +46,11 @@ struct BackwardConfig {
   // tiles of their own with a GEMM each (80, 96).
   bool grad_gemm = false;
   // dQ partials by bulk reductions from shared memory ([64][D + 8] fp32) instead of atomics from the accumulators
-  // (flex_backward_sm90.cuh kDqBulk): the Hopper kernel of an fp32 (not deterministic) KV-major module, where the
+  // (flex_backward_sm90.cuh kDqBulk): the Hopper kernel of a KV-major module where the policy picks them and the
   // rows fit in shared memory.
   bool dq_bulk = false;
+  // A deterministic module: its bulk dQ rows hold 64-bit fixed point ([64][D + 2]) instead of fp32.
+  bool deterministic = false;
   std::string str() const;
   int threads() const { return warps * 32; }
   // CTAs per (KV head, batch) of the main kernel: ceil(Skv / block_n), or 4 per started 512 rows when spread.

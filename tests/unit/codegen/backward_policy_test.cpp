@@ -60,7 +60,7 @@ TEST_CASE("the backward policy fits the kernels' warp layouts and shared memory 
           CHECK(p.block_n == 128);
           CHECK(d * 2 / p.swizzle_bytes >= 2);
           CHECK(p.block_m * d * 2 % 1024 == 0);
-          CHECK((!p.dq_bulk || (!f.deterministic && !f.query_major)));
+          CHECK((!p.dq_bulk || !f.query_major));
           CHECK((!p.grad_gemm || (f.spread_rows && f.bf16 && f.d_score_is_one)));
         } else {
           CHECK_FALSE(p.dq_bulk);
@@ -77,7 +77,7 @@ TEST_CASE("the backward policy fits the kernels' warp layouts and shared memory 
   }
 }
 
-TEST_CASE("the backward policy's dQ choices: bulk rows from head dim 96, query-major when deterministic", "[codegen][policy]") {
+TEST_CASE("the backward policy's dQ choices: bulk rows from head dim 96, fixed-point bulk rows when deterministic", "[codegen][policy]") {
   FlexBackwardFeatures plain{};
   plain.bf16 = true;
   plain.d_score_is_one = true;
@@ -87,15 +87,30 @@ TEST_CASE("the backward policy's dQ choices: bulk rows from head dim 96, query-m
   FlexBackwardFeatures bias = plain;
   bias.diagonal_scatter = true;
   CHECK_FALSE(flex_backward_policy(kFlexBackwardWgmma, 128, bias).dq_bulk);
+  // Deterministic: fixed-point rows at every head dim, with a diagonal scatter too, and they keep dQ KV-major.
   FlexBackwardFeatures det = plain;
   det.deterministic = true;
-  CHECK_FALSE(flex_backward_policy(kFlexBackwardWgmma, 128, det).dq_bulk);
-  CHECK(flex_backward_prefers_query_major(kFlexBackwardWgmma, det, false));
-  CHECK_FALSE(flex_backward_prefers_query_major(kFlexBackwardMmaSync, det, false));
-  CHECK_FALSE(flex_backward_prefers_query_major(kFlexBackwardWgmma, plain, false));
+  for (int d : {32, 64, 80, 96, 128}) {
+    INFO("head dim " << d);
+    CHECK(flex_backward_policy(kFlexBackwardWgmma, d, det).dq_bulk);
+    CHECK_FALSE(flex_backward_prefers_query_major(kFlexBackwardWgmma, d, det, false));
+  }
+  FlexBackwardFeatures det_bias = bias;
+  det_bias.deterministic = true;
+  CHECK(flex_backward_policy(kFlexBackwardWgmma, 128, det_bias).dq_bulk);
+  // fp32 rows are 544 bytes at D128, fixed-point ones 1040: the host's count follows.
+  CHECK(flex_backward_policy(kFlexBackwardWgmma, 128, det).smem_bytes - flex_backward_policy(kFlexBackwardWgmma, 128, plain).smem_bytes ==
+        64 * (1040 - 544));
+  CHECK_FALSE(flex_backward_prefers_query_major(kFlexBackwardMmaSync, 128, det, false));
+  CHECK_FALSE(flex_backward_prefers_query_major(kFlexBackwardWgmma, 128, plain, false));
+  // SAM at D64 keeps its fixed-point rows next to the staged tiles; at D128 they do not fit, and the query-major pass
+  // takes dQ.
   FlexBackwardFeatures sam = det;
   sam.staged_col = sam.staged_tile = sam.staged_grad = sam.tile_term_grad = sam.spread_rows = true;
-  CHECK(flex_backward_prefers_query_major(kFlexBackwardWgmma, sam, true));
+  CHECK(flex_backward_policy(kFlexBackwardWgmma, 64, sam).dq_bulk);
+  CHECK_FALSE(flex_backward_prefers_query_major(kFlexBackwardWgmma, 64, sam, true));
+  CHECK_FALSE(flex_backward_policy(kFlexBackwardWgmma, 128, sam).dq_bulk);
+  CHECK(flex_backward_prefers_query_major(kFlexBackwardWgmma, 128, sam, true));
   sam.deterministic = false;
   CHECK(flex_backward_policy(kFlexBackwardWgmma, 64, sam).grad_gemm);
   sam.bf16 = false;

@@ -132,16 +132,22 @@ TEST_CASE("staged terms: only the Hopper kernel of an atomic module stages, and 
   a80.arch = "sm_80";
   CHECK(backward_staged_terms(b.grad, b.ranges, a80).terms.empty());
   CHECK(auto_picks_query_major(b.grad, b.ranges, a80));
-  BackwardKernelOptions det = bo;  // fixed-point gradients: the query-major pass is faster
+  // Fixed-point gradients: at head dim 64 the staged module's dQ goes out in fixed-point bulk rows, which beat the
+  // query-major pass; at 128 those rows do not fit next to the staged tiles, and the pass takes dQ.
+  BackwardKernelOptions det = bo;
   det.deterministic = true;
   CHECK(backward_staged_terms(b.grad, b.ranges, det).terms.size() == 2);
-  CHECK(auto_picks_query_major(b.grad, b.ranges, det));
+  CHECK(!auto_picks_query_major(b.grad, b.ranges, det));
+  CHECK(backward_kernel_source(b.ir, b.grad, b.ranges, det).config.dq_bulk);
+  BackwardKernelOptions det128 = det;
+  det128.head_dim = 128;
+  CHECK(auto_picks_query_major(b.grad, b.ranges, det128));
   Built nograd = build(kSam, kSamBufs, {});
   CHECK(!auto_picks_query_major(nograd.grad, nograd.ranges, det));
-  // Deterministic with nothing staged: the pass on the Hopper kernel (dq without fixed-point atomics), not on sm_80.
+  // Deterministic with nothing staged: fixed-point bulk rows on the Hopper kernel; the KV-major kernel on sm_80 too.
   Built plain = build("score", {}, {});
   CHECK(!auto_picks_query_major(plain.grad, plain.ranges, bo));
-  CHECK(auto_picks_query_major(plain.grad, plain.ranges, det));
+  CHECK(!auto_picks_query_major(plain.grad, plain.ranges, det));
   BackwardKernelOptions det80 = det;
   det80.arch = "sm_80";
   CHECK(!auto_picks_query_major(plain.grad, plain.ranges, det80));

@@ -71,7 +71,8 @@ TEST_CASE("dump: ast, ir with analyses, cuda and ptx", "[cli]") {
   CHECK(ptx.out.find(".target sm_80") != std::string::npos);
   CHECK(ptx.out.find("mma.sync") != std::string::npos);
   // The backward module as a launch picks it: on sm_90a SAM's rel_h / rel_w are staged in the KV-major kernel
-  // (one pass); for sm_80, or deterministic, their row-owned gradients take the query-major pass.
+  // (one pass), deterministic too (dQ by fixed-point bulk rows); for sm_80 their row-owned gradients take the
+  // query-major pass.
   Result bwd = sh(fj() + " dump " + gallery("sam_relpos.json") + " --grad rel_h --grad rel_w --backward --emit=cuda");
   CHECK(bwd.status == 0);
   CHECK(bwd.out.find("struct FlexGradVariant") != std::string::npos);
@@ -80,7 +81,8 @@ TEST_CASE("dump: ast, ir with analyses, cuda and ptx", "[cli]") {
   Result bwd80 = sh(fj() + " dump " + gallery("sam_relpos.json") + " --grad rel_h --grad rel_w --backward --arch sm_80 --emit=cuda");
   CHECK(bwd80.out.find("flexjit_bwd_qmajor") != std::string::npos);
   Result det = sh(fj() + " dump " + gallery("sam_relpos.json") + " --grad rel_h --grad rel_w --backward --deterministic --emit=cuda");
-  CHECK(det.out.find("flexjit_bwd_qmajor") != std::string::npos);
+  CHECK(det.out.find("flexjit_bwd_qmajor") == std::string::npos);
+  CHECK(det.out.find("/*kDqBulk=*/true") != std::string::npos);
   Result atomic = sh(fj() + " dump " + gallery("sam_relpos.json") + " --grad rel_h --backward --dq atomic --emit=cuda");
   CHECK(atomic.out.find("flexjit_bwd_qmajor") == std::string::npos);
   CHECK(sh(fj() + " dump " + gallery("causal.json") + " --backward --emit=ir").status == 1);

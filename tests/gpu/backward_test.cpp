@@ -506,6 +506,21 @@ TEST_CASE("backward: head dims and fp16", "[gpu][backward]") {
   check_case(load_spec(gallery_dir() / "softcap.json"), h);
 }
 
+TEST_CASE("backward: every head dim x {causal, document, learnable bias} x {bf16, fp16}, GQA 8:1, odd lengths", "[gpu][backward]") {
+  FLEXJIT_REQUIRE_GPU();
+  const dsl::Spec causal = load_spec(gallery_dir() / "causal.json");
+  const dsl::Spec document = load_spec(gallery_dir() / "document.json");  // doc: i32[Sq] is read at kv: Sq = Skv
+  const dsl::Spec bias = load_spec(backward_data("learnable_bias.json"));  // L = 2 Skv - 1 needs Sq <= Skv
+  for (dsl::DType dtype : {dsl::DType::BF16, dsl::DType::F16})
+    for (int d : {64, 80, 96, 128, 192, 256}) {
+      const BwdCase odd{.B = 1, .H = 8, .Hkv = 1, .Sq = 181, .Skv = 211, .dtype = dtype};
+      const BwdCase square{.B = 1, .H = 8, .Hkv = 1, .Sq = 197, .Skv = 197, .dtype = dtype, .int_hi = 5};
+      check_case(with_dim(causal, d), odd, false, 2e-2, {BackwardDqMode::Auto});
+      check_case(with_dim(document, d), square, false, 2e-2, {BackwardDqMode::Auto});
+      check_case(with_dim(bias, d), odd, false, 2e-2, {BackwardDqMode::Auto});
+    }
+}
+
 TEST_CASE("backward: deterministic mode is bitwise reproducible", "[gpu][backward]") {
   FLEXJIT_REQUIRE_GPU();
   BwdCase c;
@@ -525,7 +540,7 @@ TEST_CASE("backward: deterministic mode is bitwise reproducible", "[gpu][backwar
   expect_same_bits(check_case(sam, spread, true, 2e-2, {BackwardDqMode::Atomic}), check_case(sam, spread, true, 2e-2, {BackwardDqMode::Atomic}));
 }
 
-TEST_CASE("backward: deterministic dQ from many KV tiles is the same in five runs", "[gpu][backward]") {
+TEST_CASE("backward: deterministic gradients from many KV tiles are the same in five runs", "[gpu][backward]") {
   FLEXJIT_REQUIRE_GPU();
   // Nine KV tiles of 128 rows add into each query row's dQ (on Hopper by bulk reductions of 64-bit fixed point, in
   // whatever order the CTAs arrive): every run must give the same bits, and each run must match the reference.
@@ -534,6 +549,11 @@ TEST_CASE("backward: deterministic dQ from many KV tiles is the same in five run
     check_case(inline_spec("causal_det_d" + std::to_string(d), std::nullopt, std::string("kv <= q + 800"), d), c, true, 2e-2,
                {BackwardDqMode::Atomic}, 5);
   }
+  // Buffer gradients too, as Auto runs them: the learnable bias (a diagonal scatter) and SAM's staged rel_h / rel_w.
+  check_case(load_spec(backward_data("learnable_bias.json")), BwdCase{.B = 1, .H = 4, .Hkv = 4, .Sq = 700, .Skv = 1100}, true, 2e-2,
+             {BackwardDqMode::Auto}, 5);
+  check_case(load_spec(backward_data("sam_learnable.json")), BwdCase{.B = 1, .H = 4, .Hkv = 4, .Sq = 600, .Skv = 600}, true, 2e-2,
+             {BackwardDqMode::Auto}, 5);
 }
 
 TEST_CASE("backward: LSE in - KV split in two chunks with a merged LSE", "[gpu][backward]") {

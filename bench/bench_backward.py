@@ -198,7 +198,8 @@ def main():
                      f"{cell(r, 'sdpa_cudnn')} | {cell(r, 'sdpa_flash')} |")
     dq_rows = [r for r in rows if "flexjit_dq" in r]
     if dq_rows:
-        lines += ["", "dQ strategy (`--dq`): atomic = fp32 (or fixed-point) atomics in the KV-major kernel; qmajor = the query-major pass "
+        lines += ["", "dQ strategy (`--dq`): atomic = the KV-major kernel adds dQ (fp32 atomics or bulk rows; deterministic: "
+                  "fixed-point bulk rows on Hopper where they fit, else fixed-point atomics); qmajor = the query-major pass "
                   "(dq without atomics; also the row-owned buffer gradients). ms, forward / backward / both; deterministic backward.",
                   "", "| case | atomic fwd / bwd / fwd+bwd | atomic det bwd | qmajor fwd / bwd / fwd+bwd | qmajor det bwd |",
                   "| --- | --- | --- | --- | --- |"]

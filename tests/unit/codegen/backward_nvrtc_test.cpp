@@ -181,7 +181,7 @@ TEST_CASE("the staged Hopper backward modules compile: SAM deterministic, fp16 a
   }
 }
 
-TEST_CASE("bulk dQ reductions: the Hopper fp32 kernel from head dim 96, where the rows fit in shared memory, without a diagonal scatter", "[backward]") {
+TEST_CASE("bulk dQ reductions: the Hopper kernel in fp32 from head dim 96 without a diagonal scatter, deterministic in fixed point at every head dim, where the rows fit", "[backward]") {
   auto config = [](const char* score_mod, const char* mask, std::vector<std::string> buffers, std::vector<std::string> grads, int head_dim,
                    bool deterministic, const char* arch) {
     dsl::Spec spec;
@@ -199,12 +199,14 @@ TEST_CASE("bulk dQ reductions: the Hopper fp32 kernel from head dim 96, where th
   CHECK(c128.config.dq_bulk);
   CHECK(c128.module.source.find("/*kDqBulk=*/true") != std::string::npos);
   CHECK(c128.module.key_text.find("_qb") != std::string::npos);
-  BackwardKernelSource c128_atomic = config(nullptr, "q >= kv", {}, {}, 128, true, "sm_90a");  // deterministic: fixed point
-  CHECK(!c128_atomic.config.dq_bulk);
-  // [64][D + 8] fp32 rows on top of the atomic kernel's shared memory.
-  CHECK(c128.config.shared_bytes() == c128_atomic.config.shared_bytes() + 64 * 136 * 4);
+  BackwardKernelSource c128_det = config(nullptr, "q >= kv", {}, {}, 128, true, "sm_90a");  // deterministic: fixed point
+  CHECK(c128_det.config.dq_bulk);
+  CHECK(c128_det.module.source.find("flex_bwd_sm90::Smem<FlexBwdTraits, FlexGradVariant, true, false, true>") != std::string::npos);
+  // [64][D + 8] fp32 rows or [64][D + 2] 64-bit fixed-point ones on top of the same tiles.
+  CHECK(c128.config.shared_bytes() - 64 * 136 * 4 == c128_det.config.shared_bytes() - 64 * 130 * 8);
   CHECK(config(nullptr, "q >= kv", {}, {}, 96, false, "sm_90a").config.dq_bulk);
   CHECK(!config(nullptr, "q >= kv", {}, {}, 64, false, "sm_90a").config.dq_bulk);  // slower than the atomics there
+  CHECK(config(nullptr, "q >= kv", {}, {}, 64, true, "sm_90a").config.dq_bulk);    // faster than 64-bit atomics
   CHECK(!config(nullptr, "q >= kv", {}, {}, 128, false, "sm_80").config.dq_bulk);
   // A diagonal scatter (learnable relative bias) keeps the float4 atomics; a uniform one (learnable slope) takes the rows.
   CHECK(!config("score + bias[h, q - kv + Skv - 1]", "q >= kv", {"bias: f32[H, L]"}, {"bias"}, 128, false, "sm_90a").config.dq_bulk);

@@ -87,7 +87,7 @@ def flex_attention_backward(q, k, v, o, lse, grad_out, score_mod=None, mask_mod=
     """Gradients of a flex_attention launch (with the same mods, buffers, parameters and
     scale): returns (dq, dk, dv, {name: gradient}) where the dict holds a float32 gradient
     of the shape of each buffer named in `grad_buffers`. `lse` is the forward's
-    (``return_lse=True``). deterministic=True sums in a fixed order (bitwise reproducible)."""
+    (``return_lse=True``). deterministic=True gives bitwise-reproducible gradients (64-bit fixed-point sums on a GPU)."""
     qs, ks, vs = dense_shapes(q, k, v, enable_gqa)
     mask_mod, buffers, params = merge_block_mask(block_mask, mask_mod, buffers, params, qs[0], qs[1], qs[2], ks[2])
     grads = {}

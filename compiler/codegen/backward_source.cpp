@@ -176,7 +176,7 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
       fmt::arg("bulk", out.config.hopper ? fmt::format(", /*kDqBulk=*/{}, /*kGradGemm=*/{}", out.config.dq_bulk, out.config.grad_gemm) : std::string()),
       fmt::arg("smem_check", out.config.hopper ? fmt::format("static_assert(flex_bwd_sm90::Smem<FlexBwdTraits, FlexGradVariant, {}, {}, {}>::kAllocBytes == {}, "
                                                               "\"host and template disagree on the backward's shared memory\");\n",
-                                                              out.config.dq_bulk, out.config.grad_gemm, out.config.dq_bulk && options.deterministic,
+                                                              out.config.dq_bulk, out.config.grad_gemm, out.config.dq_bulk && out.config.deterministic,
                                                               out.config.shared_bytes()) +
                                                       (out.config.spread_rows
                                                            ? "static_assert(flex_bwd_staged::kSpreadRange == 512 && flex_bwd_staged::kSpreadCtas == 4, "

@@ -52,6 +52,13 @@ struct FlexBackwardParams {
                               // deterministic), contiguous, the buffer's shape
 };
 
+// The tensor maps of a warp-specialised Hopper backward launch (flex_backward_sm90.cuh, kProducer): q, k, v and d_o as
+// rank-4 tensors {D, S, heads, B} (innermost first, the launch's strides), boxes of one swizzle region by the kernel's
+// block_m (q, d_o) or block_n (k, v) rows. Passed as a __grid_constant__ kernel parameter.
+struct FlexBackwardTmaMaps {
+  FlexTensorMap q, k, v, d_o;
+};
+
 // The transposed block-mask builder: one thread per (b, h, query tile) row of the forward mask.
 struct FlexTileStateParams {
   FlexBlockMask mask;         // the forward mask (counts and lists)

@@ -2,6 +2,7 @@
 #pragma once
 #include "flex_backward.cuh"
 #include "flex_backward_staged.cuh"
+#include "flex_sm90_pipeline.cuh"
 #include "flex_type_traits.cuh"
 #include "flex_wgmma.cuh"
 
@@ -26,7 +27,7 @@ namespace flex_bwd_sm90 {
 // Shared-memory tiles and their offsets, in the policy's swizzle (flex_backward_policy.cuh: D has at least two swizzle
 // regions, so the dQ column split lands on a region boundary). The variant adds the regions of its staged terms
 // (flex_backward_staged.cuh) at the end. flex_backward_smem_bytes is the host's count of the same bytes.
-template <class Traits, class Variant = void, bool kDqBulk = false, bool kGradGemm = false, bool kDqFixed = false>
+template <class Traits, class Variant = void, bool kDqBulk = false, bool kGradGemm = false, bool kDqFixed = false, bool kProducer = false>
 struct Smem {
   using Staged = flex_bwd_staged::Flags<Variant>;
   static constexpr int kHeadDim = Traits::kHeadDim;
@@ -73,6 +74,10 @@ struct Smem {
   static constexpr int kDqRowValues = kHeadDim + (kDqFixed ? 2 : 8);
   static constexpr int kDqRowBytes = kDqRowValues * (int)sizeof(DqValue);
   static constexpr int kBytes = kOffDqBuf + (kDqBulk ? kBlockM * kDqRowBytes : 0);
+  // kProducer: the mbarriers of the Q / dO / lse2 / delta ring (full, then empty, per stage), of K and V, and the dQ
+  // rows' slot (flex_bwd_sm90::DqRowsSlot), in the reduction slots, which only scatters use (a warp-specialised
+  // module has none): D128's deterministic rows leave no byte of the 227 KB free.
+  static constexpr int kOffBars = kOffRed;
   // What the launch must give: 1 KB of slack, so the tiles can start on a 1024-byte boundary (the swizzle
   // XOR acts on absolute address bits) whatever the base of dynamic shared memory.
   static constexpr int kAllocBytes = kBytes + 1024;
@@ -190,6 +195,138 @@ __device__ __forceinline__ void dq_block(const FlexBackwardParams& p, unsigned s
   }
 }
 
+// ---- Warp specialisation (kProducer): warpgroups 0 and 1 are the consumers above, warpgroup 2 the producer ----
+// Named barriers of the consumers (0 is __syncthreads): kBarDsFree, both warpgroups' dQ GEMMs of the previous tile
+// have read dS^T (it may be written again); kBarDq, dS^T complete before the dQ GEMM. The bulk dQ rows pass between
+// the consumers and the writer warp through two mbarriers (dq_full: rows and slot written, one arrival per consumer
+// thread; dq_empty: rows and slot read, one per writer lane): a named barrier that one side only arrives at orders the
+// memory as well, but compute-sanitizer's racecheck reports it as a race.
+constexpr int kBarDsFree = 1;
+constexpr int kBarDq = 2;
+constexpr int kConsumerThreads = 256;
+constexpr int kProducerThreads = 128;
+// The register split: 24 for the producer warpgroup, 240 for each consumer thread (the 384-thread launch caps the
+// kernel at 168, and 24 * 128 + 240 * 256 is that pool).
+constexpr int kProducerRegs = 24;
+constexpr int kConsumerRegs = 240;
+// The Q / dO / lse2 / delta ring's full barrier: the producer's expect-tx arrival (the TMA copies' bytes) and one
+// arrival per producer lane after its stores of lse2 and delta (each arrival releases that lane's stores).
+constexpr int kFullArrivals = 1 + 32;
+
+template <class S>
+__device__ __forceinline__ flex::TmaPipeline<S::kStages> ring(unsigned s_base) {
+  return flex::TmaPipeline<S::kStages>{s_base + S::kOffBars};
+}
+// The mbarriers after the ring's: K and V's, the dQ rows' full and empty ones.
+template <class S>
+__device__ __forceinline__ unsigned kv_barrier(unsigned s_base) {
+  return s_base + S::kOffBars + 16u * S::kStages;
+}
+template <class S>
+__device__ __forceinline__ unsigned dq_full_barrier(unsigned s_base) {
+  return kv_barrier<S>(s_base) + 8u;
+}
+template <class S>
+__device__ __forceinline__ unsigned dq_empty_barrier(unsigned s_base) {
+  return kv_barrier<S>(s_base) + 16u;
+}
+
+// The producer warp: K and V once, then for every (head, query tile) of the schedule, in the consumers' order, Q and dO
+// by TMA (rows past Sq arrive as zeros) and lse2 / delta by the lanes (+inf and 0 past Sq, as the other kernels have
+// them) into the ring slot both consumer warpgroups released. The lanes load lse2 and delta before waiting for the
+// slot, so the load latency overlaps the wait; plain stores and an mbarrier arrival per lane publish them (cp.async
+// with a no-increment arrival would save the registers but is invisible to compute-sanitizer's racecheck).
+template <class S, class Sched>
+__device__ __forceinline__ void load(const FlexBackwardParams& p, const FlexBackwardTmaMaps& tma, const Sched& sched, unsigned s_base, int b,
+                                     int hkv, int n0, int lane) {
+  using TileQ = typename S::TileQ;
+  using TileKV = typename S::TileKV;
+  constexpr int kBlockM = S::kBlockM;
+  const auto pipe = ring<S>(s_base);
+  int pos = sched.next_pos(0);
+  if (pos >= sched.total) return;  // no tile: the consumers wait for nothing
+  const bool leader = lane == 0;
+  if (leader) {
+    flex::prefetch_tensor_map(&tma.q);
+    flex::prefetch_tensor_map(&tma.d_o);
+    const unsigned kv_bar = kv_barrier<S>(s_base);
+    flex::mbarrier_arrive_expect_tx(kv_bar, 2 * TileKV::kBytes);
+    flex::tma_load_tile<TileKV>(s_base + S::kOffK, &tma.k, kv_bar, n0, hkv, b);
+    flex::tma_load_tile<TileKV>(s_base + S::kOffV, &tma.v, kv_bar, n0, hkv, b);
+  }
+  const int group = p.heads / p.kv_heads;
+  flex::PipelineState<S::kStages> st;
+  for (; pos < sched.total; pos = sched.next_pos(pos + 1)) {
+    int head_in_group, m_block;
+    sched.split(pos, head_in_group, m_block);
+    const int h = hkv * group + head_in_group, m0 = m_block * kBlockM;
+    const long long row = ((long long)b * p.heads + h) * p.seqlen_q + m0;
+    constexpr int kRowsPerLane = kBlockM / 32;
+    float lse2[kRowsPerLane], delta[kRowsPerLane];
+#pragma unroll
+    for (int i = 0; i < kRowsPerLane; ++i) {
+      const int r = lane + 32 * i;
+      const bool valid = m0 + r < p.seqlen_q;
+      lse2[i] = valid ? p.lse2[row + r] : flex_bwd::pos_inf();
+      delta[i] = valid ? p.delta[row + r] : 0.f;
+    }
+    flex::mbarrier_wait(pipe.empty(st.index), st.phase ^ 1u);
+    const unsigned full = pipe.full(st.index);
+    if (leader) {
+      flex::mbarrier_arrive_expect_tx(full, 2 * TileQ::kBytes);
+      flex::tma_load_tile<TileQ>(s_base + S::kOffQ + st.index * TileQ::kBytes, &tma.q, full, m0, h, b);
+      flex::tma_load_tile<TileQ>(s_base + S::kOffDO + st.index * TileQ::kBytes, &tma.d_o, full, m0, h, b);
+    }
+#pragma unroll
+    for (int i = 0; i < kRowsPerLane; ++i) {
+      const int r = lane + 32 * i;
+      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(s_base + S::kOffLse + (st.index * kBlockM + r) * 4), "f"(lse2[i]) : "memory");
+      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(s_base + S::kOffDelta + (st.index * kBlockM + r) * 4), "f"(delta[i]) : "memory");
+    }
+    flex::mbarrier_arrive(full);
+    st.advance();
+  }
+}
+
+// What the consumers tell the dQ writer warp with each tile's rows: where they go and how many there are.
+struct DqRowsSlot {
+  long long row0;  // dq_accum row of the first (b, h, q) row
+  int rows;        // valid rows of the tile
+  int last;        // nonzero: the CTA's last tile
+};
+template <class S>
+constexpr int kOffDqRowsSlot = S::kOffBars + 16 * S::kStages + 32;
+
+// The dQ writer warp (kDqBulk), started when the CTA has a tile: per tile, waits until the consumers have written the
+// tile's dQ rows and their slot, sends the rows to dq_accum by one bulk reduction each, and frees them for the next
+// tile once read. It reads the rows' place from the slot (by shared-memory address: nothing live across the
+// producer warpgroup's register cut that the producer warp does not hold too) rather than walking the schedule.
+template <class S, bool kFixed>
+__device__ __forceinline__ void write_dq(void* dq_accum, unsigned s_base, int lane) {
+  constexpr int kHeadDim = S::kHeadDim;
+  using Value = typename S::DqValue;
+  for (unsigned phase = 0;; phase ^= 1u) {
+    flex::mbarrier_wait(dq_full_barrier<S>(s_base), phase);
+    DqRowsSlot t;
+    asm volatile("ld.shared.v2.b64 {%0, %1}, [%2];\n" : "=l"(t.row0), "=l"(*reinterpret_cast<long long*>(&t.rows)) : "r"(s_base + kOffDqRowsSlot<S>) : "memory");
+#pragma unroll
+    for (int i = 0; i < S::kBlockM / 32; ++i) {
+      const int r = lane + 32 * i;
+      if (r < t.rows) {
+        Value* dst = static_cast<Value*>(dq_accum) + (t.row0 + r) * kHeadDim;
+        const unsigned src = s_base + S::kOffDqBuf + r * S::kDqRowBytes;
+        if constexpr (kFixed) flex::bulk_reduce_add_u64(dst, src, kHeadDim * 8);
+        else flex::bulk_reduce_add_f32(dst, src, kHeadDim * 4);
+      }
+    }
+    flex::bulk_commit();
+    flex::bulk_wait_read();
+    if (t.last) break;
+    flex::mbarrier_arrive(dq_empty_barrier<S>(s_base));
+  }
+  flex::bulk_wait();  // every reduction complete before the CTA's shared memory goes away
+}
+
 }  // namespace flex_bwd_sm90
 
 // The main backward kernel for sm_90a. grid = (BackwardConfig::main_grid_x(Skv): ceil(Skv / 128), or 4 per started
@@ -203,12 +340,19 @@ __device__ __forceinline__ void dq_block(const FlexBackwardParams& p, unsigned s
 // integer reduction per row instead of one 64-bit atomic per element): the same bits whatever the order.
 // kGradGemm: spread rows' staged gradients by selector GEMMs on the dS^T tile (flex_backward_staged.cuh); needs bf16
 // and d_score = 1, where that tile holds the terms' gradient, and a gradient of both terms (one GEMM per warpgroup).
-template <class Traits, class Variant, bool kDeterministic, bool kDq = true, bool kDqBulk = false, bool kGradGemm = false>
-__device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams& p, const typename Variant::Params& vp) {
+// kProducer: warp-specialised, block = 384. Warpgroups 0 and 1 compute as above; warpgroup 2 gives its registers
+// to them (setmaxnreg) and holds the producer warp (flex_bwd_sm90::load: K, V, Q, dO by TMA from `tma`, lse2 and
+// delta by cp.async, through a two-slot mbarrier ring) and, with kDqBulk, the dQ writer warp (write_dq). The
+// consumers then never issue a load or wait at a CTA-wide barrier: they meet at named barriers for dS^T only.
+// Modules without scatters or staged terms (those reduce through CTA-wide barriers).
+template <class Traits, class Variant, bool kDeterministic, bool kDq = true, bool kDqBulk = false, bool kGradGemm = false,
+          bool kProducer = false>
+__device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams& p, const typename Variant::Params& vp,
+                                                        const FlexBackwardTmaMaps* tma = nullptr) {
   using Element = typename Traits::Element;
   using Mma = flex::Mma16816<Element>;  // fragment packing only
   using Mods = flex_bwd::BackwardMods<Variant>;
-  using S = flex_bwd_sm90::Smem<Traits, Variant, kDqBulk, kGradGemm, kDqBulk && kDeterministic>;
+  using S = flex_bwd_sm90::Smem<Traits, Variant, kDqBulk, kGradGemm, kDqBulk && kDeterministic, kProducer>;
   static_assert(!kGradGemm || (Variant::kDScoreIsOne && flex::std_like::is_same<Element, __nv_bfloat16>::value && kDq &&
                                Variant::kStagedTileScatter >= 0),
                 "flex_backward_main_sm90: selector GEMMs need bf16 dS^T equal to dS (d_score = 1) and both staged gradients");
@@ -238,6 +382,8 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   static_assert(kDq || !Staged::kAny, "flex_backward_main_sm90: staged terms need kDq");
   // The scatter code assumes contiguous KV rows: spread rows only when every scatter is a staged term's.
   static_assert(!Staged::kSpread || flex_bwd_staged::all_scatters_staged<Variant>(), "flex_backward_main_sm90: spread rows with other scatters");
+  static_assert(!kProducer || (kDq && kNumScatters == 0 && !Staged::kAny && !kGradGemm),
+                "flex_backward_main_sm90: the warp-specialised form has no scatters or staged terms (their reductions use CTA barriers)");
 
   extern __shared__ __align__(1024) unsigned char flex_smem_sm90[];
   const unsigned raw_base = flex::smem_addr(flex_smem_sm90);
@@ -306,7 +452,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   // The schedule merges the block mask over the KV range the rows span (512 rows when spread).
   const int range0 = kSpread ? 64 * spread_j0 : n0;
   const flex_bwd::ColumnSchedule<kBlockM, kBlockN, kNThreads, Traits::kMaxSched> sched(
-      p, b, hkv, range0, smem + S::kOffSched, tid, range0 + (kSpread ? flex_bwd_staged::kSpreadRange : kBlockN) - 1);
+      p, b, hkv, range0, smem + S::kOffSched, tid < kNThreads ? tid : 1 << 30, range0 + (kSpread ? flex_bwd_staged::kSpreadRange : kBlockN) - 1);
   const int total = sched.total;
   if constexpr (S::kSelectorsInK) flex_bwd_staged::build_selectors<TileK, Element>(smem + S::kOffK, tid, kNThreads);
   else if constexpr (kGradGemm) flex_bwd_staged::build_selectors<flex_bwd_staged::SelectorTiles, Element>(smem + S::kOffSelectors, tid, kNThreads);
@@ -353,16 +499,40 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   int pos = next_pos(0);
   int head_in_group, m_block;  // of pos
   sched.split(pos, head_in_group, m_block);
-  // K and V once, with the first Q / dO tile.
-  if constexpr (kSpread) {
+  const auto ring = flex_bwd_sm90::ring<S>(s_base);  // kProducer
+  if constexpr (kProducer) {
+    static_assert(kNThreads == flex_bwd_sm90::kConsumerThreads, "flex_backward_main_sm90: two consumer warpgroups");
+    if (tid == 0) {
+#pragma unroll
+      for (int s = 0; s < S::kStages; ++s) {
+        flex::mbarrier_init(ring.full(s), flex_bwd_sm90::kFullArrivals);
+        flex::mbarrier_init(ring.empty(s), kNThreads);
+      }
+      flex::mbarrier_init(flex_bwd_sm90::kv_barrier<S>(s_base), 1);
+      flex::mbarrier_init(flex_bwd_sm90::dq_full_barrier<S>(s_base), kNThreads);
+      flex::mbarrier_init(flex_bwd_sm90::dq_empty_barrier<S>(s_base), 32);
+      flex::fence_mbarrier_init();
+    }
+    __syncthreads();
+    if (tid >= kNThreads) {
+      flex::setmaxnreg_dec<flex_bwd_sm90::kProducerRegs>();
+      if (warp == kNThreads / 32) flex_bwd_sm90::load<S>(p, *tma, sched, s_base, b, hkv, n0, lane);
+      else if (kDqBulk && warp == kNThreads / 32 + 1 && pos < total) flex_bwd_sm90::write_dq<S, kDeterministic>(p.dq_accum, s_base, lane);
+      return;
+    }
+    flex::setmaxnreg_inc<flex_bwd_sm90::kConsumerRegs>();
+    if (pos < total) flex::mbarrier_wait(flex_bwd_sm90::kv_barrier<S>(s_base), 0);
+  } else if constexpr (kSpread) {
     flex::load_swizzled_row_groups<TileK, kBlockN, kNThreads, 16>(s_k0, g_k, p.k_stride_s, n0, 64, seqlen_kv, tid);
     flex::load_swizzled_row_groups<TileKV, kBlockN, kNThreads, 16>(s_v0, g_v, p.v_stride_s, n0, 64, seqlen_kv, tid);
   } else {
     flex::load_swizzled_rows<TileK, kBlockN, kNThreads>(s_k0, g_k, p.k_stride_s, n0, seqlen_kv, tid);
     flex::load_swizzled_rows<TileKV, kBlockN, kNThreads>(s_v0, g_v, p.v_stride_s, n0, seqlen_kv, tid);
   }
-  if (pos < total) load_q_tile(head_in_group, m_block, 0);
-  flex::cp_async_commit();
+  if constexpr (!kProducer) {
+    if (pos < total) load_q_tile(head_in_group, m_block, 0);
+    flex::cp_async_commit();
+  }
 
   // dK, dV: this warp's 16 KV rows x D, in the wgmma accumulator layout (d[4i + e]: row g + 8 (e / 2), column 8i + 2t + e % 2).
   float acc_dk[kHeadDim / 2];
@@ -380,6 +550,8 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
 
   const float scale_log2 = p.scale * kLog2e;
   int stage = 0;
+  flex::PipelineState<S::kStages> st;  // kProducer: the ring slot of this tile
+  unsigned dq_phase = 0;                // kProducer, kDqBulk: the parity of this tile's dq_full phase
   while (pos < total) {
     const int h = hkv * group + head_in_group;
     const int m0 = m_block * kBlockM;
@@ -388,13 +560,18 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     int head_next, m_next;
     sched.split(pos_next, head_next, m_next);
 
-    // This stage's cp.async data visible to the tensor cores (async proxy) of every warp.
-    flex::cp_async_wait<0>();
-    flex::fence_proxy_async();
-    __syncthreads();
-    send_dq_rows();  // the previous tile's dQ rows (stored and fenced before the barrier)
-    if (pos_next < total) load_q_tile(head_next, m_next, stage ^ 1);
-    flex::cp_async_commit();
+    if constexpr (kProducer) {
+      stage = st.index;
+      ring.consumer_wait(st);  // the producer's Q, dO, lse2 and delta of this tile have landed
+    } else {
+      // This stage's cp.async data visible to the tensor cores (async proxy) of every warp.
+      flex::cp_async_wait<0>();
+      flex::fence_proxy_async();
+      __syncthreads();
+      send_dq_rows();  // the previous tile's dQ rows (stored and fenced before the barrier)
+      if (pos_next < total) load_q_tile(head_next, m_next, stage ^ 1);
+      flex::cp_async_commit();
+    }
     const int ln = (int)flex_bwd_sm90::opaque(lane);
     const int g = ln / 4, t4 = ln % 4;
     const int kv_r0 = kv_of(warp * 16 + g);  // the thread's KV rows: kv_r0, kv_r0 + 8
@@ -540,6 +717,8 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
       da[kk][3] = Mma::pack(acc_dp[2 * kk + 1][2], acc_dp[2 * kk + 1][3]);
     }
     if constexpr (kDq) {
+      // Without the loop-top barrier, the other warpgroup may still be in the previous tile's dQ GEMM.
+      if constexpr (kProducer) flex::named_barrier_sync(flex_bwd_sm90::kBarDsFree, kNThreads);
       // Element (kv row r, query column c) of the [128][64] tile; each quad writes 4-byte pairs of one chunk.
       const int r = warp * 16 + g;
 #pragma unroll
@@ -568,11 +747,18 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     if constexpr (kDq) {
       // dQ needs the dS^T rows of both warpgroups (and the split scatter every warp's slots). kDqBulk: the bulk
       // reductions issued at the top of this tile have read sh_dq before anyone writes it again.
-      if constexpr (kDqBulk) {
-        if (tid < kBlockM) flex::bulk_wait_read();
+      if constexpr (kProducer) {
+        flex::fence_proxy_async();
+        // With bulk rows, the writer warp must have read the previous tile's (a fresh barrier reads as released).
+        if constexpr (kDqBulk) flex::mbarrier_wait(flex_bwd_sm90::dq_empty_barrier<S>(s_base), dq_phase ^ 1u);
+        flex::named_barrier_sync(flex_bwd_sm90::kBarDq, kNThreads);
+      } else {
+        if constexpr (kDqBulk) {
+          if (tid < kBlockM) flex::bulk_wait_read();
+        }
+        flex::fence_proxy_async();
+        __syncthreads();
       }
-      flex::fence_proxy_async();
-      __syncthreads();
       const long long row_base = ((long long)b * p.heads + h) * seqlen_q;
       const int q_row0 = m0 + (warp % 4) * 16 + g;
       // Selector sums (kGradGemm): warpgroup 0 the Col sums, warpgroup 1 the Tile sums, as 16 more columns of its
@@ -608,7 +794,13 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
         else
           flex_bwd_staged::flush_selected_tile<Variant, kDeterministic>(p, vp, sel_acc, b, h, hkv, q_row0, spread_j0, t4);
       }
-      if constexpr (kDqBulk) {
+      if constexpr (kDqBulk && kProducer) {
+        if (tid == 0)
+          *reinterpret_cast<flex_bwd_sm90::DqRowsSlot*>(smem + flex_bwd_sm90::kOffDqRowsSlot<S>) = flex_bwd_sm90::DqRowsSlot{row_base + m0, min(kBlockM, seqlen_q - m0), pos_next >= total};
+        flex::fence_proxy_async();  // the rows, to the writer warp's bulk reductions
+        flex::mbarrier_arrive(flex_bwd_sm90::dq_full_barrier<S>(s_base));
+        dq_phase ^= 1u;
+      } else if constexpr (kDqBulk) {
         bulk_row_base = row_base + m0;
         bulk_rows = min(kBlockM, seqlen_q - m0);
       }
@@ -617,6 +809,13 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     flex::wgmma_wait<0>();
     flex::fence_operands(acc_dk);
     flex::fence_operands(acc_dv);
+    if constexpr (kProducer) {
+      // Every read of the slot has retired. Each thread arrives: its own loads of lse2 and delta are then ordered
+      // before the producer's next stores by the barrier itself (one arrival per warp after __syncwarp orders them
+      // too, but racecheck reports it as a race).
+      flex::mbarrier_arrive(ring.empty(st.index));
+      st.advance();
+    }
 
     // End of a head: flush the per-head scatter accumulators.
     if constexpr (kNumScatters > 0) {
@@ -629,7 +828,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     stage ^= 1;
   }
   flex::cp_async_wait<0>();
-  if constexpr (kDqBulk) {
+  if constexpr (kDqBulk && !kProducer) {
     // The last tile's dQ rows, then every reduction complete before the CTA's shared memory goes away.
     flex::fence_proxy_async();
     __syncthreads();

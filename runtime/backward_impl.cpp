@@ -224,6 +224,7 @@ void KernelImpl::backward(const BackwardArgs& a) {
   bo.head_dim = spec().head_dim;
   bo.deterministic = a.deterministic;
   bo.arch = info.arch;
+  bo.tma_operands = runtime::tensor_maps_describe(a.q, a.k, a.v) && runtime::tensor_map_describes(a.d_o);
   bo.variant.int32 = choice.int32;
   bo.variant.checked_loads = choice.checked_loads;
   bo.variant.error_flags = options_.checked;
@@ -232,7 +233,8 @@ void KernelImpl::backward(const BackwardArgs& a) {
   BackwardDqMode dq_mode = requested_dq_mode(a.dq_mode);
   if (dq_mode == BackwardDqMode::Auto) {
     std::lock_guard<std::mutex> lock(st.mutex);
-    const std::string auto_key = fmt::format("{}_{}_{}", choice.key(), info.arch, a.deterministic ? "det" : "atomic");
+    const std::string auto_key =
+        fmt::format("{}_{}_{}{}", choice.key(), info.arch, a.deterministic ? "det" : "atomic", bo.tma_operands ? "" : "_notma");
     auto it = st.auto_query_major.find(auto_key);
     if (it == st.auto_query_major.end()) it = st.auto_query_major.emplace(auto_key, auto_picks_query_major(grad, gradient.ranges, bo)).first;
     dq_mode = it->second ? BackwardDqMode::QueryMajor : BackwardDqMode::Atomic;
@@ -255,7 +257,8 @@ void KernelImpl::backward(const BackwardArgs& a) {
   bo.query_major = query_major;
 
   // ---- the gradient variant for these values ----
-  std::string key = fmt::format("{}_{}_{}{}", choice.key(), info.arch, a.deterministic ? "det" : "atomic", query_major ? "_qdq" : "");
+  std::string key = fmt::format("{}_{}_{}{}{}", choice.key(), info.arch, a.deterministic ? "det" : "atomic", query_major ? "_qdq" : "",
+                                bo.tma_operands ? "" : "_notma");
   BackwardState::Module* mod = nullptr;
   {
     std::lock_guard<std::mutex> lock(st.mutex);
@@ -421,7 +424,12 @@ void KernelImpl::backward(const BackwardArgs& a) {
   check_cu(d.cuLaunchKernel(fn.preprocess, row_blocks, static_cast<unsigned>(shape.heads), static_cast<unsigned>(shape.batch), 256, 1, 1, 0,
                             a.stream, pargs, nullptr),
            "launching the backward preprocessing");
-  void* margs[] = {&p, vp_copy.data()};
+  FlexBackwardTmaMaps maps{};
+  if (cfg.warp_specialized) {
+    const FlexBackwardPolicy pol = flex_backward_tiles(cfg.head_dim);
+    maps = runtime::encode_backward_tensor_maps(d, a.q, a.k, a.v, a.d_o, cfg.block_m, cfg.block_n, pol.swizzle_bytes);
+  }
+  void* margs[] = {&p, vp_copy.data(), &maps};
   check_cu(d.cuLaunchKernel(fn.main, static_cast<unsigned>(cfg.main_grid_x(shape.seqlen_kv)),
                             static_cast<unsigned>(shape.kv_heads), static_cast<unsigned>(shape.batch), static_cast<unsigned>(cfg.threads()), 1,
                             1, static_cast<unsigned>(cfg.shared_bytes()), a.stream, margs, nullptr),

@@ -49,21 +49,37 @@ void encode(const CudaDriver& d, CUtensorMap* map, const Tensor& t, int region_c
                             fmt::join(t.effective_strides(), ", "), cu_error_text(r)));
 }
 
-}  // namespace
+static_assert(sizeof(FlexTensorMap) == sizeof(CUtensorMap) && alignof(FlexTensorMap) == alignof(CUtensorMap),
+              "FlexTensorMap must be laid out as CUtensorMap");
 
-bool tensor_maps_describe(const Tensor& q, const Tensor& k, const Tensor& v) { return describable(q) && describable(k) && describable(v); }
-
-FlexForwardTmaMaps encode_forward_tensor_maps(const CudaDriver& d, const Tensor& q, const Tensor& k, const Tensor& v, const ForwardConfig& cfg) {
-  static_assert(sizeof(FlexTensorMap) == sizeof(CUtensorMap) && alignof(FlexTensorMap) == alignof(CUtensorMap),
-                "FlexTensorMap must be laid out as CUtensorMap");
-  const int swizzle_bytes = cfg.swizzle_bytes;
+// The map of a kernel tile with `swizzle_bytes` regions of `rows` rows (flex::SwizzledTile).
+void encode_tile(const CudaDriver& d, FlexTensorMap* map, const Tensor& t, int rows, int swizzle_bytes, const char* name) {
   const CUtensorMapSwizzle swizzle = swizzle_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B
                                      : swizzle_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
                                                            : CU_TENSOR_MAP_SWIZZLE_32B;
+  encode(d, reinterpret_cast<CUtensorMap*>(map), t, swizzle_bytes / 2, rows, swizzle, name);
+}
+
+}  // namespace
+
+bool tensor_maps_describe(const Tensor& q, const Tensor& k, const Tensor& v) { return describable(q) && describable(k) && describable(v); }
+bool tensor_map_describes(const Tensor& t) { return describable(t); }
+
+FlexForwardTmaMaps encode_forward_tensor_maps(const CudaDriver& d, const Tensor& q, const Tensor& k, const Tensor& v, const ForwardConfig& cfg) {
   FlexForwardTmaMaps maps{};
-  encode(d, reinterpret_cast<CUtensorMap*>(&maps.q), q, swizzle_bytes / 2, cfg.block_m, swizzle, "q");
-  encode(d, reinterpret_cast<CUtensorMap*>(&maps.k), k, swizzle_bytes / 2, cfg.block_n, swizzle, "k");
-  encode(d, reinterpret_cast<CUtensorMap*>(&maps.v), v, swizzle_bytes / 2, cfg.block_n, swizzle, "v");
+  encode_tile(d, &maps.q, q, cfg.block_m, cfg.swizzle_bytes, "q");
+  encode_tile(d, &maps.k, k, cfg.block_n, cfg.swizzle_bytes, "k");
+  encode_tile(d, &maps.v, v, cfg.block_n, cfg.swizzle_bytes, "v");
+  return maps;
+}
+
+FlexBackwardTmaMaps encode_backward_tensor_maps(const CudaDriver& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& d_o,
+                                                int block_m, int block_n, int swizzle_bytes) {
+  FlexBackwardTmaMaps maps{};
+  encode_tile(d, &maps.q, q, block_m, swizzle_bytes, "q");
+  encode_tile(d, &maps.k, k, block_n, swizzle_bytes, "k");
+  encode_tile(d, &maps.v, v, block_n, swizzle_bytes, "v");
+  encode_tile(d, &maps.d_o, d_o, block_m, swizzle_bytes, "d_o");
   return maps;
 }
 

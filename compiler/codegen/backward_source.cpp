@@ -14,7 +14,8 @@ std::string BackwardConfig::str() const {
   if (staged_col || staged_tile)
     staged = fmt::format("_st{}{}{}{}{}", staged_col ? "c" : "", staged_tile ? "t" : "", staged_grad ? "g" : "", spread_rows ? "s" : "",
                          grad_gemm ? "m" : "");
-  return fmt::format("d{}_m{}_n{}_w{}_s{}{}{}{}", head_dim, block_m, block_n, warps, stages, hopper ? "_sm90" : "", staged, dq_bulk ? "_qb" : "");
+  return fmt::format("d{}_m{}_n{}_w{}_s{}{}{}{}{}", head_dim, block_m, block_n, warps, stages, hopper ? "_sm90" : "", staged, dq_bulk ? "_qb" : "",
+                     warp_specialized ? "_ws" : "");
 }
 
 FlexBackwardFeatures BackwardConfig::features() const {
@@ -81,6 +82,8 @@ FlexBackwardFeatures backward_features(const ScoreModGradient& grad, const Stage
   f.tile_term_grad = tile_term && tile_term->scatter >= 0;
   for (const StagedTerm& t : staged.terms) f.staged_grad = f.staged_grad || t.scatter >= 0;
   f.spread_rows = staged.spreads_rows(grad.scatters.size());
+  f.scatters = !grad.scatters.empty();
+  f.tma_operands = options.tma_operands;
   return f;
 }
 
@@ -112,6 +115,7 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
   out.config.grad_gemm = policy.grad_gemm;
   out.config.dq_bulk = policy.dq_bulk;
   out.config.deterministic = options.deterministic;
+  out.config.warp_specialized = policy.producer;
   GradVariantOptions kv_major;
   kv_major.query_major_pass = qm;
   kv_major.staged = &staged;
@@ -156,9 +160,9 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
       "extern \"C\" __global__ void __launch_bounds__(256)\n"
       "{pre}(const FlexBackwardParams p) {{\n"
       "  flex_backward_preprocess<{el}, {d}, {det}>(p);\n}}\n\n"
-      "extern \"C\" __global__ void __launch_bounds__(FlexBwdTraits::kNThreads, 1)\n"
-      "{main}(const FlexBackwardParams p, const FlexGradVariant::Params vp) {{\n"
-      "  {main_fn}<FlexBwdTraits, FlexGradVariant, {det}, /*kDq=*/{kdq}{bulk}>(p, vp);\n}}\n\n"
+      "extern \"C\" __global__ void __launch_bounds__({main_threads}, 1)\n"
+      "{main}(const FlexBackwardParams p, const FlexGradVariant::Params vp{tma_param}) {{\n"
+      "  {main_fn}<FlexBwdTraits, FlexGradVariant, {det}, /*kDq=*/{kdq}{bulk}>(p, vp{tma_arg});\n}}\n\n"
       "{dq_kernel}"
       "extern \"C\" __global__ void __launch_bounds__(256)\n"
       "{conv}(const FlexConvertParams c) {{\n"
@@ -173,11 +177,16 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
       fmt::arg("dq_kernel", dq_kernel), fmt::arg("conv", kBwdConvertEntry), fmt::arg("ts", kBwdTileStateEntry),
       fmt::arg("hopper_header", out.config.hopper ? "#include \"flex_backward_sm90.cuh\"\n" : ""),
       fmt::arg("main_fn", out.config.hopper ? "flex_backward_main_sm90" : "flex_backward_main"),
-      fmt::arg("bulk", out.config.hopper ? fmt::format(", /*kDqBulk=*/{}, /*kGradGemm=*/{}", out.config.dq_bulk, out.config.grad_gemm) : std::string()),
-      fmt::arg("smem_check", out.config.hopper ? fmt::format("static_assert(flex_bwd_sm90::Smem<FlexBwdTraits, FlexGradVariant, {}, {}, {}>::kAllocBytes == {}, "
+      fmt::arg("bulk", out.config.hopper ? fmt::format(", /*kDqBulk=*/{}, /*kGradGemm=*/{}, /*kProducer=*/{}", out.config.dq_bulk,
+                                                       out.config.grad_gemm, out.config.warp_specialized)
+                                         : std::string()),
+      fmt::arg("main_threads", out.config.threads()),
+      fmt::arg("tma_param", out.config.warp_specialized ? ", const __grid_constant__ FlexBackwardTmaMaps tma" : ""),
+      fmt::arg("tma_arg", out.config.warp_specialized ? ", &tma" : ""),
+      fmt::arg("smem_check", out.config.hopper ? fmt::format("static_assert(flex_bwd_sm90::Smem<FlexBwdTraits, FlexGradVariant, {}, {}, {}, {}>::kAllocBytes == {}, "
                                                               "\"host and template disagree on the backward's shared memory\");\n",
                                                               out.config.dq_bulk, out.config.grad_gemm, out.config.dq_bulk && out.config.deterministic,
-                                                              out.config.shared_bytes()) +
+                                                              out.config.warp_specialized, out.config.shared_bytes()) +
                                                       (out.config.spread_rows
                                                            ? "static_assert(flex_bwd_staged::kSpreadRange == 512 && flex_bwd_staged::kSpreadCtas == 4, "
                                                              "\"host (BackwardConfig::main_grid_x) and template disagree on the spread rows' grid\");\n"

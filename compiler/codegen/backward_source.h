@@ -51,8 +51,11 @@ struct BackwardConfig {
   bool dq_bulk = false;
   // A deterministic module: its bulk dQ rows hold 64-bit fixed point ([64][D + 2]) instead of fp32.
   bool deterministic = false;
+  // The warp-specialised Hopper kernel (flex_backward_sm90.cuh kProducer): a third warpgroup loads by TMA, so the
+  // launch passes FlexBackwardTmaMaps and 384 threads.
+  bool warp_specialized = false;
   std::string str() const;
-  int threads() const { return warps * 32; }
+  int threads() const { return warps * 32 + (warp_specialized ? 128 : 0); }
   // CTAs per (KV head, batch) of the main kernel: ceil(Skv / block_n), or 4 per started 512 rows when spread.
   int main_grid_x(int64_t seqlen_kv) const;
   // Dynamic shared memory of the main kernel (the generated source static_asserts it against the template's).
@@ -87,6 +90,9 @@ struct BackwardKernelOptions {
   // the KV-major kernel's atomics and flexjit_bwd_dq.
   bool query_major = false;
   std::string arch;  // the NVRTC target: "sm_90a" selects the Hopper main kernel (see backward_config)
+  // The launch's q, k, v and d_o can be described by TMA tensor maps (runtime::tensor_maps_describe): the Hopper
+  // kernel may then be the warp-specialised one.
+  bool tma_operands = true;
   VariantOptions variant;
 };
 

@@ -13,7 +13,8 @@
 # causal at D128: slopes from a buffer / one runtime slope), alibi64, alibi96, relh64, relw64, scale64, relbias64, samrt64
 # (SAM with a runtime width W), causal64, sw64 / swrt64 / swrt (a sliding window of 1024, constant or a runtime int),
 # sinks64 / sinksrt64 / sinks / sinks64odd (4 attention sinks + that window; odd: S 4000), causal96, full80, full96,
-# full192, full256 (forward); causal, full, causal96, causal64, sam, samrt (SAM with a runtime width W; backward).
+# full192, full256 (forward); causal, full, causal96, causal64, causal80, causaldet (deterministic), alibi (slopes from a
+# buffer, no gradient), sam, samrt (SAM with a runtime width W; backward).
 set -uo pipefail
 builds=$1
 rounds=$2
@@ -67,6 +68,9 @@ backward_args() {
     full) echo "--name full --shape 4,16,16,4096,4096,128" ;;
     causal96) echo "--name causal --mask q>=kv --shape 4,16,16,4096,4096,96" ;;
     causal64) echo "--name causal --mask q>=kv --shape 8,12,12,4096,4096,64" ;;
+    causal80) echo "--name causal --mask q>=kv --shape 4,16,16,4096,4096,80" ;;
+    causaldet) echo "--name causal --mask q>=kv --deterministic --shape 4,16,16,4096,4096,128" ;;
+    alibi) echo "--name alibi --score score+slope[h]*(kv-q) --buffer slope:f32[H] --mask q>=kv --shape 4,16,16,4096,4096,128" ;;
     sam) echo "--name sam_vitb --score score+rel_h[b,h,q,kv//64]+rel_w[b,h,q,kv%64] --buffer rel_h:bf16[B,H,Sq,64] --buffer rel_w:bf16[B,H,Sq,64] --grad rel_h --grad rel_w --shape 8,12,12,4096,4096,64" ;;
     samrt) echo "--name samrt_vitb --score score+rel_h[b,h,q,kv//W]+rel_w[b,h,q,kv%W] --buffer rel_h:bf16[B,H,Sq,64] --buffer rel_w:bf16[B,H,Sq,64] --param W:int --set W=64 --grad rel_h --grad rel_w --shape 8,12,12,4096,4096,64" ;;
     *) echo "unknown backward case $1" >&2; return 1 ;;

@@ -9,6 +9,7 @@
 #include "compiler/frontend.h"
 #include "compiler/passes/autodiff.h"
 #include "runtime/kernel_compiler.h"
+#include "runtime/nvrtc.h"
 #include "support/spec_loading.h"
 
 using namespace flexjit;
@@ -201,7 +202,7 @@ TEST_CASE("bulk dQ reductions: the Hopper kernel in fp32 from head dim 96 withou
   CHECK(c128.module.key_text.find("_qb") != std::string::npos);
   BackwardKernelSource c128_det = config(nullptr, "q >= kv", {}, {}, 128, true, "sm_90a");  // deterministic: fixed point
   CHECK(c128_det.config.dq_bulk);
-  CHECK(c128_det.module.source.find("flex_bwd_sm90::Smem<FlexBwdTraits, FlexGradVariant, true, false, true>") != std::string::npos);
+  CHECK(c128_det.module.source.find("flex_bwd_sm90::Smem<FlexBwdTraits, FlexGradVariant, true, false, true, true>") != std::string::npos);
   // [64][D + 8] fp32 rows or [64][D + 2] 64-bit fixed-point ones on top of the same tiles.
   CHECK(c128.config.shared_bytes() - 64 * 136 * 4 == c128_det.config.shared_bytes() - 64 * 130 * 8);
   CHECK(config(nullptr, "q >= kv", {}, {}, 96, false, "sm_90a").config.dq_bulk);
@@ -228,4 +229,42 @@ TEST_CASE("bulk dQ reductions: the Hopper kernel in fp32 from head dim 96 withou
   CHECK(slabs.shared_bytes() <= 232448);
   slabs.dq_bulk = true;
   CHECK(slabs.shared_bytes() > 227 * 1024);
+}
+
+TEST_CASE("the sm_90a backward of a module without buffer gradients is warp-specialised: setmaxnreg and TMA copies in its PTX", "[nvrtc][backward]") {
+  SpecIR ir = build_spec_ir(test::load_spec(test::gallery_dir() / "causal.json"));
+  for (bool deterministic : {false, true}) {
+    for (int d : {64, 128}) {
+      INFO("deterministic " << deterministic << ", head dim " << d);
+      BackwardKernelSource bs = make_source(ir, deterministic, d, false, "sm_90a");
+      REQUIRE(bs.config.warp_specialized);
+      CHECK(bs.config.threads() == 384);  // a producer warpgroup and two consumer warpgroups
+      CHECK(bs.module.source.find("__launch_bounds__(384, 1)") != std::string::npos);
+      CHECK(bs.module.source.find("const __grid_constant__ FlexBackwardTmaMaps tma") != std::string::npos);
+      runtime::NvrtcRequest req;
+      req.source = bs.module.source;
+      req.program_name = bs.module.name + ".cu";
+      req.arch = "sm_90a";
+      req.want_ptx = true;
+      const runtime::NvrtcOutput out = runtime::NvrtcCompiler().compile(req);
+      CHECK(out.ptx.find("setmaxnreg.dec.sync.aligned.u32") != std::string::npos);
+      CHECK(out.ptx.find("setmaxnreg.inc.sync.aligned.u32") != std::string::npos);
+      CHECK(out.ptx.find("cp.async.bulk.tensor") != std::string::npos);
+      CHECK(out.ptx.find("wgmma.mma_async") != std::string::npos);
+      // With bulk dQ rows (D128, and deterministic at every head dim) the writer warp sends them.
+      CHECK((out.ptx.find("cp.reduce.async.bulk") != std::string::npos) == (deterministic || d == 128));
+    }
+  }
+  // Operands no tensor map describes, a buffer gradient, sm_80 and the query-major pass keep the 256-thread kernels.
+  BackwardKernelOptions bo;
+  ScoreModGradient grad = differentiate_score_mod(ir);
+  RangeInfo ranges = analyze_ranges(backward_roots(grad), ir.checked, VarDomains::forward(ir.checked));
+  bo.arch = "sm_90a";
+  bo.tma_operands = false;
+  CHECK_FALSE(backward_kernel_source(ir, grad, ranges, bo).config.warp_specialized);
+  CHECK(backward_kernel_source(ir, grad, ranges, bo).config.threads() == 256);
+  CHECK_FALSE(make_source(ir, false, 128, false, "sm_80").config.warp_specialized);
+  CHECK_FALSE(make_source(ir, false, 128, true, "sm_90a").config.warp_specialized);
+  dsl::Spec bias = test::load_spec(backward_data_dir() / "learnable_bias.json");
+  CHECK_FALSE(make_source(build_spec_ir(bias), false, 128, false, "sm_90a").config.warp_specialized);
 }

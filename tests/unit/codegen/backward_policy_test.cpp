@@ -48,6 +48,7 @@ TEST_CASE("the backward policy fits the kernels' warp layouts and shared memory 
         const FlexBackwardPolicy p = flex_backward_policy(kind, d, f);
         // FlexBackwardTraits: warps tile the KV rows in 16-row groups and dQ's query rows evenly.
         CHECK(p.warps * 32 == 256);
+        CHECK(p.threads == 256 + (p.producer ? 128 : 0));
         CHECK(p.warps % (p.block_n / 16) == 0);
         CHECK(p.warps % (p.block_m / 16) == 0);
         CHECK((p.stages == 1 || p.stages == 2));
@@ -65,6 +66,7 @@ TEST_CASE("the backward policy fits the kernels' warp layouts and shared memory 
         } else {
           CHECK_FALSE(p.dq_bulk);
           CHECK_FALSE(p.grad_gemm);
+          CHECK_FALSE(p.producer);
         }
         // The host's geometry is the policy's.
         flexjit::BackwardConfig c = flexjit::backward_config(d, hopper ? "sm_90a" : "sm_80");
@@ -115,4 +117,41 @@ TEST_CASE("the backward policy's dQ choices: bulk rows from head dim 96, fixed-p
   CHECK(flex_backward_policy(kFlexBackwardWgmma, 64, sam).grad_gemm);
   sam.bf16 = false;
   CHECK_FALSE(flex_backward_policy(kFlexBackwardWgmma, 64, sam).grad_gemm);
+}
+
+TEST_CASE("the backward policy's warp specialisation: Hopper modules without scatters or staged terms whose operands have tensor maps",
+          "[codegen][policy]") {
+  FlexBackwardFeatures plain{};
+  plain.bf16 = true;
+  plain.d_score_is_one = true;
+  plain.tma_operands = true;
+  for (int d : {32, 64, 80, 96, 128}) {
+    INFO("head dim " << d);
+    for (bool det : {false, true}) {
+      FlexBackwardFeatures f = plain;
+      f.deterministic = det;
+      const FlexBackwardPolicy p = flex_backward_policy(kFlexBackwardWgmma, d, f);
+      CHECK(p.producer);
+      CHECK(p.threads == 384);
+      // The mbarriers live in the scatters' reduction slots: warp specialisation costs no shared memory, so the
+      // deterministic rows keep fitting at D128.
+      f.tma_operands = false;
+      CHECK(flex_backward_policy(kFlexBackwardWgmma, d, f).smem_bytes == p.smem_bytes);
+      CHECK(p.dq_bulk == (det || d >= 96));
+    }
+  }
+  FlexBackwardFeatures f = plain;
+  f.tma_operands = false;
+  CHECK_FALSE(flex_backward_policy(kFlexBackwardWgmma, 128, f).producer);
+  f = plain;
+  f.scatters = true;  // a learnable buffer: its reductions use CTA-wide barriers
+  CHECK_FALSE(flex_backward_policy(kFlexBackwardWgmma, 128, f).producer);
+  f = plain;
+  f.staged_col = true;
+  CHECK_FALSE(flex_backward_policy(kFlexBackwardWgmma, 64, f).producer);
+  f = plain;
+  f.query_major = true;
+  CHECK_FALSE(flex_backward_policy(kFlexBackwardWgmma, 128, f).producer);
+  CHECK_FALSE(flex_backward_policy(kFlexBackwardMmaSync, 128, plain).producer);
+  CHECK_FALSE(flex_backward_policy(kFlexBackwardMmaSync, 256, plain).producer);
 }

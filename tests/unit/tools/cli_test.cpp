@@ -86,6 +86,11 @@ TEST_CASE("dump: ast, ir with analyses, cuda and ptx", "[cli]") {
   Result atomic = sh(fj() + " dump " + gallery("sam_relpos.json") + " --grad rel_h --backward --dq atomic --emit=cuda");
   CHECK(atomic.out.find("flexjit_bwd_qmajor") == std::string::npos);
   CHECK(sh(fj() + " dump " + gallery("causal.json") + " --backward --emit=ir").status == 1);
+  // The Hopper backward is warp-specialised: register reallocation and TMA copies in its PTX.
+  Result bptx = sh(fj() + " dump " + gallery("causal.json") + " --backward --emit=ptx --arch sm_90a");
+  CHECK(bptx.status == 0);
+  CHECK(bptx.out.find("setmaxnreg") != std::string::npos);
+  CHECK(bptx.out.find("cp.async.bulk.tensor") != std::string::npos);
 }
 
 TEST_CASE("eval: Python arithmetic, round-trip floats, errors", "[cli]") {

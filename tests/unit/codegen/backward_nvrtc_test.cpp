@@ -9,8 +9,8 @@
 #include "compiler/frontend.h"
 #include "compiler/passes/autodiff.h"
 #include "runtime/kernel_compiler.h"
-#include "runtime/nvrtc.h"
 #include "support/spec_loading.h"
+#include "support/warp_specialized_ptx.h"
 
 using namespace flexjit;
 
@@ -241,18 +241,9 @@ TEST_CASE("the sm_90a backward of a module without buffer gradients is warp-spec
       CHECK(bs.config.threads() == 384);  // a producer warpgroup and two consumer warpgroups
       CHECK(bs.module.source.find("__launch_bounds__(384, 1)") != std::string::npos);
       CHECK(bs.module.source.find("const __grid_constant__ FlexBackwardTmaMaps tma") != std::string::npos);
-      runtime::NvrtcRequest req;
-      req.source = bs.module.source;
-      req.program_name = bs.module.name + ".cu";
-      req.arch = "sm_90a";
-      req.want_ptx = true;
-      const runtime::NvrtcOutput out = runtime::NvrtcCompiler().compile(req);
-      CHECK(out.ptx.find("setmaxnreg.dec.sync.aligned.u32") != std::string::npos);
-      CHECK(out.ptx.find("setmaxnreg.inc.sync.aligned.u32") != std::string::npos);
-      CHECK(out.ptx.find("cp.async.bulk.tensor") != std::string::npos);
-      CHECK(out.ptx.find("wgmma.mma_async") != std::string::npos);
+      const std::string ptx = test::check_warp_specialized_ptx(bs.module);
       // With bulk dQ rows (D128, and deterministic at every head dim) the writer warp sends them.
-      CHECK((out.ptx.find("cp.reduce.async.bulk") != std::string::npos) == (deterministic || d == 128));
+      CHECK((ptx.find("cp.reduce.async.bulk") != std::string::npos) == (deterministic || d == 128));
     }
   }
   // Operands no tensor map describes, a buffer gradient, sm_80 and the query-major pass keep the 256-thread kernels.

@@ -8,6 +8,7 @@
 #include "runtime/kernel_compiler.h"
 #include "runtime/nvrtc.h"
 #include "support/spec_loading.h"
+#include "support/warp_specialized_ptx.h"
 
 using namespace flexjit;
 
@@ -138,16 +139,7 @@ TEST_CASE("the sm_90a forward is the warp-specialised kernel: setmaxnreg and TMA
   KernelSource ks = forward_kernel_source(ir, analyze_ir_ranges(ir), fo);
   REQUIRE(ks.config.warp_specialized);
   CHECK(ks.config.threads() == 384);  // a producer warpgroup and two consumer warpgroups
-  runtime::NvrtcRequest req;
-  req.source = ks.source;
-  req.program_name = ks.name + ".cu";
-  req.arch = "sm_90a";
-  req.want_ptx = true;
-  const runtime::NvrtcOutput out = runtime::NvrtcCompiler().compile(req);
-  CHECK(out.ptx.find("setmaxnreg.dec.sync.aligned.u32") != std::string::npos);
-  CHECK(out.ptx.find("setmaxnreg.inc.sync.aligned.u32") != std::string::npos);
-  CHECK(out.ptx.find("cp.async.bulk.tensor") != std::string::npos);
-  CHECK(out.ptx.find("wgmma.mma_async") != std::string::npos);
+  test::check_warp_specialized_ptx(ks);
   // Strides no tensor map can describe keep the mma.sync kernel.
   fo.tma_describable = false;
   CHECK(!forward_kernel_source(ir, analyze_ir_ranges(ir), fo).config.warp_specialized);

@@ -121,8 +121,8 @@ __device__ __forceinline__ float (&flat(float (&a)[M][N]))[M * N] {
 // first 16 columns hold its selector (flex_backward_staged.cuh); those 16 columns of the product, the staged
 // gradient sums, go to `sel` (the m64n16 accumulator layout). One GEMM instead of a second one over the same dS^T
 // tile: dS^T is read from shared memory once.
-// `issue_next` issues one more wgmma group right behind dQ's (the dK GEMM): dQ's partial then goes out while that
-// group runs, which is left in flight on return.
+// `issue_next` issues one more wgmma group right behind dQ's (the dK GEMM, or an empty group when dK went first):
+// dQ's partial then goes out while that group runs, which is left in flight on return.
 template <int kN, class Layout, class Element, bool kDeterministic, bool kBulk, class IssueNext, class Overlap>
 __device__ __forceinline__ void dq_block(const FlexBackwardParams& p, unsigned s_ds, unsigned s_k, int col0, long long row_base,
                                          int q_row0, int t4, void* dq_buf, int m0, float (&sel)[8], IssueNext&& issue_next,
@@ -716,6 +716,18 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
       da[kk][2] = Mma::pack(acc_dp[2 * kk + 1][0], acc_dp[2 * kk + 1][1]);
       da[kk][3] = Mma::pack(acc_dp[2 * kk + 1][2], acc_dp[2 * kk + 1][3]);
     }
+    // dK's GEMM: right here without dQ; with dQ, behind dQ's GEMM (dq_block), so that dQ's atomics go out while it
+    // runs, or, warp-specialised with bulk dQ rows (whose stores are quick), before the dS^T barriers, so that the
+    // tensor cores have it while the warpgroups meet there.
+    auto issue_dk = [&] {
+      flex::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk)
+        flex::Wgmma<kHeadDim>::template rs<Element, 1>(acc_dk, da[kk], flex::desc_mn_major<TileQ>(sq, kk * 16, 0), 1);
+      flex::wgmma_commit();
+    };
+    constexpr bool kDkFirst = kProducer && kDqBulk;
+    if constexpr (kDkFirst) issue_dk();
     if constexpr (kDq) {
       // Without the loop-top barrier, the other warpgroup may still be in the previous tile's dQ GEMM.
       if constexpr (kProducer) flex::named_barrier_sync(flex_bwd_sm90::kBarDsFree, kNThreads);
@@ -729,16 +741,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
         *reinterpret_cast<unsigned*>(smem + S::kOffDS + TileDS::chunk_offset(r + 8, 2 * kk + 1) + 4 * t4) = da[kk][3];
       }
     }
-    // dK's GEMM: right here without dQ; with dQ behind dQ's GEMM (dq_block), so that dQ's partial goes out while it
-    // runs.
-    auto issue_dk = [&] {
-      flex::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBlockM / 16; ++kk)
-        flex::Wgmma<kHeadDim>::template rs<Element, 1>(acc_dk, da[kk], flex::desc_mn_major<TileQ>(sq, kk * 16, 0), 1);
-      flex::wgmma_commit();
-    };
-    if constexpr (!kDq) issue_dk();
+    if constexpr (!kDq && !kDkFirst) issue_dk();
     if constexpr (kSplitScatter) {
       if constexpr (TileScatter0::kClass == flex_bwd::kScatterDiagonal) split_scatter.warp_sum_planes(sh_red, sh_planes, warp, ln);
       else split_scatter.warp_sum(sh_red, warp, ln);
@@ -767,6 +770,11 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
       float sel_acc[8];
       if constexpr (kGradGemm && !S::kSelectorsInK)
         flex_bwd_staged::issue_selector_gemm<TileDS, Element>(sel_acc, s_ds, s_base + S::kOffSelectors, wg);
+      // dq_block waits for all but the group issued after dQ's: dK's, or an empty one when dK went first.
+      auto issue_after_dq = [&] {
+        if constexpr (kDkFirst) flex::wgmma_commit();
+        else issue_dk();
+      };
       auto while_dq = [&] {
         if constexpr (kSplitScatter) TileScatter0::cta_sum(p, vp, sh_red, b, h, hkv, m0, n0, tid);
         if constexpr (kGradGemm) {
@@ -778,14 +786,14 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
       };
       if constexpr (S::kDqN0 == S::kDqN1) {
         flex_bwd_sm90::dq_block<S::kDqN0, S, Element, kDeterministic, kDqBulk>(p, s_ds, s_k, wg * S::kDqN0, row_base, q_row0, t4, sh_dq, m0,
-                                                                                sel_acc, issue_dk, while_dq);
+                                                                                sel_acc, issue_after_dq, while_dq);
       } else {
         if (wg == 0)
-          flex_bwd_sm90::dq_block<S::kDqN0, S, Element, kDeterministic, kDqBulk>(p, s_ds, s_k, 0, row_base, q_row0, t4, sh_dq, m0, sel_acc, issue_dk,
+          flex_bwd_sm90::dq_block<S::kDqN0, S, Element, kDeterministic, kDqBulk>(p, s_ds, s_k, 0, row_base, q_row0, t4, sh_dq, m0, sel_acc, issue_after_dq,
                                                                                 while_dq);
         else
           flex_bwd_sm90::dq_block<S::kDqN1, S, Element, kDeterministic, kDqBulk>(p, s_ds, s_k, S::kDqN0, row_base, q_row0, t4, sh_dq, m0,
-                                                                                  sel_acc, issue_dk, while_dq);
+                                                                                  sel_acc, issue_after_dq, while_dq);
       }
       if constexpr (kGradGemm) {
         flex::fence_operands(sel_acc);

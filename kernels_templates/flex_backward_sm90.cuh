@@ -7,7 +7,8 @@
 #include "flex_wgmma.cuh"
 
 // Drop-in replacement of flex_backward_main for head dims 32..128 on sm_90a (docs/notes/BACKWARD_SM90.md): the same
-// FlexBackwardParams, variant contract, grid (ceil(Skv / 128), Hkv, B; spread rows: see the kernel), 256 threads,
+// FlexBackwardParams, variant contract, grid (ceil(Skv / 128), Hkv, B; spread rows: see the kernel), 256 threads (384
+// warp-specialised: see kProducer),
 // tile classes, schedule and preprocess / dQ-conversion kernels; shared memory flex_bwd_sm90::Smem<...>::kAllocBytes.
 //
 // Two warpgroups; warpgroup w owns KV rows 64w..64w+63 of the CTA's 128, so warp `warp` owns rows 16 warp..+15
@@ -204,7 +205,6 @@ __device__ __forceinline__ void dq_block(const FlexBackwardParams& p, unsigned s
 constexpr int kBarDsFree = 1;
 constexpr int kBarDq = 2;
 constexpr int kConsumerThreads = 256;
-constexpr int kProducerThreads = 128;
 // The register split: 24 for the producer warpgroup, 240 for each consumer thread (the 384-thread launch caps the
 // kernel at 168, and 24 * 128 + 240 * 256 is that pool).
 constexpr int kProducerRegs = 24;
@@ -330,7 +330,7 @@ __device__ __forceinline__ void write_dq(void* dq_accum, unsigned s_base, int la
 }  // namespace flex_bwd_sm90
 
 // The main backward kernel for sm_90a. grid = (BackwardConfig::main_grid_x(Skv): ceil(Skv / 128), or 4 per started
-// 512 rows with spread rows; Hkv, B), block = 256,
+// 512 rows with spread rows; Hkv, B), block = 256 (384 with kProducer),
 // dynamic shared memory = flex_bwd_sm90::Smem<Traits, Variant, kDqBulk, kGradGemm, kDqBulk && kDeterministic>::kAllocBytes.
 // Traits = FlexBackwardTraits<D, Element>.
 // kDq = false: dQ is left to another pass (no dS^T store, no dQ GEMM, no dQ atomics).

@@ -41,7 +41,6 @@ struct FlexBackwardPolicy {
   bool dq_bulk;    // wgmma kind: dQ partials by bulk reductions from shared memory instead of float4 atomics
   bool grad_gemm;  // wgmma kind, spread rows: the staged gradients by selector GEMMs on the dS^T tile
   bool producer;   // wgmma kind: warp-specialised (a producer warpgroup loads by TMA, flex_backward_sm90.cuh kProducer)
-  int threads;     // of the main kernel
   int smem_bytes;  // the main kernel's dynamic shared memory
   // The query-major pass (dQ and row-owned scatters): query rows per CTA, KV rows per tile, warps, K / V stages.
   int qmajor_block_m, qmajor_block_n, qmajor_warps, qmajor_stages;
@@ -90,7 +89,7 @@ constexpr int flex_backward_smem_bytes(const FlexBackwardPolicy& p, const FlexBa
 //     dim 96, where one bulk operation per query row of D * 4 bytes outweighs its issue cost, and not with a diagonal
 //     scatter, whose split reduction runs its cross-warp sums while dQ runs and leaves the float4 atomics' latency
 //     hidden; deterministic, in 64-bit fixed point at every head dim, where they replace one 64-bit atomic per element;
-//   - warp specialisation (a producer warpgroup with 24 registers streams Q, dO by TMA and lse2, delta by cp.async; a
+//   - warp specialisation (a producer warpgroup with 24 registers streams Q, dO by TMA and lse2, delta by its lanes; a
 //     writer warp sends the bulk dQ rows; the two consumer warpgroups get 240 registers and meet only at named
 //     barriers) wherever the operands have tensor maps and no scatter or staged term needs CTA-wide barriers;
 //   - selector GEMMs for spread rows' staged gradients when dS^T is their gradient (bf16, d_score = 1; fp16 would lose
@@ -114,7 +113,6 @@ constexpr FlexBackwardPolicy flex_backward_policy(int kind, int head_dim, FlexBa
   const bool wgmma = kind == kFlexBackwardWgmma;
   p.grad_gemm = wgmma && f.spread_rows && f.tile_term_grad && f.bf16 && f.d_score_is_one;
   p.producer = wgmma && !f.query_major && !f.scatters && !f.staged_col && !f.staged_tile && f.tma_operands;
-  p.threads = 32 * p.warps + (p.producer ? 128 : 0);
   constexpr int kDqBulkMinHeadDim = 96;
   constexpr int kSm90MaxDynamicShared = 227 * 1024;  // the opt-in limit per block
   const bool bulk_pays = f.deterministic || (head_dim >= kDqBulkMinHeadDim && !f.diagonal_scatter);

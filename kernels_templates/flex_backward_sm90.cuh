@@ -331,7 +331,7 @@ __device__ __forceinline__ void write_dq(void* dq_accum, unsigned s_base, int la
 
 // The main backward kernel for sm_90a. grid = (BackwardConfig::main_grid_x(Skv): ceil(Skv / 128), or 4 per started
 // 512 rows with spread rows; Hkv, B), block = 256 (384 with kProducer),
-// dynamic shared memory = flex_bwd_sm90::Smem<Traits, Variant, kDqBulk, kGradGemm, kDqBulk && kDeterministic>::kAllocBytes.
+// dynamic shared memory = flex_bwd_sm90::Smem<Traits, Variant, kDqBulk, kGradGemm, kDqBulk && kDeterministic, kProducer>::kAllocBytes.
 // Traits = FlexBackwardTraits<D, Element>.
 // kDq = false: dQ is left to another pass (no dS^T store, no dQ GEMM, no dQ atomics).
 // kDqBulk: dQ partials are added to dq_accum by bulk reductions (cp.reduce.async.bulk, one per query row, issued
@@ -342,7 +342,7 @@ __device__ __forceinline__ void write_dq(void* dq_accum, unsigned s_base, int la
 // and d_score = 1, where that tile holds the terms' gradient, and a gradient of both terms (one GEMM per warpgroup).
 // kProducer: warp-specialised, block = 384. Warpgroups 0 and 1 compute as above; warpgroup 2 gives its registers
 // to them (setmaxnreg) and holds the producer warp (flex_bwd_sm90::load: K, V, Q, dO by TMA from `tma`, lse2 and
-// delta by cp.async, through a two-slot mbarrier ring) and, with kDqBulk, the dQ writer warp (write_dq). The
+// delta by its lanes, through a two-slot mbarrier ring) and, with kDqBulk, the dQ writer warp (write_dq). The
 // consumers then never issue a load or wait at a CTA-wide barrier: they meet at named barriers for dS^T only.
 // Modules without scatters or staged terms (those reduce through CTA-wide barriers).
 template <class Traits, class Variant, bool kDeterministic, bool kDq = true, bool kDqBulk = false, bool kGradGemm = false,

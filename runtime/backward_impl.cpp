@@ -233,8 +233,7 @@ void KernelImpl::backward(const BackwardArgs& a) {
   BackwardDqMode dq_mode = requested_dq_mode(a.dq_mode);
   if (dq_mode == BackwardDqMode::Auto) {
     std::lock_guard<std::mutex> lock(st.mutex);
-    const std::string auto_key =
-        fmt::format("{}_{}_{}{}", choice.key(), info.arch, a.deterministic ? "det" : "atomic", bo.tma_operands ? "" : "_notma");
+    const std::string auto_key = fmt::format("{}_{}_{}", choice.key(), info.arch, a.deterministic ? "det" : "atomic");
     auto it = st.auto_query_major.find(auto_key);
     if (it == st.auto_query_major.end()) it = st.auto_query_major.emplace(auto_key, auto_picks_query_major(grad, gradient.ranges, bo)).first;
     dq_mode = it->second ? BackwardDqMode::QueryMajor : BackwardDqMode::Atomic;

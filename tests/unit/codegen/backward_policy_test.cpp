@@ -48,7 +48,6 @@ TEST_CASE("the backward policy fits the kernels' warp layouts and shared memory 
         const FlexBackwardPolicy p = flex_backward_policy(kind, d, f);
         // FlexBackwardTraits: warps tile the KV rows in 16-row groups and dQ's query rows evenly.
         CHECK(p.warps * 32 == 256);
-        CHECK(p.threads == 256 + (p.producer ? 128 : 0));
         CHECK(p.warps % (p.block_n / 16) == 0);
         CHECK(p.warps % (p.block_m / 16) == 0);
         CHECK((p.stages == 1 || p.stages == 2));
@@ -132,7 +131,6 @@ TEST_CASE("the backward policy's warp specialisation: Hopper modules without sca
       f.deterministic = det;
       const FlexBackwardPolicy p = flex_backward_policy(kFlexBackwardWgmma, d, f);
       CHECK(p.producer);
-      CHECK(p.threads == 384);
       // The mbarriers live in the scatters' reduction slots: warp specialisation costs no shared memory, so the
       // deterministic rows keep fitting at D128.
       f.tma_operands = false;

@@ -416,15 +416,21 @@ Outcome check_backend(const GenCase& c, const SpecIR& ir, Kernel& kernel, const 
   const ScoreModGradient grad = differentiate_score_mod(ir);
   std::vector<ir::Expr> coefficients;
   for (const GradScatter& sc : grad.scatters) coefficients.push_back(sc.coefficient);
+  // dS = P (dO . V - dO . O) cancels two Dv-long fp32 dot products of unit-variance values:
+  // their partial sums grow like sqrt(Dv) and each addition rounds at that size, so what is left
+  // grows like Dv. Up to 0.3 ulp x Dv per row was seen; allow 1 ulp x Dv per summed term (the
+  // absolute terms are per 256 terms), which only loosens the fp32 bounds.
+  const double ds_abs = std::max(tol.abs, 16 * double(std::numeric_limits<float>::epsilon()) * double(in.Dv)),
+               ds_grad_abs = std::max(tol.grad_abs, ds_abs);
   const double d_score = largest_magnitude({grad.d_score}, in), coefficient = largest_magnitude(coefficients, in);
   const double kv_terms = double(in.H / in.Hkv) * double(in.Sq), all_terms = double(in.B * in.H) * double(in.Sq) * double(in.Skv);
-  std::string f = compare_norm("dq", dq_l.unpack(dq.bytes), rb.dq, tol.rel, tol.abs * d_score, double(in.Skv));
-  if (f.empty()) f = compare_norm("dk", dk_l.unpack(dk.bytes), rb.dk, tol.rel, tol.abs * d_score, kv_terms);
+  std::string f = compare_norm("dq", dq_l.unpack(dq.bytes), rb.dq, tol.rel, ds_abs * d_score, double(in.Skv));
+  if (f.empty()) f = compare_norm("dk", dk_l.unpack(dk.bytes), rb.dk, tol.rel, ds_abs * d_score, kv_terms);
   if (f.empty()) f = compare_norm("dv", dv_l.unpack(dv.bytes), rb.dv, tol.rel, tol.abs, kv_terms);
   for (size_t i = 0; i < spec.buffers.size() && f.empty(); ++i)
     if (spec.buffers[i].requires_grad)
       f = compare_norm(("grad of " + spec.buffers[i].name).c_str(), as_floats(grads[i].bytes), rb.grads[i], tol.grad_rel,
-                       tol.grad_abs * coefficient, all_terms / double(std::max<size_t>(rb.grads[i].size(), 1)));
+                       ds_grad_abs * coefficient, all_terms / double(std::max<size_t>(rb.grads[i].size(), 1)));
   if (!f.empty()) return Outcome{fmt::format("{} backward", where), fmt::format("{} backward ({}, dq {}): {}", where, b.deterministic ? "deterministic" : "atomic",
                                                                          static_cast<int>(b.dq_mode), f)};
   return out;

@@ -28,6 +28,7 @@ struct DumpOptions {
   bool backward = false;
   std::string dq = "auto";
   bool deterministic = false;
+  bool no_tma = false;
 };
 
 // The backward module a launch of the spec compiles (with the gradients the spec marks), as the runtime builds it:
@@ -42,6 +43,7 @@ KernelSource backward_module(const SpecIR& ir, const DumpOptions& o) {
   bo.head_dim = ir.spec().head_dim;
   bo.deterministic = o.deterministic;
   bo.arch = o.arch;
+  bo.tma_operands = !o.no_tma;
   bo.query_major = o.dq == "qmajor" || (o.dq == "auto" && auto_picks_query_major(grad, ranges, bo));
   return backward_kernel_source(ir, grad, ranges, bo).module;
 }
@@ -92,6 +94,7 @@ int run_dump(const DumpOptions& o) {
     fo.dtype = spec.dtype;
     fo.head_dim = spec.head_dim;
     fo.arch = o.arch;
+    fo.tma_describable = !o.no_tma;
     ks = forward_kernel_source(ir, analyze_ir_ranges(ir), fo);
   }
   if (o.emit == "cuda") {
@@ -122,6 +125,9 @@ void add_dump_command(CLI::App& app, Action& action) {
       ->check(CLI::IsMember({"auto", "atomic", "qmajor"}))
       ->capture_default_str();
   cmd->add_flag("--deterministic", o->deterministic, "With --backward: the deterministic (fixed-point) module");
+  cmd->add_flag("--no-tma", o->no_tma,
+                "With --emit=cuda or ptx: the module a launch compiles when TMA cannot describe its q, k, v (or d_o) strides "
+                "(sm_90a: no tensor maps, and a backward that is not warp-specialised)");
   cmd->callback([o, &action] { action = [o] { return run_dump(*o); }; });
 }
 

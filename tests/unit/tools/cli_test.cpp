@@ -91,6 +91,12 @@ TEST_CASE("dump: ast, ir with analyses, cuda and ptx", "[cli]") {
   CHECK(bptx.status == 0);
   CHECK(bptx.out.find("setmaxnreg") != std::string::npos);
   CHECK(bptx.out.find("cp.async.bulk.tensor") != std::string::npos);
+  // The module for strides TMA cannot describe: the 256-thread backward, no tensor maps.
+  Result notma = sh(fj() + " dump " + gallery("causal.json") + " --backward --no-tma --emit=cuda --arch sm_90a");
+  CHECK(notma.status == 0);
+  CHECK(notma.out.find("FlexBackwardTmaMaps") == std::string::npos);
+  Result bcuda = sh(fj() + " dump " + gallery("causal.json") + " --backward --emit=cuda --arch sm_90a");
+  CHECK(bcuda.out.find("FlexBackwardTmaMaps") != std::string::npos);
 }
 
 TEST_CASE("eval: Python arithmetic, round-trip floats, errors", "[cli]") {

@@ -327,6 +327,143 @@ __device__ __forceinline__ void write_dq(void* dq_accum, unsigned s_base, int la
   flex::bulk_wait();  // every reduction complete before the CTA's shared memory goes away
 }
 
+// The tile scheduler: the KV block a CTA owns, from its place in the launch. Launch order: groups of kHeadGroup
+// (KV head, batch) pairs, and inside a group every pair's KV block n before block n + 1. Under causal-like masks the
+// low KV blocks see the most query tiles, so each group's heaviest CTAs start first and the last wave holds light
+// ones (with the KV block fastest, the heavy CTAs of the last heads ran in the tail). The groups keep the Q / dO
+// tiles streamed at once to about kHeadGroup heads, which L2 holds (the policy's head_group).
+template <int kBlockN, int kHeadGroup, bool kSpread>
+struct KvBlock {
+  int b, hkv;
+  // The CTA's KV rows: local row lr is KV row n0 + lr, or with spread rows (flex_backward_staged.cuh) n0 +
+  // 64 (lr / 16) + lr % 16 from n0 = 512 (n / 4) + 16 (n % 4), warp w's 16 rows in kv // 64 block 8 (n / 4) + w.
+  int spread_j0;    // spread rows: the CTA's first J
+  int spread_col0;  // and its kv % 64 columns
+  int n0;
+
+  __device__ __forceinline__ KvBlock() {
+    const int lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    const int pairs = gridDim.y * gridDim.z;
+    const int group_ctas = kHeadGroup * gridDim.x;
+    const int pair_group = lin / group_ctas;
+    const int in_group = lin - pair_group * group_ctas;
+    const int group_pairs = min(kHeadGroup, pairs - pair_group * kHeadGroup);
+    const int pair = pair_group * kHeadGroup + in_group % group_pairs;
+    const int n_block = in_group / group_pairs;
+    hkv = pair % gridDim.y;
+    b = pair / gridDim.y;
+    spread_j0 = 8 * (n_block / flex_bwd_staged::kSpreadCtas);
+    spread_col0 = 16 * (n_block % flex_bwd_staged::kSpreadCtas);
+    n0 = kSpread ? 64 * spread_j0 + spread_col0 : n_block * kBlockN;
+  }
+  __device__ __forceinline__ int kv_of(int lr) const { return kSpread ? n0 + 64 * (lr / 16) + lr % 16 : n0 + lr; }
+};
+
+// The loads of the 256-thread form (no producer warp): every thread issues cp.async copies of K and V once and of
+// each scheduled query tile's Q, dO, staged terms, lse2 and delta, a tile ahead of the one being computed.
+template <class Traits, class Variant, class S>
+struct CpAsyncLoads {
+  using Element = typename Traits::Element;
+  using Staged = flex_bwd_staged::Flags<Variant>;
+  using TileQ = typename S::TileQ;
+  static constexpr int kBlockM = Traits::kBlockM;
+  static constexpr int kBlockN = Traits::kBlockN;
+  static constexpr int kNThreads = Traits::kNThreads;
+  static constexpr bool kSpread = Staged::kSpread;
+
+  const FlexBackwardParams& p;
+  const typename Variant::Params& vp;
+  unsigned char* smem;
+  unsigned s_base;
+  int tid, b, hkv, group, n0, spread_j0, spread_col0;  // as KvBlock
+  int seqlen_q, seqlen_kv;
+  const Element* g_k;  // the CTA's (batch, KV head) of K and V
+  const Element* g_v;
+  float* sh_lse;
+  float* sh_delta;
+
+  __device__ __forceinline__ CpAsyncLoads(const FlexBackwardParams& p_, const typename Variant::Params& vp_, unsigned char* smem_,
+                                          unsigned s_base_, int tid_, int b_, int hkv_, int group_, int n0_, int spread_j0_,
+                                          int spread_col0_, int seqlen_q_, int seqlen_kv_)
+      : p(p_), vp(vp_), smem(smem_), s_base(s_base_), tid(tid_), b(b_), hkv(hkv_), group(group_), n0(n0_), spread_j0(spread_j0_),
+        spread_col0(spread_col0_), seqlen_q(seqlen_q_), seqlen_kv(seqlen_kv_),
+        g_k(static_cast<const Element*>(p_.k) + b_ * p_.k_stride_b + hkv_ * p_.k_stride_h),
+        g_v(static_cast<const Element*>(p_.v) + b_ * p_.v_stride_b + hkv_ * p_.v_stride_h),
+        sh_lse(reinterpret_cast<float*>(smem_ + S::kOffLse)),
+        sh_delta(reinterpret_cast<float*>(smem_ + S::kOffDelta)) {}
+
+  __device__ __forceinline__ void load_kv() const {
+    if constexpr (kSpread) {
+      flex::load_swizzled_row_groups<typename S::TileK, kBlockN, kNThreads, 16>(s_base + S::kOffK, g_k, p.k_stride_s, n0, 64, seqlen_kv, tid);
+      flex::load_swizzled_row_groups<typename S::TileKV, kBlockN, kNThreads, 16>(s_base + S::kOffV, g_v, p.v_stride_s, n0, 64, seqlen_kv, tid);
+    } else {
+      flex::load_swizzled_rows<typename S::TileK, kBlockN, kNThreads>(s_base + S::kOffK, g_k, p.k_stride_s, n0, seqlen_kv, tid);
+      flex::load_swizzled_rows<typename S::TileKV, kBlockN, kNThreads>(s_base + S::kOffV, g_v, p.v_stride_s, n0, seqlen_kv, tid);
+    }
+  }
+
+  __device__ __forceinline__ void load_q_tile(int head_in_group, int m_block, int stage) const {
+    const unsigned s_q0 = s_base + S::kOffQ, s_do0 = s_base + S::kOffDO;
+    const int h = hkv * group + head_in_group;
+    const int m0 = m_block * kBlockM;
+    const Element* g_q = static_cast<const Element*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
+    const Element* g_do = static_cast<const Element*>(p.d_o) + b * p.do_stride_b + h * p.do_stride_h;
+    flex::load_swizzled_rows<TileQ, kBlockM, kNThreads>(s_q0 + stage * TileQ::kBytes, g_q, p.q_stride_s, m0, seqlen_q, tid);
+    flex::load_swizzled_rows<TileQ, kBlockM, kNThreads>(s_do0 + stage * TileQ::kBytes, g_do, p.do_stride_s, m0, seqlen_q, tid);
+    if constexpr (Staged::kCol) {
+      const int off = S::kOffStCol + stage * flex_bwd_staged::kColBytes;
+      // Spread rows read only their 16 columns (2 of the 8 chunks).
+      if constexpr (kSpread)
+        flex::load_staged_block<kBlockM, kNThreads, 2>(smem + off, s_base + off, Variant::staged_col(vp, b, h, hkv), m0, seqlen_q, tid,
+                                                       spread_col0 / 8);
+      else
+        flex::load_staged_block<kBlockM, kNThreads>(smem + off, s_base + off, Variant::staged_col(vp, b, h, hkv), m0, seqlen_q, tid);
+    }
+    if constexpr (Staged::kTile) {
+      if (tid >= kBlockM && tid < 2 * kBlockM) {
+        const int off = S::kOffStTile + stage * Staged::kTileStageBytes;
+        if constexpr (kSpread)
+          flex_bwd_staged::load_tile8(smem + off, s_base + off, Variant::staged_tile(vp, b, h, hkv), m0, seqlen_q, spread_j0, seqlen_kv,
+                                      tid - kBlockM);
+        else
+          flex_bwd_staged::load_tile(smem + off, s_base + off, Variant::staged_tile(vp, b, h, hkv), m0, seqlen_q, n0 / 64, seqlen_kv,
+                                     tid - kBlockM);
+      }
+    }
+    if (tid < kBlockM) {
+      // Rows past Sq: lse2 = +inf (P = 0) by a plain store, delta zero-filled.
+      const long long row = ((long long)b * p.heads + h) * seqlen_q + m0 + tid;
+      const bool valid = m0 + tid < seqlen_q;
+      if (valid) flex_bwd::cp_async_4(flex::smem_addr(sh_lse + stage * kBlockM + tid), p.lse2 + row, true);
+      else sh_lse[stage * kBlockM + tid] = flex_bwd::pos_inf();
+      flex_bwd::cp_async_4(flex::smem_addr(sh_delta + stage * kBlockM + tid), valid ? p.delta + row : p.delta, valid);
+    }
+  }
+};
+
+// The epilogue: dK = scale * acc_dk and dV = acc_dv, the accumulators of the thread's KV rows kv_r0 and kv_r0 + 8,
+// to global memory (rows past Skv dropped).
+template <class Element, int kHeadDim>
+__device__ __forceinline__ void store_dk_dv(const FlexBackwardParams& p, const float (&acc_dk)[kHeadDim / 2], const float (&acc_dv)[kHeadDim / 2],
+                                            int b, int hkv, int kv_r0, int t4, int seqlen_kv) {
+  using Mma = flex::Mma16816<Element>;
+  Element* g_dk = static_cast<Element*>(p.dk) + b * p.dk_stride_b + hkv * p.dk_stride_h;
+  Element* g_dv = static_cast<Element*>(p.dv) + b * p.dv_stride_b + hkv * p.dv_stride_h;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int kv = kv_r0 + half * 8;
+    if (kv < seqlen_kv) {
+#pragma unroll
+      for (int i = 0; i < kHeadDim / 8; ++i) {
+        const int d = i * 8 + 2 * t4;
+        *reinterpret_cast<unsigned*>(g_dk + kv * p.dk_stride_s + d) =
+            Mma::pack(acc_dk[4 * i + 2 * half] * p.scale, acc_dk[4 * i + 2 * half + 1] * p.scale);
+        *reinterpret_cast<unsigned*>(g_dv + kv * p.dv_stride_s + d) = Mma::pack(acc_dv[4 * i + 2 * half], acc_dv[4 * i + 2 * half + 1]);
+      }
+    }
+  }
+}
+
 }  // namespace flex_bwd_sm90
 
 // The main backward kernel for sm_90a. grid = (BackwardConfig::main_grid_x(Skv): ceil(Skv / 128), or 4 per started
@@ -395,31 +532,12 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   // warpgroup: KV rows 64 wg .. 64 wg + 63. Through a shuffle the compiler knows it is warp-uniform and keeps the
   // wgmma descriptors that depend on it in uniform registers (from warp / 4 it rebuilt each in vector registers).
   const int wg = __shfl_sync(0xffffffffu, warp / 4, 0);
-  // Launch order: groups of kHeadGroup (KV head, batch) pairs, and inside a group every pair's KV block n before
-  // block n + 1. Under causal-like masks the low KV blocks see the most query tiles, so each group's heaviest
-  // CTAs start first and the last wave holds light ones (with the KV block fastest, the heavy CTAs of the last
-  // heads ran in the tail). The groups keep the Q / dO tiles streamed at once to about kHeadGroup heads, which
-  // L2 holds (the policy's head_group).
-  constexpr int kHeadGroup = Traits::kPolicy.head_group;
-  const int lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  const int pairs = gridDim.y * gridDim.z;
-  const int group_ctas = kHeadGroup * gridDim.x;
-  const int pair_group = lin / group_ctas;
-  const int in_group = lin - pair_group * group_ctas;
-  const int group_pairs = min(kHeadGroup, pairs - pair_group * kHeadGroup);
-  const int pair = pair_group * kHeadGroup + in_group % group_pairs;
-  const int n_block = in_group / group_pairs;
-  const int hkv = pair % gridDim.y, b = pair / gridDim.y;
-  // The CTA's KV rows: local row lr is KV row n0 + lr, or with spread rows (flex_backward_staged.cuh) n0 +
-  // 64 (lr / 16) + lr % 16 from n0 = 512 (n / 4) + 16 (n % 4), warp w's 16 rows in kv // 64 block 8 (n / 4) + w.
   constexpr bool kSpread = Staged::kSpread;
-  const int spread_j0 = 8 * (n_block / flex_bwd_staged::kSpreadCtas);               // spread rows: the CTA's first J
-  const int spread_col0 = 16 * (n_block % flex_bwd_staged::kSpreadCtas);            // and its kv % 64 columns
-  const int n0 = kSpread ? 64 * spread_j0 + spread_col0 : n_block * kBlockN;
-  auto kv_of = [&](int lr) { return kSpread ? n0 + 64 * (lr / 16) + lr % 16 : n0 + lr; };
+  const flex_bwd_sm90::KvBlock<kBlockN, Traits::kPolicy.head_group, kSpread> blk;
+  const int b = blk.b, hkv = blk.hkv, n0 = blk.n0, spread_j0 = blk.spread_j0, spread_col0 = blk.spread_col0;
   const int seqlen_q = p.seqlen_q, seqlen_kv = p.seqlen_kv;
   const int group = p.heads / p.kv_heads;
-  const bool kv_tail = kv_of(kBlockN - 1) >= seqlen_kv;
+  const bool kv_tail = blk.kv_of(kBlockN - 1) >= seqlen_kv;
 
   const unsigned s_k0 = s_base + S::kOffK, s_v0 = s_base + S::kOffV;
   const unsigned s_q0 = s_base + S::kOffQ, s_do0 = s_base + S::kOffDO;
@@ -446,8 +564,8 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     }
   };
 
-  const Element* g_k = static_cast<const Element*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
-  const Element* g_v = static_cast<const Element*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
+
+  const flex_bwd_sm90::CpAsyncLoads<Traits, Variant, S> loads(p, vp, smem, s_base, tid, b, hkv, group, n0, spread_j0, spread_col0, seqlen_q, seqlen_kv);
 
   // The schedule merges the block mask over the KV range the rows span (512 rows when spread).
   const int range0 = kSpread ? 64 * spread_j0 : n0;
@@ -459,42 +577,6 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   auto class_at = [&](int pos) -> int { return sched.class_at(pos); };
   auto next_pos = [&](int pos) -> int { return sched.next_pos(pos); };
 
-  auto load_q_tile = [&](int head_in_group, int m_block, int stage) {
-    const int h = hkv * group + head_in_group;
-    const int m0 = m_block * kBlockM;
-    const Element* g_q = static_cast<const Element*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
-    const Element* g_do = static_cast<const Element*>(p.d_o) + b * p.do_stride_b + h * p.do_stride_h;
-    flex::load_swizzled_rows<TileQ, kBlockM, kNThreads>(s_q0 + stage * TileQ::kBytes, g_q, p.q_stride_s, m0, seqlen_q, tid);
-    flex::load_swizzled_rows<TileQ, kBlockM, kNThreads>(s_do0 + stage * TileQ::kBytes, g_do, p.do_stride_s, m0, seqlen_q, tid);
-    if constexpr (Staged::kCol) {
-      const int off = S::kOffStCol + stage * flex_bwd_staged::kColBytes;
-      // Spread rows read only their 16 columns (2 of the 8 chunks).
-      if constexpr (kSpread)
-        flex::load_staged_block<kBlockM, kNThreads, 2>(smem + off, s_base + off, Variant::staged_col(vp, b, h, hkv), m0, seqlen_q, tid,
-                                                       spread_col0 / 8);
-      else
-        flex::load_staged_block<kBlockM, kNThreads>(smem + off, s_base + off, Variant::staged_col(vp, b, h, hkv), m0, seqlen_q, tid);
-    }
-    if constexpr (Staged::kTile) {
-      if (tid >= kBlockM && tid < 2 * kBlockM) {
-        const int off = S::kOffStTile + stage * Staged::kTileStageBytes;
-        if constexpr (kSpread)
-          flex_bwd_staged::load_tile8(smem + off, s_base + off, Variant::staged_tile(vp, b, h, hkv), m0, seqlen_q, spread_j0, seqlen_kv,
-                                      tid - kBlockM);
-        else
-          flex_bwd_staged::load_tile(smem + off, s_base + off, Variant::staged_tile(vp, b, h, hkv), m0, seqlen_q, n0 / 64, seqlen_kv,
-                                     tid - kBlockM);
-      }
-    }
-    if (tid < kBlockM) {
-      // Rows past Sq: lse2 = +inf (P = 0) by a plain store, delta zero-filled.
-      const long long row = ((long long)b * p.heads + h) * seqlen_q + m0 + tid;
-      const bool valid = m0 + tid < seqlen_q;
-      if (valid) flex_bwd::cp_async_4(flex::smem_addr(sh_lse + stage * kBlockM + tid), p.lse2 + row, true);
-      else sh_lse[stage * kBlockM + tid] = flex_bwd::pos_inf();
-      flex_bwd::cp_async_4(flex::smem_addr(sh_delta + stage * kBlockM + tid), valid ? p.delta + row : p.delta, valid);
-    }
-  };
 
   int pos = next_pos(0);
   int head_in_group, m_block;  // of pos
@@ -522,15 +604,9 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     }
     flex::setmaxnreg_inc<flex_bwd_sm90::kConsumerRegs>();
     if (pos < total) flex::mbarrier_wait(flex_bwd_sm90::kv_barrier<S>(s_base), 0);
-  } else if constexpr (kSpread) {
-    flex::load_swizzled_row_groups<TileK, kBlockN, kNThreads, 16>(s_k0, g_k, p.k_stride_s, n0, 64, seqlen_kv, tid);
-    flex::load_swizzled_row_groups<TileKV, kBlockN, kNThreads, 16>(s_v0, g_v, p.v_stride_s, n0, 64, seqlen_kv, tid);
   } else {
-    flex::load_swizzled_rows<TileK, kBlockN, kNThreads>(s_k0, g_k, p.k_stride_s, n0, seqlen_kv, tid);
-    flex::load_swizzled_rows<TileKV, kBlockN, kNThreads>(s_v0, g_v, p.v_stride_s, n0, seqlen_kv, tid);
-  }
-  if constexpr (!kProducer) {
-    if (pos < total) load_q_tile(head_in_group, m_block, 0);
+    loads.load_kv();
+    if (pos < total) loads.load_q_tile(head_in_group, m_block, 0);
     flex::cp_async_commit();
   }
 
@@ -569,12 +645,12 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
       flex::fence_proxy_async();
       __syncthreads();
       send_dq_rows();  // the previous tile's dQ rows (stored and fenced before the barrier)
-      if (pos_next < total) load_q_tile(head_next, m_next, stage ^ 1);
+      if (pos_next < total) loads.load_q_tile(head_next, m_next, stage ^ 1);
       flex::cp_async_commit();
     }
     const int ln = (int)flex_bwd_sm90::opaque(lane);
     const int g = ln / 4, t4 = ln % 4;
-    const int kv_r0 = kv_of(warp * 16 + g);  // the thread's KV rows: kv_r0, kv_r0 + 8
+    const int kv_r0 = blk.kv_of(warp * 16 + g);  // the thread's KV rows: kv_r0, kv_r0 + 8
     const unsigned s_k = flex_bwd_sm90::opaque(s_k0), s_v = flex_bwd_sm90::opaque(s_v0);
     const unsigned s_ds = flex_bwd_sm90::opaque(s_base + S::kOffDS);
     const unsigned sq = flex_bwd_sm90::opaque(s_q0) + stage * TileQ::kBytes;
@@ -844,22 +920,6 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     if (tid < kBlockM) flex::bulk_wait();
   }
 
-  // dK = scale * acc_dk, dV = acc_dv: registers -> global (rows past Skv dropped).
   const int g = lane / 4, t4 = lane % 4;
-  const int kv_r0 = kv_of(warp * 16 + g);
-  Element* g_dk = static_cast<Element*>(p.dk) + b * p.dk_stride_b + hkv * p.dk_stride_h;
-  Element* g_dv = static_cast<Element*>(p.dv) + b * p.dv_stride_b + hkv * p.dv_stride_h;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int kv = kv_r0 + half * 8;
-    if (kv < seqlen_kv) {
-#pragma unroll
-      for (int i = 0; i < kHeadDim / 8; ++i) {
-        const int d = i * 8 + 2 * t4;
-        *reinterpret_cast<unsigned*>(g_dk + kv * p.dk_stride_s + d) =
-            Mma::pack(acc_dk[4 * i + 2 * half] * p.scale, acc_dk[4 * i + 2 * half + 1] * p.scale);
-        *reinterpret_cast<unsigned*>(g_dv + kv * p.dv_stride_s + d) = Mma::pack(acc_dv[4 * i + 2 * half], acc_dv[4 * i + 2 * half + 1]);
-      }
-    }
-  }
+  flex_bwd_sm90::store_dk_dv<Element, kHeadDim>(p, acc_dk, acc_dv, b, hkv, blk.kv_of(warp * 16 + g), t4, seqlen_kv);
 }

@@ -327,6 +327,86 @@ __device__ __forceinline__ void write_dq(void* dq_accum, unsigned s_base, int la
   flex::bulk_wait();  // every reduction complete before the CTA's shared memory goes away
 }
 
+// Where a thread's elements of a tile lie, for the per-element steps.
+struct ElementCoords {
+  int b, h, hkv, m0;
+  int kv_r0, t4;  // the thread's KV rows kv_r0 and kv_r0 + 8, its query columns m0 + 8 nt + 2 t4 + e % 2
+  int warp, wg;
+  int cls;        // the tile's class (2: partial, mask_mod decides)
+  int seqlen_q, seqlen_kv;
+};
+
+// The P step of a tile (for the kernel's thread): P^T = exp(score_mod(scale * S^T) - lse) from the S^T accumulator,
+// masked and out-of-range elements 0, into acc_s (P, or P d_score when that is folded in: kFoldDScore) and packed per
+// n8 tile into the A fragments of dV += P^T dO (pa[kk] = columns 16 kk .. 16 kk + 15: a0 (g, 2t..), a1 (g + 8, 2t..),
+// a2 / a3 the same 8 columns on); score_v keeps the scores for the scatters and a late d_score. kChecked: the tile may
+// hold masked or out-of-range elements (partial tiles, tiles crossing Sq or Skv), which are tested one by one.
+// Staged terms (flex_backward_staged.cuh) join the logit: Col values per element from st_col, the Tile term per query
+// column from st_tile.
+template <bool kChecked, class Variant, class Element, bool kFoldDScore, int kMT>
+__device__ __forceinline__ void recompute_p(const FlexBackwardParams& p, const typename Variant::Params& vp, const ElementCoords& at, float scale_log2,
+                                            const float* lse_st, const unsigned (&st_col)[kMT][2], const unsigned char* st_tile,
+                                            float (&acc_s)[kMT][4], float (&score_v)[kMT][4], unsigned (&pa)[kMT / 2][4]) {
+  using Mma = flex::Mma16816<Element>;
+  using Mods = flex_bwd::BackwardMods<Variant>;
+  using Staged = flex_bwd_staged::Flags<Variant>;
+  constexpr bool kSpread = Staged::kSpread;
+  constexpr float kLog2e = 1.4426950408889634f;
+  const int b = at.b, h = at.h, hkv = at.hkv, m0 = at.m0, kv_r0 = at.kv_r0, t4 = at.t4, warp = at.warp, wg = at.wg;
+  const int cls = at.cls, seqlen_q = at.seqlen_q, seqlen_kv = at.seqlen_kv;
+#pragma unroll
+  for (int nt = 0; nt < kMT; ++nt) {
+    const float2 lse2 = *reinterpret_cast<const float2*>(lse_st + nt * 8 + 2 * t4);
+    float st_add[2] = {0.f, 0.f};  // the Tile term per query column
+    if constexpr (Staged::kTile && kSpread) {
+      st_add[0] = flex_bwd_staged::read_tile8<typename Variant::StagedTileElement>(st_tile, nt * 8 + 2 * t4, warp);
+      st_add[1] = flex_bwd_staged::read_tile8<typename Variant::StagedTileElement>(st_tile, nt * 8 + 2 * t4 + 1, warp);
+    } else if constexpr (Staged::kTile) {
+      st_add[0] = flex_bwd_staged::read_tile<typename Variant::StagedTileElement>(st_tile, nt * 8 + 2 * t4, wg);
+      st_add[1] = flex_bwd_staged::read_tile<typename Variant::StagedTileElement>(st_tile, nt * 8 + 2 * t4 + 1, wg);
+    }
+    // Without a score_mod left, the Tile term and the LSE of a query column fold into one addend per column
+    // (two FFMAs per n8 block instead of an FADD per element).
+    const float st_base[2] = {fmaf(st_add[0], kLog2e, -lse2.x), fmaf(st_add[1], kLog2e, -lse2.y)};
+    float pv[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int q = m0 + nt * 8 + 2 * t4 + (e % 2);
+      const int kv = kv_r0 + (e / 2) * 8;
+      const float score = acc_s[nt][e] * p.scale;
+      score_v[nt][e] = score;
+      bool keep = !kChecked || (q < seqlen_q && kv < seqlen_kv);
+      float z = score;
+      if (keep) {
+        const typename Variant::Row rs{};
+        const typename Variant::Col cs{};
+        const typename Variant::Tile ts{};
+        z = Mods::score_mod(vp, rs, cs, ts, b, h, hkv, q, kv, 0, score);
+        if constexpr (Variant::kHasMaskMod && kChecked) {
+          if (cls == 2 && !Mods::mask_mod(vp, rs, cs, ts, b, h, hkv, q, kv, 0)) keep = false;
+        }
+      }
+      float x;  // the exponent of P
+      if constexpr (Staged::kAny) {
+        // The staged terms join the logit: with no score_mod left, scale and log2(e) still fold into one
+        // FFMA on the raw q.k, the terms into its addend.
+        float col = 0.f;
+        if constexpr (Staged::kCol) col = flex_bwd_staged::unpack<typename Variant::StagedColElement>(st_col[nt][e / 2], e % 2);
+        if constexpr (Variant::kHasScoreMod) x = (z + (st_add[e % 2] + col)) * kLog2e - (e % 2 ? lse2.y : lse2.x);
+        else if constexpr (Staged::kCol) x = fmaf(acc_s[nt][e], scale_log2, fmaf(col, kLog2e, st_base[e % 2]));
+        else x = fmaf(acc_s[nt][e], scale_log2, st_base[e % 2]);
+      } else {
+        x = Mods::logit2(z, acc_s[nt][e], scale_log2) - (e % 2 ? lse2.y : lse2.x);
+      }
+      pv[e] = Mods::template prob<kChecked>(keep, x);
+      // dS_pre = P d_score (dP - delta) when d_score is folded into P.
+      acc_s[nt][e] = kFoldDScore ? Mods::ds_pre(vp, b, h, hkv, q, kv, score, pv[e]) : pv[e];
+    }
+    pa[nt / 2][(nt % 2) * 2 + 0] = Mma::pack(pv[0], pv[1]);
+    pa[nt / 2][(nt % 2) * 2 + 1] = Mma::pack(pv[2], pv[3]);
+  }
+}
+
 // The tile scheduler: the KV block a CTA owns, from its place in the launch. Launch order: groups of kHeadGroup
 // (KV head, batch) pairs, and inside a group every pair's KV block n before block n + 1. Under causal-like masks the
 // low KV blocks see the most query tiles, so each group's heaviest CTAs start first and the last wave holds light
@@ -674,12 +754,11 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     flex::wgmma_wait<1>();
     flex::fence_operands(flex_bwd_sm90::flat(acc_s));
 
-    // P^T = exp(score_mod(scale * S) - lse), masked and out-of-range elements 0, packed per n8 tile into the A
-    // fragments of dV += P^T dO (pa[kk] = columns 16 kk .. 16 kk + 15: a0 (g, 2t..), a1 (g + 8, 2t..), a2 / a3 the
-    // same 8 columns on). acc_s keeps P, or P * d_score when that is folded in. Two forms, chosen once per tile:
-    // partial tiles and tiles crossing Sq or Skv test every element; interior full tiles (most of them) test
-    // none, which takes the per-element predicates and branches out of the common path.
+    // P^T (or P^T d_score) into acc_s and the A fragments of dV's GEMM, from S^T: flex_bwd_sm90::recompute_p, with
+    // every element tested on partial tiles and tiles crossing Sq or Skv, and none tested on interior full tiles
+    // (most of them), which takes the per-element predicates and branches out of the common path.
     const bool check_elements = cls == 2 || kv_tail || m0 + kBlockM > seqlen_q;
+    const flex_bwd_sm90::ElementCoords at{b, h, hkv, m0, kv_r0, t4, warp, wg, cls, seqlen_q, seqlen_kv};
     float score_v[kMT][4];  // kept only for the scatters / a late d_score (dead code otherwise)
     unsigned pa[kBlockM / 16][4];
     // Staged terms of this query tile (flex_backward_staged.cuh): Col values per element, Tile per query column.
@@ -687,62 +766,10 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     if constexpr (Staged::kCol)
       flex_bwd_staged::read_col(st_col, s_base + S::kOffStCol + stage * flex_bwd_staged::kColBytes, kSpread ? spread_col0 / 8 : 2 * (warp % 4), ln);
     const unsigned char* st_tile = smem + S::kOffStTile + stage * Staged::kTileStageBytes;
-    auto p_tile = [&](auto checked) {
-      constexpr bool kChecked = decltype(checked)::value;
-#pragma unroll
-      for (int nt = 0; nt < kMT; ++nt) {
-        const float2 lse2 = *reinterpret_cast<const float2*>(lse_st + nt * 8 + 2 * t4);
-        float st_add[2] = {0.f, 0.f};  // the Tile term per query column
-        if constexpr (Staged::kTile && kSpread) {
-          st_add[0] = flex_bwd_staged::read_tile8<typename Variant::StagedTileElement>(st_tile, nt * 8 + 2 * t4, warp);
-          st_add[1] = flex_bwd_staged::read_tile8<typename Variant::StagedTileElement>(st_tile, nt * 8 + 2 * t4 + 1, warp);
-        } else if constexpr (Staged::kTile) {
-          st_add[0] = flex_bwd_staged::read_tile<typename Variant::StagedTileElement>(st_tile, nt * 8 + 2 * t4, wg);
-          st_add[1] = flex_bwd_staged::read_tile<typename Variant::StagedTileElement>(st_tile, nt * 8 + 2 * t4 + 1, wg);
-        }
-        // Without a score_mod left, the Tile term and the LSE of a query column fold into one addend per column
-        // (two FFMAs per n8 block instead of an FADD per element).
-        const float st_base[2] = {fmaf(st_add[0], kLog2e, -lse2.x), fmaf(st_add[1], kLog2e, -lse2.y)};
-        float pv[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int q = m0 + nt * 8 + 2 * t4 + (e % 2);
-          const int kv = kv_r0 + (e / 2) * 8;
-          const float score = acc_s[nt][e] * p.scale;
-          score_v[nt][e] = score;
-          bool keep = !kChecked || (q < seqlen_q && kv < seqlen_kv);
-          float z = score;
-          if (keep) {
-            const typename Variant::Row rs{};
-            const typename Variant::Col cs{};
-            const typename Variant::Tile ts{};
-            z = Mods::score_mod(vp, rs, cs, ts, b, h, hkv, q, kv, 0, score);
-            if constexpr (Variant::kHasMaskMod && kChecked) {
-              if (cls == 2 && !Mods::mask_mod(vp, rs, cs, ts, b, h, hkv, q, kv, 0)) keep = false;
-            }
-          }
-          float x;  // the exponent of P
-          if constexpr (Staged::kAny) {
-            // The staged terms join the logit: with no score_mod left, scale and log2(e) still fold into one
-            // FFMA on the raw q.k, the terms into its addend.
-            float col = 0.f;
-            if constexpr (Staged::kCol) col = flex_bwd_staged::unpack<typename Variant::StagedColElement>(st_col[nt][e / 2], e % 2);
-            if constexpr (Variant::kHasScoreMod) x = (z + (st_add[e % 2] + col)) * kLog2e - (e % 2 ? lse2.y : lse2.x);
-            else if constexpr (Staged::kCol) x = fmaf(acc_s[nt][e], scale_log2, fmaf(col, kLog2e, st_base[e % 2]));
-            else x = fmaf(acc_s[nt][e], scale_log2, st_base[e % 2]);
-          } else {
-            x = Mods::logit2(z, acc_s[nt][e], scale_log2) - (e % 2 ? lse2.y : lse2.x);
-          }
-          pv[e] = Mods::template prob<kChecked>(keep, x);
-          // dS_pre = P d_score (dP - delta) when d_score is folded into P.
-          acc_s[nt][e] = kFoldDScore ? Mods::ds_pre(vp, b, h, hkv, q, kv, score, pv[e]) : pv[e];
-        }
-        pa[nt / 2][(nt % 2) * 2 + 0] = Mma::pack(pv[0], pv[1]);
-        pa[nt / 2][(nt % 2) * 2 + 1] = Mma::pack(pv[2], pv[3]);
-      }
-    };
-    if (check_elements) p_tile(flex_bwd::BoolTag<true>{});
-    else p_tile(flex_bwd::BoolTag<false>{});
+    if (check_elements)
+      flex_bwd_sm90::recompute_p<true, Variant, Element, kFoldDScore>(p, vp, at, scale_log2, lse_st, st_col, st_tile, acc_s, score_v, pa);
+    else
+      flex_bwd_sm90::recompute_p<false, Variant, Element, kFoldDScore>(p, vp, at, scale_log2, lse_st, st_col, st_tile, acc_s, score_v, pa);
 
     // dV += P^T dO (A = P^T from registers, B = dO MN-major), running while dS is computed.
     flex::wgmma_fence();

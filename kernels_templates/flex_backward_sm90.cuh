@@ -407,6 +407,46 @@ __device__ __forceinline__ void recompute_p(const FlexBackwardParams& p, const t
   }
 }
 
+// The dS step of a tile: dS = P (dP - delta) in place of dP^T (acc_s holds P, or P d_score when that was folded in,
+// which gives dS_pre directly). kChecked: exactly 0 where P is (masked and out-of-range elements); interior full
+// tiles have no such element, so only the tiles that test elements pay for the select.
+template <bool kChecked, class Variant, int kMT>
+__device__ __forceinline__ void compute_ds(const float (&acc_s)[kMT][4], float (&acc_dp)[kMT][4], const float* delta_st, int t4) {
+#pragma unroll
+  for (int nt = 0; nt < kMT; ++nt) {
+    const float2 dl = *reinterpret_cast<const float2*>(delta_st + nt * 8 + 2 * t4);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_dp[nt][e] = flex_bwd::BackwardMods<Variant>::template ds<kChecked>(acc_s[nt][e], acc_dp[nt][e], e % 2 ? dl.y : dl.x);
+  }
+}
+
+// An accumulator tile [kMT n8 tiles][4] packed into the A fragments of an rs wgmma (a[kk]: columns 16 kk .. + 15).
+template <class Element, int kMT>
+__device__ __forceinline__ void pack_a(const float (&acc)[kMT][4], unsigned (&a)[kMT / 2][4]) {
+  using Mma = flex::Mma16816<Element>;
+#pragma unroll
+  for (int kk = 0; kk < kMT / 2; ++kk) {
+    a[kk][0] = Mma::pack(acc[2 * kk][0], acc[2 * kk][1]);
+    a[kk][1] = Mma::pack(acc[2 * kk][2], acc[2 * kk][3]);
+    a[kk][2] = Mma::pack(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
+    a[kk][3] = Mma::pack(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
+  }
+}
+
+// The thread's packed dS^T (rows r and r + 8 of the CTA's 128 KV rows) into the shared [128][64] tile dQ's GEMM reads:
+// element (kv row r, query column c); each quad writes 4-byte pairs of one chunk.
+template <class S, int kKK>
+__device__ __forceinline__ void store_ds_t(unsigned char* smem, const unsigned (&da)[kKK][4], int r, int t4) {
+  using TileDS = typename S::TileDS;
+#pragma unroll
+  for (int kk = 0; kk < kKK; ++kk) {
+    *reinterpret_cast<unsigned*>(smem + S::kOffDS + TileDS::chunk_offset(r, 2 * kk) + 4 * t4) = da[kk][0];
+    *reinterpret_cast<unsigned*>(smem + S::kOffDS + TileDS::chunk_offset(r + 8, 2 * kk) + 4 * t4) = da[kk][1];
+    *reinterpret_cast<unsigned*>(smem + S::kOffDS + TileDS::chunk_offset(r, 2 * kk + 1) + 4 * t4) = da[kk][2];
+    *reinterpret_cast<unsigned*>(smem + S::kOffDS + TileDS::chunk_offset(r + 8, 2 * kk + 1) + 4 * t4) = da[kk][3];
+  }
+}
+
 // The tile scheduler: the KV block a CTA owns, from its place in the launch. Launch order: groups of kHeadGroup
 // (KV head, batch) pairs, and inside a group every pair's KV block n before block n + 1. Under causal-like masks the
 // low KV blocks see the most query tiles, so each group's heaviest CTAs start first and the last wave holds light
@@ -781,20 +821,8 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     // dS = P (dP - delta) in place of dP^T (the dS_pre directly when d_score was folded in).
     flex::wgmma_wait<1>();
     flex::fence_operands(flex_bwd_sm90::flat(acc_dp));
-    auto ds_tile = [&](auto checked) {
-#pragma unroll
-      for (int nt = 0; nt < kMT; ++nt) {
-        const float2 dl = *reinterpret_cast<const float2*>(delta_st + nt * 8 + 2 * t4);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          // Interior full tiles have no masked or out-of-range element, so only the tiles that test elements pay
-          // for the select.
-          acc_dp[nt][e] = Mods::template ds<decltype(checked)::value>(acc_s[nt][e], acc_dp[nt][e], e % 2 ? dl.y : dl.x);
-        }
-      }
-    };
-    if (check_elements) ds_tile(flex_bwd::BoolTag<true>{});
-    else ds_tile(flex_bwd::BoolTag<false>{});
+    if (check_elements) flex_bwd_sm90::compute_ds<true, Variant>(acc_s, acc_dp, delta_st, t4);
+    else flex_bwd_sm90::compute_ds<false, Variant>(acc_s, acc_dp, delta_st, t4);
 
     // Scatters (buffer gradients) from dS, then dS_pre = dS * d_score; the staged terms' dS^T into their planes.
     if constexpr (kGradGemm) {
@@ -812,13 +840,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
 
     // dK += dS^T Q (A = dS^T from registers, B = Q MN-major); dS^T into shared memory for dQ.
     unsigned da[kBlockM / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk) {
-      da[kk][0] = Mma::pack(acc_dp[2 * kk][0], acc_dp[2 * kk][1]);
-      da[kk][1] = Mma::pack(acc_dp[2 * kk][2], acc_dp[2 * kk][3]);
-      da[kk][2] = Mma::pack(acc_dp[2 * kk + 1][0], acc_dp[2 * kk + 1][1]);
-      da[kk][3] = Mma::pack(acc_dp[2 * kk + 1][2], acc_dp[2 * kk + 1][3]);
-    }
+    flex_bwd_sm90::pack_a<Element>(acc_dp, da);
     // dK's GEMM: right here without dQ; with dQ, behind dQ's GEMM (dq_block), so that dQ's atomics go out while it
     // runs, or, warp-specialised with bulk dQ rows (whose stores are quick), before the dS^T barriers, so that the
     // tensor cores have it while the warpgroups meet there.
@@ -834,15 +856,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     if constexpr (kDq) {
       // Without the loop-top barrier, the other warpgroup may still be in the previous tile's dQ GEMM.
       if constexpr (kProducer) flex::named_barrier_sync(flex_bwd_sm90::kBarDsFree, kNThreads);
-      // Element (kv row r, query column c) of the [128][64] tile; each quad writes 4-byte pairs of one chunk.
-      const int r = warp * 16 + g;
-#pragma unroll
-      for (int kk = 0; kk < kBlockM / 16; ++kk) {
-        *reinterpret_cast<unsigned*>(smem + S::kOffDS + TileDS::chunk_offset(r, 2 * kk) + 4 * t4) = da[kk][0];
-        *reinterpret_cast<unsigned*>(smem + S::kOffDS + TileDS::chunk_offset(r + 8, 2 * kk) + 4 * t4) = da[kk][1];
-        *reinterpret_cast<unsigned*>(smem + S::kOffDS + TileDS::chunk_offset(r, 2 * kk + 1) + 4 * t4) = da[kk][2];
-        *reinterpret_cast<unsigned*>(smem + S::kOffDS + TileDS::chunk_offset(r + 8, 2 * kk + 1) + 4 * t4) = da[kk][3];
-      }
+      flex_bwd_sm90::store_ds_t<S>(smem, da, warp * 16 + g, t4);
     }
     if constexpr (!kDq && !kDkFirst) issue_dk();
     if constexpr (kSplitScatter) {

@@ -231,6 +231,22 @@ __device__ __forceinline__ unsigned dq_empty_barrier(unsigned s_base) {
   return kv_barrier<S>(s_base) + 16u;
 }
 
+// The mbarriers, by one thread before the CTA's first barrier: the ring's (full: the producer's expect-tx arrival and its
+// lanes'; empty: every consumer thread), K and V's, and the dQ rows' (full: every consumer thread; empty: the writer's lanes).
+template <class S>
+__device__ __forceinline__ void init_barriers(unsigned s_base) {
+  const auto pipe = ring<S>(s_base);
+#pragma unroll
+  for (int s = 0; s < S::kStages; ++s) {
+    flex::mbarrier_init(pipe.full(s), kFullArrivals);
+    flex::mbarrier_init(pipe.empty(s), kConsumerThreads);
+  }
+  flex::mbarrier_init(kv_barrier<S>(s_base), 1);
+  flex::mbarrier_init(dq_full_barrier<S>(s_base), kConsumerThreads);
+  flex::mbarrier_init(dq_empty_barrier<S>(s_base), 32);
+  flex::fence_mbarrier_init();
+}
+
 // The producer warp: K and V once, then for every (head, query tile) of the schedule, in the consumers' order, Q and dO
 // by TMA (rows past Sq arrive as zeros) and lse2 / delta by the lanes (+inf and 0 past Sq, as the other kernels have
 // them) into the ring slot both consumer warpgroups released. The lanes load lse2 and delta before waiting for the
@@ -561,6 +577,24 @@ struct CpAsyncLoads {
   }
 };
 
+// The 256-thread form's bulk dQ rows (kDqBulk without the writer warp): the query tile whose rows sit in shared
+// memory, sent by threads 0..63 (row tid) after the next tile's first barrier, which follows the rows' stores and fences.
+template <class S, bool kFixed>
+struct PendingDqRows {
+  long long row_base = -1;  // dq_accum row of the tile's first row; -1: none pending
+  int rows = 0;
+  __device__ __forceinline__ void send(void* dq_accum, unsigned s_base, int tid) {
+    if (row_base >= 0 && tid < rows) {
+      const unsigned src = s_base + S::kOffDqBuf + tid * S::kDqRowBytes;
+      const long long row = (row_base + tid) * S::kHeadDim;
+      if constexpr (kFixed) flex::bulk_reduce_add_u64(static_cast<unsigned long long*>(dq_accum) + row, src, S::kHeadDim * 8);
+      else flex::bulk_reduce_add_f32(static_cast<float*>(dq_accum) + row, src, S::kHeadDim * 4);
+      flex::bulk_commit();
+    }
+    row_base = -1;
+  }
+};
+
 // The epilogue: dK = scale * acc_dk and dV = acc_dv, the accumulators of the thread's KV rows kv_r0 and kv_r0 + 8,
 // to global memory (rows past Skv dropped).
 template <class Element, int kHeadDim>
@@ -607,7 +641,6 @@ template <class Traits, class Variant, bool kDeterministic, bool kDq = true, boo
 __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams& p, const typename Variant::Params& vp,
                                                         const FlexBackwardTmaMaps* tma = nullptr) {
   using Element = typename Traits::Element;
-  using Mma = flex::Mma16816<Element>;  // fragment packing only
   using Mods = flex_bwd::BackwardMods<Variant>;
   using S = flex_bwd_sm90::Smem<Traits, Variant, kDqBulk, kGradGemm, kDqBulk && kDeterministic, kProducer>;
   static_assert(!kGradGemm || (Variant::kDScoreIsOne && flex::std_like::is_same<Element, __nv_bfloat16>::value && kDq &&
@@ -667,23 +700,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   float* sh_planes = reinterpret_cast<float*>(smem + S::kOffPlanes);
   float* sh_st_grad = reinterpret_cast<float*>(smem + S::kOffStGrad);
   void* sh_dq = smem + S::kOffDqBuf;
-  // kDqBulk: the query tile whose dQ rows sit in sh_dq, waiting for their bulk reduction (row base -1: none).
-  long long bulk_row_base = -1;
-  int bulk_rows = 0;
-  // Threads 0..63 send row tid of the pending tile (after a barrier that follows the rows' stores and fences).
-  auto send_dq_rows = [&]() {
-    if constexpr (kDqBulk) {
-      if (bulk_row_base >= 0 && tid < bulk_rows) {
-        const unsigned src = s_base + S::kOffDqBuf + tid * S::kDqRowBytes;
-        const long long row = (bulk_row_base + tid) * kHeadDim;
-        if constexpr (kDeterministic) flex::bulk_reduce_add_u64(static_cast<unsigned long long*>(p.dq_accum) + row, src, kHeadDim * 8);
-        else flex::bulk_reduce_add_f32(static_cast<float*>(p.dq_accum) + row, src, kHeadDim * 4);
-        flex::bulk_commit();
-      }
-      bulk_row_base = -1;
-    }
-  };
-
+  flex_bwd_sm90::PendingDqRows<S, kDeterministic> pending;  // kDqBulk without the writer warp
 
   const flex_bwd_sm90::CpAsyncLoads<Traits, Variant, S> loads(p, vp, smem, s_base, tid, b, hkv, group, n0, spread_j0, spread_col0, seqlen_q, seqlen_kv);
 
@@ -694,27 +711,14 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   const int total = sched.total;
   if constexpr (S::kSelectorsInK) flex_bwd_staged::build_selectors<TileK, Element>(smem + S::kOffK, tid, kNThreads);
   else if constexpr (kGradGemm) flex_bwd_staged::build_selectors<flex_bwd_staged::SelectorTiles, Element>(smem + S::kOffSelectors, tid, kNThreads);
-  auto class_at = [&](int pos) -> int { return sched.class_at(pos); };
-  auto next_pos = [&](int pos) -> int { return sched.next_pos(pos); };
 
-
-  int pos = next_pos(0);
+  int pos = sched.next_pos(0);
   int head_in_group, m_block;  // of pos
   sched.split(pos, head_in_group, m_block);
   const auto ring = flex_bwd_sm90::ring<S>(s_base);  // kProducer
   if constexpr (kProducer) {
     static_assert(kNThreads == flex_bwd_sm90::kConsumerThreads, "flex_backward_main_sm90: two consumer warpgroups");
-    if (tid == 0) {
-#pragma unroll
-      for (int s = 0; s < S::kStages; ++s) {
-        flex::mbarrier_init(ring.full(s), flex_bwd_sm90::kFullArrivals);
-        flex::mbarrier_init(ring.empty(s), kNThreads);
-      }
-      flex::mbarrier_init(flex_bwd_sm90::kv_barrier<S>(s_base), 1);
-      flex::mbarrier_init(flex_bwd_sm90::dq_full_barrier<S>(s_base), kNThreads);
-      flex::mbarrier_init(flex_bwd_sm90::dq_empty_barrier<S>(s_base), 32);
-      flex::fence_mbarrier_init();
-    }
+    if (tid == 0) flex_bwd_sm90::init_barriers<S>(s_base);
     __syncthreads();
     if (tid >= kNThreads) {
       flex::setmaxnreg_dec<flex_bwd_sm90::kProducerRegs>();
@@ -751,8 +755,8 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   while (pos < total) {
     const int h = hkv * group + head_in_group;
     const int m0 = m_block * kBlockM;
-    const int cls = class_at(pos);
-    const int pos_next = next_pos(pos + 1);
+    const int cls = sched.class_at(pos);
+    const int pos_next = sched.next_pos(pos + 1);
     int head_next, m_next;
     sched.split(pos_next, head_next, m_next);
 
@@ -764,7 +768,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
       flex::cp_async_wait<0>();
       flex::fence_proxy_async();
       __syncthreads();
-      send_dq_rows();  // the previous tile's dQ rows (stored and fenced before the barrier)
+      if constexpr (kDqBulk) pending.send(p.dq_accum, s_base, tid);  // the previous tile's rows (stored and fenced before the barrier)
       if (pos_next < total) loads.load_q_tile(head_next, m_next, stage ^ 1);
       flex::cp_async_commit();
     }
@@ -926,8 +930,8 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
         flex::mbarrier_arrive(flex_bwd_sm90::dq_full_barrier<S>(s_base));
         dq_phase ^= 1u;
       } else if constexpr (kDqBulk) {
-        bulk_row_base = row_base + m0;
-        bulk_rows = min(kBlockM, seqlen_q - m0);
+        pending.row_base = row_base + m0;
+        pending.rows = min(kBlockM, seqlen_q - m0);
       }
     }
     // dK's GEMM reads this stage's Q, which the next tile's loads (behind its first barrier) overwrite.
@@ -957,7 +961,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     // The last tile's dQ rows, then every reduction complete before the CTA's shared memory goes away.
     flex::fence_proxy_async();
     __syncthreads();
-    send_dq_rows();
+    pending.send(p.dq_accum, s_base, tid);
     if (tid < kBlockM) flex::bulk_wait();
   }
 

@@ -25,11 +25,10 @@
 // columns), warpgroup 1 G_tile[q][w] = sum over r of dS[q][16 w + r] (its 8 J); both sum the bf16 dS that dQ uses.
 // Where the two [128 local KV rows][16] selectors live: where the warpgroups' dQ column counts are equal (head dims
 // 32, 64, 128), in two spare regions of the K tile, each right after one warpgroup's dQ columns, so each
-// warpgroup's dQ GEMM (B = K, MN-major) simply runs 16 columns longer and dS^T is read once (SAM ViT-B backward
-// 4.52-4.60 -> 4.28-4.31 ms, D32 3.79 -> 3.40, D128 4.34 -> 4.21 without its bulk dQ rows, which no longer fit;
-// H100, same run). Elsewhere (80, 96: 48 + 32, 64 + 32 columns) ptxas serialised every wgmma of the kernel that way
-// (C7511, registers; D80 7.02 -> 7.64 ms), so there the selectors are tiles of their own and each warpgroup issues a
-// separate m64n16 GEMM on the dS^T tile ahead of dQ's.
+// warpgroup's dQ GEMM (B = K, MN-major) simply runs 16 columns longer and dS^T is read once (D128 then has no room
+// for its bulk dQ rows). Elsewhere (80, 96: 48 + 32, 64 + 32 columns) ptxas serialised every wgmma of the kernel that
+// way (C7511, registers), so there the selectors are tiles of their own and each warpgroup issues a separate m64n16
+// GEMM on the dS^T tile ahead of dQ's. (The measurements: docs/notes/BACKWARD_SM90.md, selector columns.)
 #pragma once
 #include "flex_backward.cuh"
 #include "flex_wgmma.cuh"
@@ -314,9 +313,8 @@ __device__ __forceinline__ void flush_grads(const FlexBackwardParams& p, const t
       void* grad = p.grad_ptr[Variant::kStagedColScatter];
       const long long off = r.grad_base + (long long)row * r.cols + c0;
       // Vector atomics where the row allows (sm_90: one L2 request per 4 floats). What they cost is the number
-      // of 32-byte sectors reduced in L2: whole sectors (the column order above) took SAM's backward from 6.54
-      // to 5.95 ms (H100) against half-filled ones. A bulk reduction of whole rows (cp.reduce.async.bulk)
-      // measured the same as the vector atomics.
+      // of 32-byte sectors reduced in L2, hence the column order above, which fills whole sectors. A bulk
+      // reduction of whole rows (cp.reduce.async.bulk) measured the same as the vector atomics.
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const float v[4] = {a[4 * k], a[4 * k + 1], a[4 * k + 2], a[4 * k + 3]};

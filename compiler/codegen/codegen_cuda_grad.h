@@ -16,7 +16,7 @@ namespace flexjit {
 inline constexpr int kQueryMajorTile = 64;
 
 // How a scatter's target index varies over the score elements; the kernels reduce over the elements that share
-// a target before their atomics. The first five are the KV-major kernel's (flex_backward.cuh's kScatter* values);
+// a target before their atomics. The first five are the KV-major kernel's (flex_backward_scatter.cuh's kScatter* values);
 // RowCol and RowTile are row-owned targets that only a query-major CTA can keep in registers (the KV-major kernel
 // treats them as General).
 enum class ScatterClass {

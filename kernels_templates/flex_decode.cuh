@@ -45,7 +45,7 @@
 
 // kHeadDim: D (multiple of 16, up to 256). kMTiles: 16-row mma tiles of packed query rows per CTA (1 or 2; more
 // rows go to further row blocks). kStages: K/V shared-memory stages (2..4): kStages 64-row tiles of K and of V.
-// kAlternate (kStages = 2 only; default: flex_decode_alternate(), the runtime's choice): one K buffer and one V
+// kAlternate (kStages = 2 only; default: flex_decode_alternate(), the policy's choice): one K buffer and one V
 //   buffer of 128 rows each, loaded alternately (V of these 128 rows while Q @ K^T runs, K of the next 128 while
 //   P @ V runs), so a CTA has one contiguous 32 KB stream in flight instead of a 16 KB K and a 16 KB V stream
 //   (measured 0.6-1.4% faster on the H100, docs/notes/DECODE_NOTES.md run 4); each warp owns 32 KV rows of the 128, its
@@ -106,6 +106,8 @@ struct FlexDecodeTraits {
   static constexpr int kSmemBodyBytes =
       kStages * kSmemStageBytes > kSmemMergeBytes ? kStages * kSmemStageBytes : kSmemMergeBytes;
   static constexpr int kSmemBytes = kSmemQBytes + kSmemBodyBytes;
+  static_assert(kSmemBytes == flex_decode_smem_bytes(kHeadDim, kMTiles, kStages, kKvBytes),
+                "FlexDecodeTraits: the policy's shared-memory count (flex_decode_smem_bytes) disagrees with the layout");
 
   static_assert(sizeof(Element) == 2, "FlexDecodeTraits: Element must be __nv_bfloat16 or __half");
   static_assert(kHeadDim % 16 == 0 && kHeadDim >= 16 && kHeadDim <= 256,

@@ -180,10 +180,9 @@ std::unique_ptr<DecodePlan> KernelImpl::plan_decode(const DecodePlanOptions& o) 
     if (n < 1 || n > kFlexDecodeMaxSplits) throw Error(fmt::format("FLEXJIT_DECODE_NUM_SPLITS must be in 1..{}, got `{}`", kFlexDecodeMaxSplits, e));
     plan->num_splits_ = n;
   }
-  // evict_first keeps other data in L2 and measured faster for caches up to ~256 MB and for tile windows
-  // (docs/notes/DECODE_NOTES.md), 1.4% slower for 1 GB caches. FLEXJIT_DECODE_EVICT_FIRST=0/1 overrides.
+  // The L2 policy of the K/V loads (flex_decode_evict_first). FLEXJIT_DECODE_EVICT_FIRST=0/1 overrides.
   const double kv_bytes = 2.0 * plan->config.kv_bytes() * o.batch * o.kv_heads * double(o.max_seqlen_kv) * D;
-  plan->evict_first = kv_bytes <= 512e6 || decode_state_->tile_list;
+  plan->evict_first = flex_decode_evict_first(kv_bytes, decode_state_->tile_list);
   if (const char* e = std::getenv("FLEXJIT_DECODE_EVICT_FIRST")) plan->evict_first = std::atoi(e) != 0;
 
   // The last split CTA of each row block merges the partials in the decode kernel (fused combine): saves the

@@ -59,19 +59,13 @@ std::string DecodeConfig::str() const {
 DecodeConfig decode_config(int head_dim, int rows_per_kv_head, std::optional<dsl::DType> kv_fp8) {
   if (head_dim % 16 != 0 || head_dim < 16 || head_dim > 256)
     throw Error(fmt::format("head dim {} is not supported by the GPU decode kernel; it needs a multiple of 16 up to 256", head_dim));
+  const FlexDecodePolicy policy = flex_decode_policy(head_dim, rows_per_kv_head, kv_fp8 ? 1 : 2);
   DecodeConfig c;
   c.head_dim = head_dim;
-  c.m_tiles = rows_per_kv_head > 16 && head_dim <= 128 ? 2 : 1;
-  // Two stages: one K/V tile in flight per CTA while the other is consumed, and 3 CTAs per SM at D128. Measured
-  // 0.5-1% faster than 3 stages (2 CTAs per SM) at KV 32768 on the H100 (docs/notes/DECODE_NOTES.md, optimisation run 1).
-  c.stages = 2;
-  c.alternate = flex_decode_alternate(c.head_dim, c.m_tiles, c.stages);
-  if (kv_fp8) {
-    // FP8: a stage holds half the bytes, so three stages take what two bf16 stages take.
-    c.kv_fp8 = kv_fp8;
-    c.stages = 3;
-    c.alternate = false;
-  }
+  c.m_tiles = policy.m_tiles;
+  c.stages = policy.stages;
+  c.alternate = policy.alternate;
+  c.kv_fp8 = kv_fp8;
   return c;
 }
 

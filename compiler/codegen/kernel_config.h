@@ -7,6 +7,7 @@
 #include <string>
 
 #include "dsl/builtins.h"
+#include "kernels_templates/flex_decode_params.cuh"
 #include "kernels_templates/flex_tile_policy.cuh"
 
 namespace flexjit {
@@ -59,22 +60,13 @@ struct DecodeConfig {
   std::string str() const;
   int block_m() const { return 16 * m_tiles; }
   int kv_bytes() const { return kv_fp8 ? 1 : 2; }
-  // FlexDecodeTraits::kSmemBytes: Q tile plus max(stages of K and V, the end-of-CTA merge buffers). The
-  // alternating pipeline's 128-row K and V buffers fill exactly the two stages' space.
-  int shared_bytes() const {
-    const int stride = head_dim + 8;
-    const int row = kv_fp8 ? head_dim + 16 : stride * 2;
-    const int q = block_m() * stride * 2, stage = 2 * 64 * row;
-    const int merge = 4 * block_m() * (stride + 2) * 4;
-    return q + (stages * stage > merge ? stages * stage : merge);
-  }
+  // FlexDecodeTraits::kSmemBytes (the decode policy's count).
+  int shared_bytes() const { return flex_decode_smem_bytes(head_dim, m_tiles, stages, kv_bytes()); }
 };
 
-// The decode configuration for G * max_q_len packed rows per KV head (G = H / Hkv): one m-tile when they
-// fit in 16 rows, else two (head dims up to 128); further rows go to more row blocks; two stages, alternating
-// where flex_decode_alternate() says so. Throws for head dims the decode kernel does not support (multiples of
-// 16 up to 256).
-// kv_fp8: an FP8 cache's type (three stages, never alternating).
+// The decode configuration for G * max_q_len packed rows per KV head (G = H / Hkv), as the decode policy
+// (flex_decode_policy) chooses it; further rows go to more row blocks. Throws for head dims the decode kernel does
+// not support (multiples of 16 up to 256). kv_fp8: an FP8 cache's type.
 DecodeConfig decode_config(int head_dim, int rows_per_kv_head, std::optional<dsl::DType> kv_fp8 = std::nullopt);
 
 // "__nv_bfloat16" / "__half" for the kernel's element type.

@@ -400,6 +400,175 @@ __device__ __forceinline__ void decode_combine_row(const FlexDecodeParams& p, lo
   if (lane == 0 && p.lse != nullptr) p.lse[b * p.lse_stride_b + h * p.lse_stride_h + i] = l > 0.f ? m + logf(l) : neg_inf;
 }
 
+// Packed row tr of a decode CTA's tile is R = rb * kBlockM + tr -> (g, i): query head hkv * group + g, query row i;
+// valid while R is one of the KV head's packed rows and i one of the sequence's query rows.
+template <int kBlockM>
+struct DecodeRows {
+  int rb, max_q, n_rows, q_len;
+  __device__ __forceinline__ bool valid(int tr, int& g, int& i) const {
+    const int R = rb * kBlockM + tr;
+    g = R / max_q;
+    i = R - g * max_q;
+    return R < n_rows && i < q_len;
+  }
+};
+
+// The end of a decode CTA: its 4 warps' partial rows merged (with m_w a warp's (stale) max in log2 units and l_w its
+// sum, the row's total is L * 2^M with M = max_w m_w, L = sum_w l_w 2^(m_w - M); O = sum_w O_w 2^(m_w - M) / L;
+// LSE = M ln 2 + ln L), then the rows out: O and LSE with one split, else the split's partials into the workspace,
+// and with split counters the fused combine by the split CTA that arrives last.
+template <class Traits, class Variant, class Softmax>
+__device__ __forceinline__ void decode_epilogue(const FlexDecodeParams& p, unsigned char* flex_smem, const Softmax& softmax,
+                                                const float (&acc_o)[Traits::kMTiles][Traits::kDTiles][4], float mult, float v_scale,
+                                                const DecodeRows<Traits::kBlockM>& rows, int b, int hkv, int rb, int split, int group,
+                                                int max_q, int tid, int warp, int lane) {
+  using K = DecodeKernel<Traits, Variant>;
+  using Element = typename Traits::Element;
+  using Mma = Mma16816<Element>;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kMTiles = Traits::kMTiles;
+  constexpr int kDTiles = Traits::kDTiles;
+  constexpr int kRowsPerThread = Traits::kRowsPerThread;
+  constexpr int kChunksPerRow = Traits::kChunksPerRow;
+  constexpr int kNWarps = Traits::kNWarps;
+  constexpr int kNThreads = Traits::kNThreads;
+  constexpr bool kKvFp8 = Traits::kKvFp8;
+  constexpr float kLn2 = 0.6931471805599453f;
+  flex::cp_async_wait<0>();
+  __syncthreads();
+  float* s_o = reinterpret_cast<float*>(flex_smem + Traits::kSmemQBytes);  // [kNWarps][kBlockM][kOStride]
+  float* s_m = s_o + kNWarps * kBlockM * Traits::kOStride;               // [kNWarps][kBlockM]
+  float* s_l = s_m + kNWarps * kBlockM;                                  // [kNWarps][kBlockM]
+  float m_own[kRowsPerThread];
+#pragma unroll
+  for (int r = 0; r < kRowsPerThread; ++r) {
+    const float l = flex::quad_sum(softmax.row_sum[r]);
+    m_own[r] = softmax.row_max[r] == K::neg_inf() ? K::neg_inf() : softmax.row_max[r] * mult;
+    if (lane % 4 == 0) {
+      const int tr = K::row_in_tile(lane, r);
+      s_m[warp * kBlockM + tr] = m_own[r];
+      s_l[warp * kBlockM + tr] = l;
+    }
+  }
+  __syncthreads();
+  // The row's merged max (log2 units) and sum over the warps.
+  auto merged = [&](int tr, float& m_all, float& l_all) {
+    m_all = K::neg_inf();
+#pragma unroll
+    for (int w = 0; w < kNWarps; ++w) m_all = fmaxf(m_all, s_m[w * kBlockM + tr]);
+    l_all = 0.f;
+#pragma unroll
+    for (int w = 0; w < kNWarps; ++w) {
+      const float mw = s_m[w * kBlockM + tr];
+      if (mw != K::neg_inf()) l_all += s_l[w * kBlockM + tr] * flex::ex2(mw - m_all);
+    }
+  };
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = mt * 2 + half;
+      const int tr = K::row_in_tile(lane, r);
+      float m_all, l_all;
+      merged(tr, m_all, l_all);
+      const float factor = m_own[r] == K::neg_inf() ? 0.f : flex::ex2(m_own[r] - m_all);
+      const float sc = l_all > 0.f ? factor / l_all * v_scale : 0.f;
+      if constexpr (kKvFp8) {
+        // n8 tiles 2dp and 2dp + 1 hold the even and odd columns of block dp: this thread's are 4t .. 4t + 3.
+        float* dst = s_o + (warp * kBlockM + tr) * Traits::kOStride + 4 * (lane % 4);
+#pragma unroll
+        for (int dp = 0; dp < kDTiles / 2; ++dp)
+          *reinterpret_cast<float4*>(dst + dp * 16) =
+              make_float4(acc_o[mt][2 * dp][2 * half] * sc, acc_o[mt][2 * dp + 1][2 * half] * sc,
+                          acc_o[mt][2 * dp][2 * half + 1] * sc, acc_o[mt][2 * dp + 1][2 * half + 1] * sc);
+      } else {
+        float* dst = s_o + (warp * kBlockM + tr) * Traits::kOStride + 2 * (lane % 4);
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt)
+          *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(acc_o[mt][dt][2 * half] * sc, acc_o[mt][dt][2 * half + 1] * sc);
+      }
+    }
+  }
+  __syncthreads();
+
+  // Rows out: 8 consecutive values per thread and step (16-byte element stores, or two float4 partial stores).
+  const bool direct = p.num_splits == 1;
+  const int h0 = hkv * group;
+  for (int chunk = tid; chunk < kBlockM * kChunksPerRow; chunk += kNThreads) {
+    const int tr = chunk / kChunksPerRow;
+    const int c = chunk % kChunksPerRow;
+    int g, i;
+    if (!rows.valid(tr, g, i)) continue;
+    float v[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = 0.f;
+#pragma unroll
+    for (int w = 0; w < kNWarps; ++w) {
+      const float4* src = reinterpret_cast<const float4*>(s_o + (w * kBlockM + tr) * Traits::kOStride + c * 8);
+      const float4 x0 = src[0], x1 = src[1];
+      v[0] += x0.x; v[1] += x0.y; v[2] += x0.z; v[3] += x0.w;
+      v[4] += x1.x; v[5] += x1.y; v[6] += x1.z; v[7] += x1.w;
+    }
+    if (direct) {
+      uint4 packed;
+      packed.x = Mma::pack(v[0], v[1]);
+      packed.y = Mma::pack(v[2], v[3]);
+      packed.z = Mma::pack(v[4], v[5]);
+      packed.w = Mma::pack(v[6], v[7]);
+      Element* g_o = static_cast<Element*>(p.o) + b * p.o_stride_b + i * p.o_stride_s + (h0 + g) * p.o_stride_h;
+      *reinterpret_cast<uint4*>(g_o + c * 8) = packed;
+    } else {
+      // A split whose row saw nothing keeps LSE = -inf and is never read by the combine: skip its O.
+      bool any = false;
+#pragma unroll
+      for (int w = 0; w < kNWarps; ++w) any |= s_m[w * kBlockM + tr] != K::neg_inf();
+      if (!any) continue;
+      const long long ws_row = ((long long)(b * p.heads + h0 + g) * max_q + i) * p.num_splits + split;
+      float4* dst = reinterpret_cast<float4*>(p.ws_o + ws_row * kHeadDim + c * 8);
+      dst[0] = make_float4(v[0], v[1], v[2], v[3]);
+      dst[1] = make_float4(v[4], v[5], v[6], v[7]);
+    }
+  }
+  if (tid < kBlockM) {
+    const int tr = tid;
+    int g, i;
+    if (rows.valid(tr, g, i)) {
+      float m_all, l_all;
+      merged(tr, m_all, l_all);
+      const float lse = l_all > 0.f ? m_all * kLn2 + logf(l_all) : K::neg_inf();
+      if (direct) {
+        if (p.lse != nullptr) p.lse[b * p.lse_stride_b + (h0 + g) * p.lse_stride_h + i] = lse;
+      } else {
+        p.ws_lse[((long long)(b * p.heads + h0 + g) * max_q + i) * p.num_splits + split] = lse;
+      }
+    }
+  }
+
+  // Fused combine: the last split CTA of this (b, hkv, rb) to arrive merges its rows' partials (threadfence
+  // reduction pattern: every thread publishes its partials, then one atomic per CTA counts the arrivals).
+  if (direct || p.split_counters == nullptr) return;
+  __shared__ int s_last;
+  __threadfence();
+  __syncthreads();
+  int* counter = p.split_counters + ((long long)b * p.kv_heads + hkv) * p.row_blocks + rb;
+  if (tid == 0) {
+    const int arrived = atomicAdd(counter, 1);
+    s_last = arrived == p.num_splits - 1;
+    // Every other split has arrived: nothing increments this counter again in this launch.
+    if (s_last) *counter = 0;
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  for (int tr = warp; tr < kBlockM; tr += kNWarps) {
+    int g, i;
+    if (!rows.valid(tr, g, i)) continue;
+    const long long row = (long long)(b * p.heads + h0 + g) * max_q + i;
+    flex::decode_combine_row<kHeadDim, Element, true>(p, row, b, h0 + g, i, lane);
+  }
+}
+
 }  // namespace flex
 
 // One CTA: one split of the KV tiles of one (sequence b, KV head, row block). See the top of this file.
@@ -447,13 +616,8 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
   if (!len.ok && split == 0 && blockIdx.y == 0 && tid == 0 && p.error_word != nullptr) atomicOr(p.error_word, kFlexBadLengthsFlag);
   const int kv_len = len.kv_len;
   const int q_len = len.q_len;
-  // Packed row tr of the tile is R = rb * kBlockM + tr -> (g, i) -> query head hkv * group + g, query row i.
-  auto row_valid = [&](int tr, int& g, int& i) {
-    const int R = rb * kBlockM + tr;
-    g = R / max_q;
-    i = R - g * max_q;
-    return R < n_rows && i < q_len;
-  };
+  const flex::DecodeRows<kBlockM> rows{rb, max_q, n_rows, q_len};
+  auto row_valid = [&](int tr, int& g, int& i) { return rows.valid(tr, g, i); };
 
   // This split's tiles: entries [e_begin, e_begin + n_tiles) of the sequence's tile list (FlexDecodeTiles), or of
   // every tile when there is no list; the listed tiles are divided evenly between the splits.
@@ -733,140 +897,7 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
   }
 
   // ============================================ Epilogue ============================================
-  // Merge the warps: with m_w the warp's (stale) max in log2 units and l_w its sum, the row's total is
-  // L * 2^M with M = max_w m_w, L = sum_w l_w 2^(m_w - M); O = sum_w O_w 2^(m_w - M) / L; LSE = M ln 2 + ln L.
-  flex::cp_async_wait<0>();
-  __syncthreads();
-  float* s_o = reinterpret_cast<float*>(flex_smem + Traits::kSmemQBytes);  // [kNWarps][kBlockM][kOStride]
-  float* s_m = s_o + kNWarps * kBlockM * Traits::kOStride;               // [kNWarps][kBlockM]
-  float* s_l = s_m + kNWarps * kBlockM;                                  // [kNWarps][kBlockM]
-  float m_own[kRowsPerThread];
-#pragma unroll
-  for (int r = 0; r < kRowsPerThread; ++r) {
-    const float l = flex::quad_sum(softmax.row_sum[r]);
-    m_own[r] = softmax.row_max[r] == K::neg_inf() ? K::neg_inf() : softmax.row_max[r] * mult;
-    if (lane % 4 == 0) {
-      const int tr = K::row_in_tile(lane, r);
-      s_m[warp * kBlockM + tr] = m_own[r];
-      s_l[warp * kBlockM + tr] = l;
-    }
-  }
-  __syncthreads();
-  // The row's merged max (log2 units) and sum over the warps.
-  auto merged = [&](int tr, float& m_all, float& l_all) {
-    m_all = K::neg_inf();
-#pragma unroll
-    for (int w = 0; w < kNWarps; ++w) m_all = fmaxf(m_all, s_m[w * kBlockM + tr]);
-    l_all = 0.f;
-#pragma unroll
-    for (int w = 0; w < kNWarps; ++w) {
-      const float mw = s_m[w * kBlockM + tr];
-      if (mw != K::neg_inf()) l_all += s_l[w * kBlockM + tr] * flex::ex2(mw - m_all);
-    }
-  };
-#pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = mt * 2 + half;
-      const int tr = K::row_in_tile(lane, r);
-      float m_all, l_all;
-      merged(tr, m_all, l_all);
-      const float factor = m_own[r] == K::neg_inf() ? 0.f : flex::ex2(m_own[r] - m_all);
-      const float sc = l_all > 0.f ? factor / l_all * v_scale : 0.f;
-      if constexpr (kKvFp8) {
-        // n8 tiles 2dp and 2dp + 1 hold the even and odd columns of block dp: this thread's are 4t .. 4t + 3.
-        float* dst = s_o + (warp * kBlockM + tr) * Traits::kOStride + 4 * (lane % 4);
-#pragma unroll
-        for (int dp = 0; dp < kDTiles / 2; ++dp)
-          *reinterpret_cast<float4*>(dst + dp * 16) =
-              make_float4(acc_o[mt][2 * dp][2 * half] * sc, acc_o[mt][2 * dp + 1][2 * half] * sc,
-                          acc_o[mt][2 * dp][2 * half + 1] * sc, acc_o[mt][2 * dp + 1][2 * half + 1] * sc);
-      } else {
-        float* dst = s_o + (warp * kBlockM + tr) * Traits::kOStride + 2 * (lane % 4);
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt)
-          *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(acc_o[mt][dt][2 * half] * sc, acc_o[mt][dt][2 * half + 1] * sc);
-      }
-    }
-  }
-  __syncthreads();
-
-  // Rows out: 8 consecutive values per thread and step (16-byte element stores, or two float4 partial stores).
-  const bool direct = p.num_splits == 1;
-  const int h0 = hkv * group;
-  for (int chunk = tid; chunk < kBlockM * kChunksPerRow; chunk += kNThreads) {
-    const int tr = chunk / kChunksPerRow;
-    const int c = chunk % kChunksPerRow;
-    int g, i;
-    if (!row_valid(tr, g, i)) continue;
-    float v[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) v[e] = 0.f;
-#pragma unroll
-    for (int w = 0; w < kNWarps; ++w) {
-      const float4* src = reinterpret_cast<const float4*>(s_o + (w * kBlockM + tr) * Traits::kOStride + c * 8);
-      const float4 x0 = src[0], x1 = src[1];
-      v[0] += x0.x; v[1] += x0.y; v[2] += x0.z; v[3] += x0.w;
-      v[4] += x1.x; v[5] += x1.y; v[6] += x1.z; v[7] += x1.w;
-    }
-    if (direct) {
-      uint4 packed;
-      packed.x = Mma::pack(v[0], v[1]);
-      packed.y = Mma::pack(v[2], v[3]);
-      packed.z = Mma::pack(v[4], v[5]);
-      packed.w = Mma::pack(v[6], v[7]);
-      Element* g_o = static_cast<Element*>(p.o) + b * p.o_stride_b + i * p.o_stride_s + (h0 + g) * p.o_stride_h;
-      *reinterpret_cast<uint4*>(g_o + c * 8) = packed;
-    } else {
-      // A split whose row saw nothing keeps LSE = -inf and is never read by the combine: skip its O.
-      bool any = false;
-#pragma unroll
-      for (int w = 0; w < kNWarps; ++w) any |= s_m[w * kBlockM + tr] != K::neg_inf();
-      if (!any) continue;
-      const long long ws_row = ((long long)(b * p.heads + h0 + g) * max_q + i) * p.num_splits + split;
-      float4* dst = reinterpret_cast<float4*>(p.ws_o + ws_row * kHeadDim + c * 8);
-      dst[0] = make_float4(v[0], v[1], v[2], v[3]);
-      dst[1] = make_float4(v[4], v[5], v[6], v[7]);
-    }
-  }
-  if (tid < kBlockM) {
-    const int tr = tid;
-    int g, i;
-    if (row_valid(tr, g, i)) {
-      float m_all, l_all;
-      merged(tr, m_all, l_all);
-      const float lse = l_all > 0.f ? m_all * kLn2 + logf(l_all) : K::neg_inf();
-      if (direct) {
-        if (p.lse != nullptr) p.lse[b * p.lse_stride_b + (h0 + g) * p.lse_stride_h + i] = lse;
-      } else {
-        p.ws_lse[((long long)(b * p.heads + h0 + g) * max_q + i) * p.num_splits + split] = lse;
-      }
-    }
-  }
-
-  // Fused combine: the last split CTA of this (b, hkv, rb) to arrive merges its rows' partials (threadfence
-  // reduction pattern: every thread publishes its partials, then one atomic per CTA counts the arrivals).
-  if (direct || p.split_counters == nullptr) return;
-  __shared__ int s_last;
-  __threadfence();
-  __syncthreads();
-  int* counter = p.split_counters + ((long long)b * p.kv_heads + hkv) * p.row_blocks + rb;
-  if (tid == 0) {
-    const int arrived = atomicAdd(counter, 1);
-    s_last = arrived == p.num_splits - 1;
-    // Every other split has arrived: nothing increments this counter again in this launch.
-    if (s_last) *counter = 0;
-  }
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  for (int tr = warp; tr < kBlockM; tr += kNWarps) {
-    int g, i;
-    if (!row_valid(tr, g, i)) continue;
-    const long long row = (long long)(b * p.heads + h0 + g) * max_q + i;
-    flex::decode_combine_row<kHeadDim, Element, true>(p, row, b, h0 + g, i, lane);
-  }
+  flex::decode_epilogue<Traits, Variant>(p, flex_smem, softmax, acc_o, mult, v_scale, rows, b, hkv, rb, split, group, max_q, tid, warp, lane);
 }
 
 // Merges the splits of each output row exactly (flex::decode_combine_row). One warp per row (b, h, i),

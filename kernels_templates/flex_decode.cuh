@@ -597,7 +597,6 @@ __device__ __forceinline__ void flex_decode(const FlexDecodeParams& p, const typ
   constexpr bool kAlternate = Traits::kAlternate;
   constexpr bool kKvFp8 = Traits::kKvFp8;
   constexpr float kLog2e = 1.4426950408889634f;
-  constexpr float kLn2 = 0.6931471805599453f;
 
   extern __shared__ __align__(128) unsigned char flex_smem[];
 

@@ -25,88 +25,6 @@ __device__ __forceinline__ float (&flat(float (&a)[M][N]))[M * N] {
   return reinterpret_cast<float(&)[M * N]>(a);
 }
 
-// dQ (unscaled) += dS K for this warpgroup's kN columns from kCol0 (the caller has fenced dS^T into the async
-// proxy and synchronised the CTA); runs `overlap` while the GEMM is in flight, waits for every wgmma group of the
-// warpgroup, then adds into the accumulator.
-// kBulk: the partial goes into the CTA's dQ rows in shared memory (`dq_buf`, row q - m0) instead, for the bulk
-// reduction at the top of the next query tile.
-// Layout::kSelectorCols = 16 (kGradGemm): the GEMM runs on into K's spare region after the warpgroup's columns, whose
-// first 16 columns hold its selector (flex_backward_staged.cuh); those 16 columns of the product, the staged
-// gradient sums, go to `sel` (the m64n16 accumulator layout). One GEMM instead of a second one over the same dS^T
-// tile: dS^T is read from shared memory once.
-// `issue_next` issues one more wgmma group right behind dQ's (the dK GEMM, or an empty group when dK went first):
-// dQ's partial then goes out while that group runs, which is left in flight on return.
-template <int kN, class Layout, class Element, bool kDeterministic, bool kBulk, class IssueNext, class Overlap>
-__device__ __forceinline__ void dq_block(const FlexBackwardParams& p, unsigned s_ds, unsigned s_k, int col0, long long row_base,
-                                         int q_row0, int t4, void* dq_buf, int m0, float (&sel)[8], IssueNext&& issue_next,
-                                         Overlap&& overlap) {
-  constexpr int kHeadDim = Layout::kHeadDim;
-  constexpr int kNSel = kN + Layout::kSelectorCols;
-  float acc[kNSel / 2];
-  flex::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < Layout::kBlockN / 16; ++kk)
-    flex::Wgmma<kNSel>::template ss<Element, 1, 1>(acc, flex::desc_mn_major<typename Layout::TileDS>(s_ds, kk * 16, 0),
-                                                   flex::desc_mn_major<typename Layout::TileK>(s_k, kk * 16, col0), kk > 0 ? 1 : 0);
-  flex::wgmma_commit();
-  issue_next();
-  overlap();
-  flex::wgmma_wait<1>();
-  flex::fence_operands(acc);
-  if constexpr (Layout::kSelectorCols > 0) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) sel[i] = acc[kN / 2 + i];
-  }
-  if constexpr (kBulk) {
-    using Value = typename Layout::DqValue;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      Value* row = static_cast<Value*>(dq_buf) + (q_row0 + half * 8 - m0) * Layout::kDqRowValues + col0 + 2 * t4;
-#pragma unroll
-      for (int i = 0; i < kN / 8; ++i) {
-        const float a = acc[4 * i + 2 * half], c = acc[4 * i + 2 * half + 1];
-        if constexpr (kDeterministic) *reinterpret_cast<ulonglong2*>(row + i * 8) = make_ulonglong2(flex_bwd::to_fixed(a), flex_bwd::to_fixed(c));
-        else *reinterpret_cast<float2*>(row + i * 8) = make_float2(a, c);
-      }
-    }
-  } else if constexpr (!kDeterministic) {
-    // Two adjacent n8 tiles per float4 atomic: partners t4 and t4 ^ 1 swap one pair, so the even thread holds
-    // columns 8i + 2 t4 .. + 3 of tile i and the odd one 8 (i + 1) + 2 (t4 - 1) .. + 3 of tile i + 1: half the
-    // atomic instructions of float2 ones, the same whole sectors (docs/notes/BACKWARD_SM90.md, four-wide dQ atomics).
-    static_assert(kN % 16 == 0, "dq_block: float4 dQ atomics pair the n8 tiles");
-    const bool odd = t4 & 1;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int q = q_row0 + half * 8;
-#pragma unroll
-      for (int i = 0; i < kN / 8; i += 2) {
-        const float a0 = acc[4 * i + 2 * half], a1 = acc[4 * i + 2 * half + 1];
-        const float b0 = acc[4 * i + 4 + 2 * half], b1 = acc[4 * i + 4 + 2 * half + 1];
-        const float r0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : b0, 1);
-        const float r1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : b1, 1);
-        if (q < p.seqlen_q) {
-          const int col = odd ? col0 + i * 8 + 8 + 2 * (t4 - 1) : col0 + i * 8 + 2 * t4;
-          const float4 v = odd ? make_float4(r0, r1, b0, b1) : make_float4(a0, a1, r0, r1);
-          atomicAdd(reinterpret_cast<float4*>(static_cast<float*>(p.dq_accum) + (row_base + q) * kHeadDim + col), v);
-        }
-      }
-    }
-  } else {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int q = q_row0 + half * 8;
-      if (q < p.seqlen_q) {
-#pragma unroll
-        for (int i = 0; i < kN / 8; ++i) {
-          const long long off = (row_base + q) * kHeadDim + col0 + i * 8 + 2 * t4;
-          flex_bwd::accumulate<true>(p.dq_accum, off, acc[4 * i + 2 * half]);
-          flex_bwd::accumulate<true>(p.dq_accum, off + 1, acc[4 * i + 2 * half + 1]);
-        }
-      }
-    }
-  }
-}
-
 // Where a thread's elements of a tile lie, for the per-element steps.
 struct ElementCoords {
   int b, h, hkv, m0;
@@ -224,6 +142,88 @@ __device__ __forceinline__ void store_ds_t(unsigned char* smem, const unsigned (
     *reinterpret_cast<unsigned*>(smem + S::kOffDS + TileDS::chunk_offset(r + 8, 2 * kk) + 4 * t4) = da[kk][1];
     *reinterpret_cast<unsigned*>(smem + S::kOffDS + TileDS::chunk_offset(r, 2 * kk + 1) + 4 * t4) = da[kk][2];
     *reinterpret_cast<unsigned*>(smem + S::kOffDS + TileDS::chunk_offset(r + 8, 2 * kk + 1) + 4 * t4) = da[kk][3];
+  }
+}
+
+// dQ (unscaled) += dS K for this warpgroup's kN columns from kCol0 (the caller has fenced dS^T into the async
+// proxy and synchronised the CTA); runs `overlap` while the GEMM is in flight, waits for every wgmma group of the
+// warpgroup, then adds into the accumulator.
+// kBulk: the partial goes into the CTA's dQ rows in shared memory (`dq_buf`, row q - m0) instead, for the bulk
+// reduction at the top of the next query tile.
+// Layout::kSelectorCols = 16 (kGradGemm): the GEMM runs on into K's spare region after the warpgroup's columns, whose
+// first 16 columns hold its selector (flex_backward_staged.cuh); those 16 columns of the product, the staged
+// gradient sums, go to `sel` (the m64n16 accumulator layout). One GEMM instead of a second one over the same dS^T
+// tile: dS^T is read from shared memory once.
+// `issue_next` issues one more wgmma group right behind dQ's (the dK GEMM, or an empty group when dK went first):
+// dQ's partial then goes out while that group runs, which is left in flight on return.
+template <int kN, class Layout, class Element, bool kDeterministic, bool kBulk, class IssueNext, class Overlap>
+__device__ __forceinline__ void dq_block(const FlexBackwardParams& p, unsigned s_ds, unsigned s_k, int col0, long long row_base,
+                                         int q_row0, int t4, void* dq_buf, int m0, float (&sel)[8], IssueNext&& issue_next,
+                                         Overlap&& overlap) {
+  constexpr int kHeadDim = Layout::kHeadDim;
+  constexpr int kNSel = kN + Layout::kSelectorCols;
+  float acc[kNSel / 2];
+  flex::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Layout::kBlockN / 16; ++kk)
+    flex::Wgmma<kNSel>::template ss<Element, 1, 1>(acc, flex::desc_mn_major<typename Layout::TileDS>(s_ds, kk * 16, 0),
+                                                   flex::desc_mn_major<typename Layout::TileK>(s_k, kk * 16, col0), kk > 0 ? 1 : 0);
+  flex::wgmma_commit();
+  issue_next();
+  overlap();
+  flex::wgmma_wait<1>();
+  flex::fence_operands(acc);
+  if constexpr (Layout::kSelectorCols > 0) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sel[i] = acc[kN / 2 + i];
+  }
+  if constexpr (kBulk) {
+    using Value = typename Layout::DqValue;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      Value* row = static_cast<Value*>(dq_buf) + (q_row0 + half * 8 - m0) * Layout::kDqRowValues + col0 + 2 * t4;
+#pragma unroll
+      for (int i = 0; i < kN / 8; ++i) {
+        const float a = acc[4 * i + 2 * half], c = acc[4 * i + 2 * half + 1];
+        if constexpr (kDeterministic) *reinterpret_cast<ulonglong2*>(row + i * 8) = make_ulonglong2(flex_bwd::to_fixed(a), flex_bwd::to_fixed(c));
+        else *reinterpret_cast<float2*>(row + i * 8) = make_float2(a, c);
+      }
+    }
+  } else if constexpr (!kDeterministic) {
+    // Two adjacent n8 tiles per float4 atomic: partners t4 and t4 ^ 1 swap one pair, so the even thread holds
+    // columns 8i + 2 t4 .. + 3 of tile i and the odd one 8 (i + 1) + 2 (t4 - 1) .. + 3 of tile i + 1: half the
+    // atomic instructions of float2 ones, the same whole sectors (docs/notes/BACKWARD_SM90.md, four-wide dQ atomics).
+    static_assert(kN % 16 == 0, "dq_block: float4 dQ atomics pair the n8 tiles");
+    const bool odd = t4 & 1;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int q = q_row0 + half * 8;
+#pragma unroll
+      for (int i = 0; i < kN / 8; i += 2) {
+        const float a0 = acc[4 * i + 2 * half], a1 = acc[4 * i + 2 * half + 1];
+        const float b0 = acc[4 * i + 4 + 2 * half], b1 = acc[4 * i + 4 + 2 * half + 1];
+        const float r0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : b0, 1);
+        const float r1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : b1, 1);
+        if (q < p.seqlen_q) {
+          const int col = odd ? col0 + i * 8 + 8 + 2 * (t4 - 1) : col0 + i * 8 + 2 * t4;
+          const float4 v = odd ? make_float4(r0, r1, b0, b1) : make_float4(a0, a1, r0, r1);
+          atomicAdd(reinterpret_cast<float4*>(static_cast<float*>(p.dq_accum) + (row_base + q) * kHeadDim + col), v);
+        }
+      }
+    }
+  } else {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int q = q_row0 + half * 8;
+      if (q < p.seqlen_q) {
+#pragma unroll
+        for (int i = 0; i < kN / 8; ++i) {
+          const long long off = (row_base + q) * kHeadDim + col0 + i * 8 + 2 * t4;
+          flex_bwd::accumulate<true>(p.dq_accum, off, acc[4 * i + 2 * half]);
+          flex_bwd::accumulate<true>(p.dq_accum, off + 1, acc[4 * i + 2 * half + 1]);
+        }
+      }
+    }
   }
 }
 

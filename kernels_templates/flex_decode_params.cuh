@@ -14,13 +14,10 @@ constexpr int kFlexDecodeBlockN = 64;
 constexpr int kFlexDecodeMaxSplits = 256;
 
 // Whether the decode kernel alternates 128-row K and V loads (FlexDecodeTraits::kAlternate, the template's default
-// and the policy's choice) rather than streaming 64-row K+V pairs. Alternating was 0.6-1.4% faster in every KV 8192 /
-// 32768 case of the H100 target shape (D128, one m-tile; DECODE_NOTES.md run 4); its warps hold 32 KV rows of S and P
-// instead of 16: 4-35 more registers. ptxas over every gallery spec (NVRTC, sm_90a and sm_80, checked and 64-bit
-// variants too) keeps it to D128 with one m-tile: there 174-250 registers, no spill, 2 CTAs per SM, which is what the
-// split heuristic fills at D128 anyway. Two m-tiles, D192 and D256 spill 4-52 bytes for some specs where the pairs do
-// not; at D32-D96 some specs drop below the resident CTAs that bandwidth needs (flex_decode_bandwidth_ctas). Those
-// keep the pairs until a measurement says otherwise.
+// and the policy's choice) rather than streaming 64-row K+V pairs: one contiguous 32 KB stream per CTA instead of two
+// 16 KB ones, for warps that hold 32 KV rows of S and P instead of 16. Only D128 with one m-tile keeps its registers
+// without spills and at the resident CTAs bandwidth needs (flex_decode_bandwidth_ctas); measurements and the ptxas
+// survey: docs/notes/DECODE_NOTES.md, run 4.
 constexpr bool flex_decode_alternate(int head_dim, int m_tiles, int stages) {
   return head_dim == 128 && m_tiles == 1 && stages == 2;
 }
@@ -44,20 +41,18 @@ struct FlexDecodePolicy {
   int m_tiles;     // 16-row mma tiles of packed query rows per CTA: 2 when more than 16 rows share a KV head (D <= 128)
   int stages;      // K/V shared-memory stages
   bool alternate;  // 128-row K and V loads in turn (flex_decode_alternate)
-  int smem_bytes;
 };
 
 // rows_per_kv_head: the packed query rows of one KV head (query heads per KV head x query rows); kv_bytes: bytes per
-// cache element (1 for FP8). Two stages: one K/V tile in flight per CTA while the other is consumed, and 3 CTAs per SM
-// at D128, measured 0.5-1% faster than 3 stages (2 CTAs per SM) at KV 32768 on the H100 (DECODE_NOTES.md, optimisation
-// run 1). An FP8 stage holds half the bytes, so FP8 caches take three stages (the bytes of two 16-bit stages) and the
-// stage pipeline.
+// cache element (1 for FP8). Two 16-bit stages keep one K/V tile in flight per CTA while the other is consumed and
+// leave room for 3 CTAs per SM at D128 (DECODE_NOTES.md, optimisation run 1); an FP8 stage holds half the bytes, so
+// FP8 caches take three stages (the bytes of two 16-bit ones) and the stage pipeline. The shared memory of a choice
+// is flex_decode_smem_bytes.
 constexpr FlexDecodePolicy flex_decode_policy(int head_dim, int rows_per_kv_head, int kv_bytes) {
   FlexDecodePolicy p{};
   p.m_tiles = rows_per_kv_head > 16 && head_dim <= 128 ? 2 : 1;
   p.stages = kv_bytes == 1 ? 3 : 2;
   p.alternate = kv_bytes != 1 && flex_decode_alternate(head_dim, p.m_tiles, p.stages);
-  p.smem_bytes = flex_decode_smem_bytes(head_dim, p.m_tiles, p.stages, kv_bytes);
   return p;
 }
 
@@ -213,9 +208,10 @@ inline int flex_decode_bandwidth_ctas(int ctas_per_sm, int head_dim, int stages,
   return n < 1 ? 1 : n;
 }
 
-// Whether a launch's K/V loads carry an L2 evict_first policy (FlexDecodeParams::kv_evict_first): it keeps other data
-// in L2 and measured faster for caches up to ~256 MB and for tile windows (DECODE_NOTES.md), 1.4% slower for 1 GB
-// caches. kv_cache_bytes: the K and V bytes the launch may read; tile_list: the mask lists the tiles to visit.
+// Whether a launch's K/V loads carry an L2 evict_first policy (FlexDecodeParams::kv_evict_first): the stream is read
+// once, so it should not push out other data, which pays for caches that L2 can partly serve and for tile windows, not
+// for caches of a GB (the threshold's measurements: DECODE_NOTES.md). kv_cache_bytes: the K and V bytes the launch may
+// read; tile_list: the mask lists the tiles to visit.
 inline bool flex_decode_evict_first(double kv_cache_bytes, bool tile_list) { return kv_cache_bytes <= 512e6 || tile_list; }
 
 // Split count for one decode launch. Every split of a launch is about as long, so the grid runs in waves of

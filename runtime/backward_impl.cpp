@@ -125,14 +125,18 @@ void KernelImpl::backward(const BackwardArgs& a) {
     cpu->backward(ir_, a);
     return;
   }
-  runtime::require_whole_sequence(runtime::window_of(a), "backward");
   const runtime::CudaDriver& d = require_driver();
+  // A shard of a longer sequence (context parallelism): the tensors hold the shard's rows, the mods see global
+  // positions (flex::ShardPositions), and Sq / Skv in the mods are the whole sequence's lengths.
+  const runtime::SequenceWindow window = runtime::window_of(a);
+  const bool shard = !window.whole();
 
   // ---- operands: the forward's rules for (q, k, v, o, lse), then the gradients as (q, k, v, o) ----
   AttentionArgs fa;
   fa.q = a.q, fa.k = a.k, fa.v = a.v, fa.o = a.o, fa.lse = a.lse;
   fa.scale = a.scale, fa.buffers = a.buffers, fa.params = a.params, fa.block_mask = a.block_mask, fa.workspace = a.workspace;
   fa.stream = a.stream, fa.device = a.device;
+  fa.q_offset = a.q_offset, fa.kv_offset = a.kv_offset, fa.seqlen_q = a.seqlen_q, fa.seqlen_kv = a.seqlen_kv;
   if (!a.lse.data) throw Error("backward: lse is required (the forward's [B, H, Sq] f32 LSE, or a merged global one)");
   runtime::LaunchShape shape = runtime::validate_operands(spec(), fa, /*gpu=*/true);
   {
@@ -169,7 +173,7 @@ void KernelImpl::backward(const BackwardArgs& a) {
   BackwardState& st = backward_state();
   // The values first: a runtime divisor's value may be compiled in (compiler/specialize.h), which changes the
   // gradient's scatters (staged terms).
-  BoundValues values = runtime::bind_launch(ir_.checked, shape, buffers, fa);
+  BoundValues values = runtime::bind_launch(ir_.checked, runtime::mods_shape(shape, window), buffers, fa);
   std::vector<std::pair<int, int64_t>> specialized = specialized_params(values);
   const SpecIR& ir = specialized.empty() ? ir_ : specialization(specialized).ir;
   const BackwardState::Gradient& gradient = [&]() -> const BackwardState::Gradient& {
@@ -219,6 +223,7 @@ void KernelImpl::backward(const BackwardArgs& a) {
   const runtime::DeviceInfo& info = runtime::device_info(device);
   runtime::VariantChoice choice = runtime::choose_variant(gradient.ranges, ir.checked, values);
   choice.specialized = std::move(specialized);
+  choice.shard = shard;
   BackwardKernelOptions bo;
   bo.dtype = spec().dtype;
   bo.head_dim = spec().head_dim;
@@ -228,9 +233,18 @@ void KernelImpl::backward(const BackwardArgs& a) {
   bo.variant.int32 = choice.int32;
   bo.variant.checked_loads = choice.checked_loads;
   bo.variant.error_flags = options_.checked;
+  bo.shard_positions = shard;
   // Auto: the query-major pass only for a row-owned scatter the atomic module's kernel does not stage (SAM's
   // rel_h / rel_w are staged by the Hopper kernel).
   BackwardDqMode dq_mode = requested_dq_mode(a.dq_mode);
+  if (shard && dq_mode != BackwardDqMode::Atomic) {
+    // The query-major pass forms its row-owned targets per 64-column tile of the launch's own rows; a shard's tiles
+    // need not line up with the whole sequence's, so shards take dQ (and every buffer gradient) by the KV-major kernel.
+    if (dq_mode == BackwardDqMode::QueryMajor)
+      runtime::log_info("flexjit: backward of `{}`: dq by atomics, not by the query-major pass: the launch is a shard of a longer sequence",
+                        spec().name);
+    dq_mode = BackwardDqMode::Atomic;
+  }
   if (dq_mode == BackwardDqMode::Auto) {
     std::lock_guard<std::mutex> lock(st.mutex);
     const std::string auto_key = fmt::format("{}_{}_{}", choice.key(), info.arch, a.deterministic ? "det" : "atomic");
@@ -310,6 +324,11 @@ void KernelImpl::backward(const BackwardArgs& a) {
   unsigned int* error_word = reinterpret_cast<unsigned int*>(ws.memory_);
   std::vector<uint64_t> vparams =
       runtime::fill_variant_params(mod->source.grad.layout, buffers, values, options_.checked ? error_word : nullptr);
+  if (shard) {
+    // flex::ShardPositions::Params: the shard's first positions after the layout's slots (mods_shape checked them).
+    vparams.push_back(static_cast<uint64_t>(a.q_offset));
+    vparams.push_back(static_cast<uint64_t>(a.kv_offset));
+  }
   const CUdeviceptr bwd = static_cast<CUdeviceptr>(ws.backward_memory_);
 
   FlexBackwardParams p{};
@@ -388,15 +407,16 @@ void KernelImpl::backward(const BackwardArgs& a) {
       ForwardConfig built_for = fcfg;
       built_for.block_m = mask->q_tile_;
       built_for.block_n = mask->kv_tile_;
-      check_mask(*mask, shape, runtime::SequenceWindow{}, built_for, device);
+      check_mask(*mask, shape, window, built_for, device);
       mask = nullptr;
     }
     if (mask) {
-      check_mask(*mask, shape, runtime::SequenceWindow{}, fcfg, device);
+      check_mask(*mask, shape, window, fcfg, device);
     } else {
-      VariantState& fvar = variant(forward_choice(values, runtime::tensor_maps_describe(a.q, a.k, a.v)), device);
+      VariantState& fvar = variant(forward_choice(values, runtime::tensor_maps_describe(a.q, a.k, a.v), shard), device);
+      check_shard_alignment(fvar, fa);
       std::vector<uint64_t> fparams = runtime::fill_variant_params(fvar.source.variant.layout, buffers, values, nullptr);
-      build_mask_into(*ws.mask_, fvar, fparams, shape, runtime::SequenceWindow{}, fcfg, device, a.stream, /*rank=*/false);
+      build_mask_into(*ws.mask_, fvar, fparams, shape, window, fcfg, device, a.stream, /*rank=*/false);
       mask = ws.mask_.get();
     }
     FlexTileStateParams tp{};

@@ -136,14 +136,6 @@ LaunchShape mods_shape(const LaunchShape& local, const SequenceWindow& w) {
   return s;
 }
 
-void require_whole_sequence(const SequenceWindow& w, const char* launch) {
-  if (w.whole()) return;
-  throw Error(fmt::format("{}: q_offset = {}, kv_offset = {}, seqlen_q = {}, seqlen_kv = {} make this launch a shard of a longer sequence "
-                          "(context parallelism), which is not supported on the GPU yet (issue 28); run on the CPU backend "
-                          "(Device::cpu()) or launch the whole sequence with all four 0",
-                          launch, w.q_offset, w.kv_offset, w.seqlen_q, w.seqlen_kv));
-}
-
 std::vector<Tensor> collect_buffers(const dsl::Spec& spec, const AttentionArgs& a, const std::vector<Tensor>& bound) {
   std::vector<Tensor> out(spec.buffers.size());
   for (const auto& [name, t] : a.buffers) {

@@ -34,10 +34,6 @@ SequenceWindow window_of(const BackwardArgs& args);
 // not lie inside the sequence (offset + rows > length).
 LaunchShape mods_shape(const LaunchShape& local, const SequenceWindow& window);
 
-// For the GPU launches (`launch`: "forward", "backward", ...), whose kernels do not offset positions yet: throws
-// flexjit::Error unless `window` is the whole sequence.
-void require_whole_sequence(const SequenceWindow& window, const char* launch);
-
 // Checks q, k, v, o (and lse) against each other and the spec; throws flexjit::Error saying
 // which tensor, which dimension and what was expected. `gpu`: also 16-byte alignment and
 // strides that are multiples of 8 elements (the kernel's vector accesses). Checks the sequence window too

@@ -29,11 +29,12 @@ struct DumpOptions {
   std::string dq = "auto";
   bool deterministic = false;
   bool no_tma = false;
+  bool shard = false;
 };
 
 // The backward module a launch of the spec compiles (with the gradients the spec marks), as the runtime builds it:
 // dQ by the query-major pass when `dq` says so, or, for auto, when a scatter only that pass reduces (SAM's rel_h)
-// is not staged by the Hopper kernel.
+// is not staged by the Hopper kernel. A shard's module has no query-major pass (the runtime takes dQ by atomics).
 KernelSource backward_module(const SpecIR& ir, const DumpOptions& o) {
   ScoreModGradient grad = differentiate_score_mod(ir);
   drop_row_constant_scatters(grad);
@@ -44,7 +45,9 @@ KernelSource backward_module(const SpecIR& ir, const DumpOptions& o) {
   bo.deterministic = o.deterministic;
   bo.arch = o.arch;
   bo.tma_operands = !o.no_tma;
-  bo.query_major = o.dq == "qmajor" || (o.dq == "auto" && auto_picks_query_major(grad, ranges, bo));
+  bo.shard_positions = o.shard;
+  if (o.shard && o.dq == "qmajor") throw Error("--shard goes with --dq atomic or auto: a shard of a longer sequence has no query-major pass");
+  bo.query_major = !o.shard && (o.dq == "qmajor" || (o.dq == "auto" && auto_picks_query_major(grad, ranges, bo)));
   return backward_kernel_source(ir, grad, ranges, bo).module;
 }
 
@@ -95,6 +98,7 @@ int run_dump(const DumpOptions& o) {
     fo.head_dim = spec.head_dim;
     fo.arch = o.arch;
     fo.tma_describable = !o.no_tma;
+    fo.shard_positions = o.shard;
     ks = forward_kernel_source(ir, analyze_ir_ranges(ir), fo);
   }
   if (o.emit == "cuda") {
@@ -128,6 +132,9 @@ void add_dump_command(CLI::App& app, Action& action) {
   cmd->add_flag("--no-tma", o->no_tma,
                 "With --emit=cuda or ptx: the module a launch compiles when TMA cannot describe its q, k, v (or d_o) strides "
                 "(sm_90a: no tensor maps, and a backward that is not warp-specialised)");
+  cmd->add_flag("--shard", o->shard,
+                "With --emit=cuda or ptx: the module of a launch that is a shard of a longer sequence (q_offset / kv_offset: the "
+                "mods see global positions)");
   cmd->callback([o, &action] { action = [o] { return run_dump(*o); }; });
 }
 

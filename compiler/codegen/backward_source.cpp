@@ -62,7 +62,7 @@ QueryMajorConfig query_major_config(int head_dim) {
 }
 
 StagedTerms backward_staged_terms(const ScoreModGradient& grad, const RangeInfo& ranges, const BackwardKernelOptions& options) {
-  if (options.query_major || !backward_config(options.head_dim, options.arch).hopper) return {};
+  if (options.query_major || options.shard_positions || !backward_config(options.head_dim, options.arch).hopper) return {};
   return find_staged_terms(grad, ranges, options.variant);
 }
 
@@ -105,6 +105,8 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
   BackwardKernelSource out;
   out.config = backward_config(options.head_dim, options.arch);
   const bool qm = options.query_major;
+  if (qm && options.shard_positions)
+    throw Error("backward_kernel_source: a shard of a longer sequence has no query-major pass (pick the atomic dQ strategy)");
   const StagedTerms staged = backward_staged_terms(grad, ranges, options);
   const FlexBackwardFeatures features = backward_features(grad, staged, options);
   const FlexBackwardPolicy policy = flex_backward_policy(backward_kind(options), options.head_dim, features);
@@ -119,8 +121,16 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
   GradVariantOptions kv_major;
   kv_major.query_major_pass = qm;
   kv_major.staged = &staged;
-  out.grad = generate_cuda_grad_variant(ir, grad, ranges, options.variant, "FlexGradVariant", kv_major);
+  // A shard module wraps the generated struct so that its hooks see global positions; the wrapper's Params are the
+  // layout's slots and the two offsets after them.
+  const bool shard = options.shard_positions;
+  out.grad = generate_cuda_grad_variant(ir, grad, ranges, options.variant, shard ? "FlexGradVariantLocal" : "FlexGradVariant", kv_major);
   std::string variants = out.grad.code;
+  if (shard)
+    variants += fmt::format(
+        "\nusing FlexGradVariant = flex::ShardPositions<FlexGradVariantLocal>;\n"
+        "static_assert(sizeof(FlexGradVariant::Params) == {}, \"host and template disagree on the shard variant's parameters\");\n",
+        out.grad.layout.bytes() + 16);
   if (qm) {
     out.qconfig = query_major_config(options.head_dim);
     GradVariantOptions q_major = kv_major;
@@ -135,8 +145,8 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
   ks.variant.layout = out.grad.layout;
   ks.variant.loads = out.grad.loads;
   ks.variant.code = out.grad.code;
-  ks.name = fmt::format("{}_bwd_{}_{}{}{}", ir.spec().name, dsl::dtype_name(options.dtype), out.config.str(), options.deterministic ? "_det" : "",
-                        qm ? "_qdq" : "");
+  ks.name = fmt::format("{}_bwd_{}_{}{}{}{}", ir.spec().name, dsl::dtype_name(options.dtype), out.config.str(), options.deterministic ? "_det" : "",
+                        qm ? "_qdq" : "", shard ? "_shard" : "");
   // dq: the query-major pass (no accumulator), or the KV-major kernel's atomics and the conversion kernel.
   ks.entries = {kBwdPreprocessEntry, kBwdMainEntry, qm ? kBwdQMajorEntry : kBwdDqEntry, kBwdConvertEntry, kBwdTileStateEntry};
   const std::string dq_kernel =
@@ -153,6 +163,7 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
       "// flexjit backward kernels for spec `{spec}`: head dim {d}, {el}{detc}{qmc}.\n"
       "#include \"{header}\"\n"
       "{hopper_header}"
+      "{shard_header}"
       "#include \"flex_ops.cuh\"\n\n"
       "{variants}\n"
       "using FlexBwdTraits = FlexBackwardTraits</*kHeadDim=*/{d}, {el}>;\n"
@@ -176,6 +187,7 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
       fmt::arg("kdq", qm ? "false" : "true"), fmt::arg("pre", kBwdPreprocessEntry), fmt::arg("main", kBwdMainEntry),
       fmt::arg("dq_kernel", dq_kernel), fmt::arg("conv", kBwdConvertEntry), fmt::arg("ts", kBwdTileStateEntry),
       fmt::arg("hopper_header", out.config.hopper ? "#include \"flex_backward_sm90.cuh\"\n" : ""),
+      fmt::arg("shard_header", shard ? "#include \"flex_shard_positions.cuh\"\n" : ""),
       fmt::arg("main_fn", out.config.hopper ? "flex_backward_main_sm90" : "flex_backward_main"),
       fmt::arg("bulk", out.config.hopper ? fmt::format(", /*kDqBulk=*/{}, /*kGradGemm=*/{}, /*kProducer=*/{}", out.config.dq_bulk,
                                                        out.config.grad_gemm, out.config.warp_specialized)
@@ -194,9 +206,9 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
                                                : std::string()));
   const VariantOptions& vo = options.variant;
   ks.key_text = fmt::format(
-      "kind=backward\ndtype={}\nconfig={}\ndeterministic={}\ndq={}\nint32={}\nchecked_loads={:x}\nerror_flags={}\nfast_tanh={}\n",
+      "kind=backward\ndtype={}\nconfig={}\ndeterministic={}\ndq={}\nint32={}\nchecked_loads={:x}\nerror_flags={}\nfast_tanh={}\n{}",
       dsl::dtype_name(options.dtype), out.config.str(), options.deterministic, qm ? "query_major" : "atomic", vo.int32, vo.checked_loads,
-      vo.error_flags, vo.fast_tanh);
+      vo.error_flags, vo.fast_tanh, shard ? "shard_positions=1\n" : "");
   return out;
 }
 

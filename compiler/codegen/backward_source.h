@@ -93,6 +93,11 @@ struct BackwardKernelOptions {
   // The launch's q, k, v and d_o can be described by TMA tensor maps (runtime::tensor_maps_describe): the Hopper
   // kernel may then be the warp-specialised one.
   bool tma_operands = true;
+  // A launch that is a shard of a longer sequence (BackwardArgs::q_offset, kv_offset): the hooks see global positions
+  // through flex::ShardPositions (kernels_templates/flex_shard_positions.cuh), whose two offset slots the host
+  // appends to the variant's ParamsLayout. Such a module stages no terms (their loaders index rows by launch row) and
+  // has no query-major pass; whole-sequence modules carry no offsets at all.
+  bool shard_positions = false;
   VariantOptions variant;
 };
 

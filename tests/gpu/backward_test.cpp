@@ -3,12 +3,14 @@
 // backward, outputs poisoned with NaN first. Every case runs with both dQ strategies (atomics in the KV-major
 // kernel, and the query-major pass that also takes the row-owned buffer gradients).
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <limits>
 
+#include "dsl/builtins.h"
 #include "gpu/gpu_harness.h"
 #include "support/attention_reference_backward.h"
 
@@ -107,34 +109,24 @@ std::vector<std::pair<std::string, Tensor>> buffer_args(const Problem& pr) {
   return out;
 }
 
-// Backward only, with the given o (device, dtype of q) and lse (device f32).
-GpuGrads run_backward(Kernel& kernel, const Problem& pr, const Tensor& o, const Tensor& lse, bool deterministic, const Tensor& k, const Tensor& v,
-                      int64_t Skv, BackwardDqMode dq_mode, const BlockMask* mask = nullptr) {
+// Allocates dq / dk / dv ([B, H, q_rows, D] and [B, Hkv, kv_rows, D]) and the marked buffers' gradients, poisoned
+// with NaN, into `a` (its inputs set), launches the backward and returns every gradient.
+GpuGrads backward_into(Kernel& kernel, const Problem& pr, BackwardArgs a, int64_t q_rows, int64_t kv_rows) {
   const BwdCase& c = pr.c;
-  std::vector<uint16_t> zq(size_t(c.B * c.H * c.Sq * pr.D)), zk(size_t(c.B * c.Hkv * Skv * pr.D));
-  DeviceTensor4 gq = upload4(0, zq, c.dtype, c.B, c.H, c.Sq, pr.D, false);
-  DeviceTensor4 gk = upload4(0, zk, c.dtype, c.B, c.Hkv, Skv, pr.D, false);
-  DeviceTensor4 gv = upload4(0, zk, c.dtype, c.B, c.Hkv, Skv, pr.D, false);
+  std::vector<uint16_t> zq(size_t(c.B * c.H * q_rows * pr.D)), zk(size_t(c.B * c.Hkv * kv_rows * pr.D));
+  DeviceTensor4 gq = upload4(0, zq, c.dtype, c.B, c.H, q_rows, pr.D, false);
+  DeviceTensor4 gk = upload4(0, zk, c.dtype, c.B, c.Hkv, kv_rows, pr.D, false);
+  DeviceTensor4 gv = upload4(0, zk, c.dtype, c.B, c.Hkv, kv_rows, pr.D, false);
   gq.mem.fill_bytes(0xff);
   gk.mem.fill_bytes(0xff);
   gv.mem.fill_bytes(0xff);
   std::vector<runtime::DeviceBuffer> gmem;
-  BackwardArgs a;
-  a.q = pr.dq_in.tensor;
-  a.k = k;
-  a.v = v;
-  a.o = o;
-  a.d_o = pr.ddo.tensor;
-  a.lse = lse;
   a.dq = gq.tensor;
   a.dk = gk.tensor;
   a.dv = gv.tensor;
   a.params = c.params;
   a.buffers = buffer_args(pr);
-  a.deterministic = deterministic;
-  a.dq_mode = dq_mode;
   a.scale = static_cast<float>(c.scale);
-  a.block_mask = mask;
   std::vector<int> marked;
   for (size_t i = 0; i < pr.spec.buffers.size(); ++i) {
     if (!pr.spec.buffers[i].requires_grad) continue;
@@ -157,6 +149,22 @@ GpuGrads run_backward(Kernel& kernel, const Problem& pr, const Tensor& o, const 
     gmem[m].download(out.data(), out.size() * 4);
   }
   return g;
+}
+
+// Backward only, with the given o (device, dtype of q) and lse (device f32).
+GpuGrads run_backward(Kernel& kernel, const Problem& pr, const Tensor& o, const Tensor& lse, bool deterministic, const Tensor& k, const Tensor& v,
+                      int64_t Skv, BackwardDqMode dq_mode, const BlockMask* mask = nullptr) {
+  BackwardArgs a;
+  a.q = pr.dq_in.tensor;
+  a.k = k;
+  a.v = v;
+  a.o = o;
+  a.d_o = pr.ddo.tensor;
+  a.lse = lse;
+  a.deterministic = deterministic;
+  a.dq_mode = dq_mode;
+  a.block_mask = mask;
+  return backward_into(kernel, pr, std::move(a), pr.c.Sq, Skv);
 }
 
 struct FwdOut {
@@ -623,6 +631,91 @@ TEST_CASE("backward: LSE in - KV split in two chunks with a merged LSE", "[gpu][
     expect_match("dv chunk 1", g1.dv, rows_of(ref.dv, 0, split), 2e-2);
     expect_match("dv chunk 2", g2.dv, rows_of(ref.dv, split, c.Skv - split), 2e-2);
   }
+}
+
+// Context parallelism (issue 28): the backward of every (query shard, KV shard) block of a 300-position sequence cut
+// at uneven places, each launch given its offsets and the whole launch's O and LSE (as a ring gives its blocks the
+// merged ones), summed on the host, against the whole sequence's float64 reference backward: dq, dk, dv and the
+// buffer gradients, summed over the blocks. The mods must see global positions for documents, a relative bias and
+// learnable ALiBi slopes to come out right; pairs a causal mask empties must add zeros, not NaN.
+TEST_CASE("backward: shards with global positions sum to the whole sequence's gradients", "[gpu][backward][context_parallel]") {
+  FLEXJIT_REQUIRE_GPU();
+  struct Span {
+    int64_t first, rows;
+  };
+  auto spans = [](std::vector<int64_t> cuts) {
+    std::vector<Span> out;
+    for (size_t i = 0; i + 1 < cuts.size(); ++i) out.push_back({cuts[i], cuts[i + 1] - cuts[i]});
+    return out;
+  };
+  const std::vector<Span> q_spans = spans({0, 37, 150, 211, 300}), kv_spans = spans({0, 90, 101, 230, 300});
+  unsigned seed = 2900;
+  for (const std::filesystem::path& path : {gallery_dir() / "causal.json", gallery_dir() / "document.json", backward_data("learnable_bias.json"),
+                                            backward_data("alibi_learnable.json")})
+    for (int d : {128, 64}) {
+      BwdCase c;
+      c.H = 4;
+      c.Sq = c.Skv = 300;
+      c.seed = seed++;
+      Problem pr = make_problem(with_dim(load_spec(path), d), c);
+      INFO(pr.spec.name << " D" << d);
+      Runtime rt;
+      auto kernel = rt.compile(pr.spec);
+      FwdOut f = run_forward(*kernel, pr, pr.dk_in.tensor, pr.dv_in.tensor, c.Skv);
+      SpecIR ir = build_spec_ir(pr.spec);
+      const RefBackward ref = reference_backward(ir, RefShape{c.B, c.H, c.Hkv, c.Sq, c.Skv, pr.D, pr.D}, pr.q, pr.k, pr.v, pr.d_o,
+                                                 to_double(f.o_host), to_double(f.lse_host), make_env(ir, pr), 1.0 / std::sqrt(double(pr.D)));
+      // Rows [sp.first, sp.first + sp.rows) of a contiguous [B, heads, S, width] tensor ([B, heads, S] for width 0).
+      auto rows = [&](const Tensor& t, Span sp, int64_t heads, int64_t width) {
+        const int64_t row = std::max<int64_t>(width, 1);
+        Tensor v = t;
+        v.data = static_cast<char*>(t.data) + sp.first * row * dsl::dtype_size(t.dtype);
+        v.shape = {c.B, heads, sp.rows};
+        v.strides = {heads * c.Sq * row, c.Sq * row, row};
+        if (width) {
+          v.shape.push_back(width);
+          v.strides.push_back(1);
+        }
+        return v;
+      };
+      const Tensor lse{f.lse.data(), dsl::DType::F32, {c.B, c.H, c.Sq}, {}};
+      std::vector<float> dq(ref.dq.size(), 0.f), dk(ref.dk.size(), 0.f), dv(ref.dv.size(), 0.f);
+      std::vector<std::vector<float>> grads(ref.grads.size());
+      for (size_t i = 0; i < grads.size(); ++i) grads[i].assign(ref.grads[i].size(), 0.f);
+      // Adds a block's [B, heads, rows, D] gradient into rows [first, first + rows) of the whole one.
+      auto add_rows = [&](std::vector<float>& sum, const std::vector<float>& part, Span sp, int64_t heads) {
+        for (int64_t bh = 0; bh < c.B * heads; ++bh)
+          for (int64_t r = 0; r < sp.rows; ++r)
+            for (int64_t e = 0; e < pr.D; ++e) sum[size_t(((bh * c.Sq) + sp.first + r) * pr.D + e)] += part[size_t((bh * sp.rows + r) * pr.D + e)];
+      };
+      for (const Span qs : q_spans)
+        for (const Span ks : kv_spans) {
+          BackwardArgs a;
+          a.q = rows(pr.dq_in.tensor, qs, c.H, pr.D);
+          a.k = rows(pr.dk_in.tensor, ks, c.Hkv, pr.D);
+          a.v = rows(pr.dv_in.tensor, ks, c.Hkv, pr.D);
+          a.o = rows(f.o.tensor, qs, c.H, pr.D);
+          a.d_o = rows(pr.ddo.tensor, qs, c.H, pr.D);
+          a.lse = rows(lse, qs, c.H, 0);
+          a.q_offset = qs.first;
+          a.kv_offset = ks.first;
+          a.seqlen_q = a.seqlen_kv = c.Sq;
+          const GpuGrads g = backward_into(*kernel, pr, std::move(a), qs.rows, ks.rows);
+          add_rows(dq, g.dq, qs, c.H);
+          add_rows(dk, g.dk, ks, c.Hkv);
+          add_rows(dv, g.dv, ks, c.Hkv);
+          for (size_t i = 0; i < grads.size(); ++i)
+            for (size_t e = 0; e < g.grads[i].size(); ++e) grads[i][e] += g.grads[i][e];
+        }
+      std::printf("%s D%d: %zu x %zu shard blocks of S %lld\n", pr.spec.name.c_str(), d, q_spans.size(), kv_spans.size(), (long long)c.Sq);
+      expect_match("dq (sum of blocks)", dq, ref.dq, 2e-2);
+      expect_match("dk (sum of blocks)", dk, ref.dk, 2e-2);
+      expect_match("dv (sum of blocks)", dv, ref.dv, 2e-2);
+      for (size_t i = 0; i < grads.size(); ++i) {
+        if (!pr.spec.buffers[i].requires_grad) continue;
+        expect_match(("grad " + pr.spec.buffers[i].name + " (sum)").c_str(), grads[i], ref.grads[i], 2e-2);
+      }
+    }
 }
 
 TEST_CASE("backward: argument errors are clear", "[gpu][backward]") {

@@ -4,7 +4,8 @@
 // warp-specialised kernel where the GPU has it, 32 on the mma.sync kernel), the partial O and LSE are merged by
 // log-sum-exp on the host and compared element by element with one launch of the whole sequence. Masks and biases
 // by position (causal, documents, a relative bias, ALiBi-like), a variant that stages by 64-column tile (KV cuts at
-// multiples of 64, and the error for other cuts), prebuilt block masks of a shard, and the backward's refusal.
+// multiples of 64, and the error for other cuts) and prebuilt block masks of a shard. The backward of shards:
+// tests/gpu/backward_test.cpp.
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 
@@ -197,7 +198,7 @@ TEST_CASE("forward: shards with global positions merge into the whole sequence (
     }
 }
 
-TEST_CASE("forward: a shard's block mask is its own; tile-staged mods need KV cuts at multiples of 64; no GPU backward yet",
+TEST_CASE("forward: a shard's block mask is its own; tile-staged mods need KV cuts at multiples of 64",
           "[gpu][context_parallel][errors]") {
   FLEXJIT_REQUIRE_GPU();
   using Catch::Matchers::Contains;
@@ -232,19 +233,5 @@ TEST_CASE("forward: a shard's block mask is its own; tile-staged mods need KV cu
     std::shared_ptr<Kernel> kernel = rt.compile(spec);
     Problem pb(spec, 128, 2851);
     REQUIRE_THROWS_WITH(forward(*kernel, pb, {0, 100}, {90, 100}, true), Contains("kv_offset = 90 is not a multiple of 64"));
-  }
-  {
-    dsl::Spec spec = f32_spec("causal", "", "q >= kv", {}, {}, 64);
-    spec.dtype = DType::BF16;
-    std::shared_ptr<Kernel> kernel = rt.compile(spec);
-    Problem pb(spec, 64, 2852);
-    runtime::DeviceBuffer scratch(0, size_t(B * H * S * 64) * 4);
-    BackwardArgs g;
-    g.q = g.o = g.d_o = g.dq = pb.rows_of(pb.q, H, {0, 100});
-    g.k = g.v = g.dk = g.dv = pb.rows_of(pb.k, Hkv, {0, 100});
-    g.lse = Tensor{scratch.data(), DType::F32, {B, H, 100}, {}};
-    g.q_offset = 100;
-    g.seqlen_q = g.seqlen_kv = S;
-    REQUIRE_THROWS_WITH(kernel->backward(g), Contains("not supported on the GPU yet"));
   }
 }

@@ -3,6 +3,8 @@
 // pass; the scatter classes are the expected ones.
 #include <catch2/catch.hpp>
 
+#include <fmt/format.h>
+
 #include <cstdio>
 
 #include "compiler/codegen/backward_source.h"
@@ -258,4 +260,39 @@ TEST_CASE("the sm_90a backward of a module without buffer gradients is warp-spec
   CHECK_FALSE(make_source(ir, false, 128, true, "sm_90a").config.warp_specialized);
   dsl::Spec bias = test::load_spec(backward_data_dir() / "learnable_bias.json");
   CHECK_FALSE(make_source(build_spec_ir(bias), false, 128, false, "sm_90a").config.warp_specialized);
+}
+
+TEST_CASE("shard backward modules (context parallelism) compile: global positions through ShardPositions, nothing staged", "[nvrtc][backward]") {
+  for (const auto& path : {test::gallery_dir() / "causal.json", test::gallery_dir() / "document.json", backward_data_dir() / "learnable_bias.json",
+                           backward_data_dir() / "sam_learnable.json"}) {
+    dsl::Spec spec = test::load_spec(path);
+    SpecIR ir = build_spec_ir(spec);
+    ScoreModGradient grad = differentiate_score_mod(ir);
+    RangeInfo ranges = analyze_ranges(backward_roots(grad), ir.checked, VarDomains::forward(ir.checked));
+    for (const char* arch : {"sm_80", "sm_90a"}) {
+      INFO(spec.name << " for " << arch);
+      BackwardKernelOptions bo;
+      bo.dtype = spec.dtype;
+      bo.head_dim = spec.head_dim;
+      bo.arch = arch;
+      const BackwardKernelSource whole = backward_kernel_source(ir, grad, ranges, bo);
+      bo.shard_positions = true;
+      const BackwardKernelSource shard = backward_kernel_source(ir, grad, ranges, bo);
+      CHECK(whole.module.source.find("ShardPositions") == std::string::npos);
+      CHECK(shard.module.source.find("using FlexGradVariant = flex::ShardPositions<FlexGradVariantLocal>;") != std::string::npos);
+      CHECK(shard.module.name != whole.module.name);
+      CHECK(shard.module.key_text != whole.module.key_text);
+      // SAM's rel_h / rel_w are staged by the whole-sequence Hopper kernel; a shard's loads them per element.
+      CHECK_FALSE(shard.config.staged_col);
+      CHECK_FALSE(shard.config.staged_tile);
+      CHECK_FALSE(shard.config.spread_rows);
+      // The variant's parameters are the layout's slots and the two offsets (the generated static_assert says so too).
+      CHECK(shard.module.source.find(fmt::format("sizeof(FlexGradVariant::Params) == {}", shard.grad.layout.bytes() + 16)) != std::string::npos);
+      runtime::CacheLookup r = runtime::compile_kernel(shard.module, canonical_ir_text(ir), arch);
+      REQUIRE(r.artefact);
+      CHECK(r.artefact->binary.size() > 1000);
+      bo.query_major = true;
+      CHECK_THROWS_WITH(backward_kernel_source(ir, grad, ranges, bo), Catch::Matchers::Contains("no query-major pass"));
+    }
+  }
 }

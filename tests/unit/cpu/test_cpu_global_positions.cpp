@@ -433,18 +433,3 @@ TEST_CASE("CPU context parallelism: a shard outside its sequence is an error", "
   b.kv_offset = 250;
   REQUIRE_THROWS_WITH(kernel->backward(b), Contains("kv_offset (250) + the 100 rows of k exceed seqlen_kv = 300"));
 }
-
-TEST_CASE("The GPU backward refuses context parallelism until its kernels take offsets", "[cpu][context_parallel][errors]") {
-  // The refusal comes before any driver call, so it is the same with or without a GPU. (The GPU forward takes
-  // offsets: tests/gpu/shard_test.cpp.)
-  Runtime rt;
-  std::shared_ptr<Kernel> kernel = rt.compile(make_spec(cases()[0]));
-  using Catch::Matchers::Contains;
-  BackwardArgs b;
-  b.device = Device::cuda(0);
-  b.seqlen_kv = 512;
-  REQUIRE_THROWS_WITH(kernel->backward(b), Contains("backward:") && Contains("seqlen_kv = 512") && Contains("issue 28"));
-  // The validation itself, as the launches use it.
-  REQUIRE_NOTHROW(runtime::require_whole_sequence({}, "forward"));
-  REQUIRE_THROWS_WITH(runtime::require_whole_sequence({0, 3, 0, 0}, "forward"), Contains("kv_offset = 3"));
-}

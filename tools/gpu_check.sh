@@ -15,6 +15,7 @@ OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 export FLEXJIT_CACHE_DIR=${FLEXJIT_CACHE_DIR:-/tmp/flexjit-cache}
 export PYTHONUNBUFFERED=1
+FLEXJIT_TEST_JOBS=${FLEXJIT_TEST_JOBS:-8}
 # The commit the binaries were built from (tools/build_for_gpu.sh), for the benchmark tables.
 export FLEXJIT_COMMIT=${FLEXJIT_COMMIT:-$(cat "$BIN/COMMIT" 2>/dev/null || echo unknown)}
 steps=${*:-tests sanitize torch bench}
@@ -46,11 +47,40 @@ sanitize_launches() {
   done
 }
 
+# Every GPU test case in its own process, $FLEXJIT_TEST_JOBS (default 8) at a time: on a fresh machine the tests'
+# NVRTC compiles dominate (over ten minutes serially with a cold cache), and processes compile in parallel where one
+# test binary compiles one module after another. Logs: $OUT/gpu_tests.log (every case's, in order), a line per case.
+run_tests_parallel() {
+  echo "== GPU tests ($FLEXJIT_TEST_JOBS at a time)"
+  local dir=$OUT/gpu_tests.d
+  rm -rf "$dir" && mkdir -p "$dir"
+  # Catch2 test specs treat , [ ] * " and \ specially: escape them so each name selects exactly its own case.
+  "$BIN/gpu_tests" --list-test-names-only | sed '/^$/d' > "$dir/names"
+  sed 's/[][\\,*"]/\\&/g' "$dir/names" | awk '{ printf "%04d %s\n", NR, $0 }' | xargs -P "$FLEXJIT_TEST_JOBS" -d '\n' -n1 sh -c \
+    'i=${1%% *}; "$0" "${1#* }" > "'"$dir"'/$i.log" 2>&1; echo $? > "'"$dir"'/$i.rc"' "$BIN/gpu_tests"
+  local i=0 failed=0
+  : > "$OUT/gpu_tests.log"
+  while IFS= read -r name; do
+    i=$((i + 1))
+    local n=$(printf '%04d' $i) rc
+    rc=$(cat "$dir/$n.rc" 2>/dev/null || echo missing)
+    cat "$dir/$n.log" >> "$OUT/gpu_tests.log"
+    if [ "$rc" = 0 ]; then
+      echo "ok     $name: $(grep -E 'All tests passed|test cases' "$dir/$n.log" | tail -1)"
+    else
+      echo "FAILED $name (exit $rc)"
+      grep -v spills "$dir/$n.log" | tail -15
+      failed=$((failed + 1))
+    fi
+  done < "$dir/names"
+  echo "GPU tests: $i cases, $failed failed"
+  [ $failed -eq 0 ] || status=1
+}
+
 for step in $steps; do
   case $step in
     tests)
-      echo "== GPU tests"
-      "$BIN/gpu_tests" 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 || status=1
+      run_tests_parallel
       ;;
     sanitize)
       sanitize_launches forward

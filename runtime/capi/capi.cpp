@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -17,6 +18,7 @@
 #include "runtime/forward_launch.h"
 #include "runtime/flexjit.hpp"
 #include "runtime/ring.h"
+#include "runtime/ring_nccl.h"
 
 struct flexjit_runtime {
   flexjit::Runtime rt;
@@ -536,6 +538,14 @@ flexjit_status flexjit_ring_backward(flexjit_kernel* k, int ranks, flexjit_ring_
   return ring_launch("flexjit_ring_backward", k, ranks, sharding, seqlen, rank_args, true);
 }
 
+flexjit_status flexjit_nccl_unique_id(unsigned char id[128]) {
+  if (!id) return invalid("flexjit_nccl_unique_id: NULL id");
+  return guarded([&] {
+    const flexjit::runtime::NcclUniqueId u = flexjit::nccl_unique_id();
+    std::memcpy(id, u.internal, sizeof u.internal);
+  });
+}
+
 flexjit_status flexjit_ring_create(flexjit_kernel* k, int ranks, flexjit_ring_sharding sharding, int64_t seqlen, int device, flexjit_ring** out) {
   flexjit::RingSharding sh;
   if (!k || !out) return invalid("flexjit_ring_create: NULL kernel or out");
@@ -545,6 +555,35 @@ flexjit_status flexjit_ring_create(flexjit_kernel* k, int ranks, flexjit_ring_sh
   return guarded([&] {
     auto ring = std::make_unique<flexjit_ring>();
     ring->ring = std::make_unique<flexjit::RingAttention>(k->kernel, flexjit::RingOptions{ranks, sh, seqlen, to_device(device)});
+    *out = ring.release();
+  });
+}
+
+flexjit_status flexjit_ring_create_nccl(flexjit_kernel* k, int ranks, int rank, flexjit_ring_sharding sharding, int64_t seqlen, int device,
+                                        const unsigned char* unique_id, void* nccl_comm, flexjit_ring** out) {
+  flexjit::RingSharding sh;
+  if (!k || !out) return invalid("flexjit_ring_create_nccl: NULL kernel or out");
+  *out = nullptr;
+  if (!to_sharding(sharding, &sh)) return invalid("flexjit_ring_create_nccl: unknown sharding");
+  if (device < 0) return invalid("flexjit_ring_create_nccl: give this process's GPU (device 0 or more)");
+  if ((unique_id == nullptr) == (nccl_comm == nullptr))
+    return invalid("flexjit_ring_create_nccl: pass exactly one of unique_id (from flexjit_nccl_unique_id) and nccl_comm (an ncclComm_t)");
+  return guarded([&] {
+    flexjit::NcclRingOptions o;
+    o.ranks = ranks;
+    o.rank = rank;
+    o.device = device;
+    std::shared_ptr<flexjit::RingTransport> transport;
+    if (unique_id) {
+      flexjit::runtime::NcclUniqueId id;
+      std::memcpy(id.internal, unique_id, sizeof id.internal);
+      transport = std::make_shared<flexjit::NcclRingTransport>(o, id);
+    } else {
+      transport = std::make_shared<flexjit::NcclRingTransport>(o, static_cast<flexjit::runtime::NcclComm>(nccl_comm));
+    }
+    auto ring = std::make_unique<flexjit_ring>();
+    ring->ring = std::make_unique<flexjit::RingAttention>(k->kernel, flexjit::RingOptions{ranks, sh, seqlen, flexjit::Device::cuda(device)},
+                                                          transport);
     *out = ring.release();
   });
 }

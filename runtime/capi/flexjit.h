@@ -151,13 +151,21 @@ flexjit_status flexjit_ring_forward(flexjit_kernel* k, int ranks, flexjit_ring_s
 flexjit_status flexjit_ring_backward(flexjit_kernel* k, int ranks, flexjit_ring_sharding sharding, int64_t seqlen,
                                      flexjit_args* const* rank_args);
 
-/* A ring plan kept between calls: every rank in this process (virtual ranks; device -2 the CPU backend, -1 the GPU the
- * shards live on, N cuda:N). */
+/* A ring plan kept between calls. flexjit_ring_create: every rank in this process (virtual ranks; device -2 the CPU
+ * backend, -1 the GPU the shards live on, N cuda:N). flexjit_ring_create_nccl: one process per GPU, this one rank
+ * `rank` of `ranks` on cuda:`device`, the packets moving by NCCL (libnccl.so.2 or FLEXJIT_NCCL_LIBRARY, loaded at run
+ * time); give exactly one of unique_id (128 bytes from flexjit_nccl_unique_id on one rank, sent to the others by the
+ * caller: every rank then calls this at once) and nccl_comm (an existing ncclComm_t the caller keeps alive). The NCCL
+ * path has not run on a multi-GPU machine yet (docs/notes/RING_NOTES.md). */
 typedef struct flexjit_ring flexjit_ring;
+flexjit_status flexjit_nccl_unique_id(unsigned char id[128]);
 flexjit_status flexjit_ring_create(flexjit_kernel* k, int ranks, flexjit_ring_sharding sharding, int64_t seqlen, int device, flexjit_ring** out);
+flexjit_status flexjit_ring_create_nccl(flexjit_kernel* k, int ranks, int rank, flexjit_ring_sharding sharding, int64_t seqlen, int device,
+                                        const unsigned char* unique_id, void* nccl_comm, flexjit_ring** out);
 /* Waits for the ring's work, then releases it. */
 void flexjit_ring_destroy(flexjit_ring* ring);
-/* local_args: one flexjit_args per rank this process runs, set up as for flexjit_ring_forward / _backward. */
+/* local_args: one flexjit_args per rank this process runs (all of them for flexjit_ring_create, its own for
+ * flexjit_ring_create_nccl), set up as for flexjit_ring_forward / _backward. */
 flexjit_status flexjit_ring_run_forward(flexjit_ring* ring, flexjit_args* const* local_args);
 flexjit_status flexjit_ring_run_backward(flexjit_ring* ring, flexjit_args* const* local_args);
 /* Synchronises the ring's streams and reports clamped loads of its launches (no-op on the CPU backend). */

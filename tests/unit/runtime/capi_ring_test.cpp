@@ -1,5 +1,6 @@
-// The C API's ring plans (flexjit_ring_create, flexjit_ring_run_*): the argument errors a machine without GPUs can
-// check.
+// The C API's ring plans (flexjit_ring_create, flexjit_ring_create_nccl, flexjit_ring_run_*): the argument errors a
+// machine without GPUs can check, and what a plan of one process per GPU needs (the NCCL runs are left:
+// docs/notes/RING_NOTES.md).
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -52,4 +53,27 @@ TEST_CASE("C API: ring plans of virtual ranks check their arguments and their ra
   flexjit_ring_destroy(nullptr);
   flexjit_args_destroy(a[0]);
   flexjit_args_destroy(a[1]);
+}
+
+TEST_CASE("C API: a ring of one process per GPU needs a GPU, NCCL and exactly one of a unique id and a communicator",
+          "[capi][ring][nccl]") {
+  Kernel kernel;
+  flexjit_ring* ring = nullptr;
+  unsigned char id[128] = {};
+  CHECK(flexjit_nccl_unique_id(nullptr) == FLEXJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(flexjit_ring_create_nccl(nullptr, 2, 0, FLEXJIT_RING_ZIGZAG, 100, 0, id, nullptr, &ring) == FLEXJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(flexjit_ring_create_nccl(kernel.k, 2, 0, FLEXJIT_RING_ZIGZAG, 100, -1, id, nullptr, &ring) == FLEXJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error().find("this process's GPU") != std::string::npos);
+  CHECK(flexjit_ring_create_nccl(kernel.k, 2, 0, FLEXJIT_RING_ZIGZAG, 100, 0, nullptr, nullptr, &ring) == FLEXJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(flexjit_ring_create_nccl(kernel.k, 2, 0, FLEXJIT_RING_ZIGZAG, 100, 0, id, id, &ring) == FLEXJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error().find("exactly one of unique_id") != std::string::npos);
+  CHECK(flexjit_ring_create_nccl(kernel.k, 2, 5, FLEXJIT_RING_ZIGZAG, 100, 0, id, nullptr, &ring) == FLEXJIT_ERROR_USER);
+  CHECK(last_error().find("rank 5 is not one of the ring's 2 ranks") != std::string::npos);
+  // Valid arguments on a machine without a GPU: NCCL's absence, or the driver's (FLEXJIT_ERROR_NO_DEVICE).
+  if (flexjit_device_count() == 0) {
+    const flexjit_status st = flexjit_ring_create_nccl(kernel.k, 2, 0, FLEXJIT_RING_ZIGZAG, 100, 0, id, nullptr, &ring);
+    INFO(last_error());
+    CHECK((st == FLEXJIT_ERROR_NO_DEVICE || (st == FLEXJIT_ERROR_USER && last_error().find("NCCL") != std::string::npos)));
+    CHECK(ring == nullptr);
+  }
 }

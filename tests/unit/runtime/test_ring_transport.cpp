@@ -1,5 +1,6 @@
 // Ring attention's host-side machinery that needs no launch: the in-process transport's hops, the host element-wise
-// steps (conversions, fp32 sums, the log-sum-exp merge) and the plan's checks of devices and transports.
+// steps (conversions, fp32 sums, the log-sum-exp merge), the plan's checks of devices and transports, and the NCCL
+// transport's construction errors (the multi-GPU runs themselves are left: docs/notes/RING_NOTES.md).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -8,9 +9,12 @@
 #include <vector>
 
 #include "dsl/error.h"
+#include "runtime/cuda_driver.h"
+#include "runtime/nccl.h"
 #include "runtime/npy.h"
 #include "runtime/ring.h"
 #include "runtime/ring_backend.h"
+#include "runtime/ring_nccl.h"
 #include "support/spec_loading.h"
 
 using namespace flexjit;
@@ -143,4 +147,32 @@ TEST_CASE("ring plan: devices and transports are checked before anything runs", 
   args.shards = {b, b};
   args.grads = {{"bias", Tensor::contiguous(x.data(), DType::F32, {4})}};
   CHECK_THROWS_WITH(ring.backward(args), Contains("not a buffer the spec marks `grad`"));
+}
+
+TEST_CASE("NCCL ring transport: construction errors say what to change", "[ring][nccl][errors]") {
+  runtime::NcclUniqueId id{};
+  auto make = [&](int ranks, int rank, int device, const std::string& library = "") {
+    NcclRingOptions o;
+    o.ranks = ranks;
+    o.rank = rank;
+    o.device = device;
+    o.library = library;
+    NcclRingTransport t(o, id);
+  };
+  CHECK_THROWS_WITH(make(0, 0, 0), Contains("0 ranks; a ring needs at least one process"));
+  CHECK_THROWS_WITH(make(2, 2, 0), Contains("rank 2 is not one of the ring's 2 ranks (0 to 1)"));
+  CHECK_THROWS_WITH(make(2, -1, 0), Contains("rank -1 is not one of the ring's 2 ranks"));
+  CHECK_THROWS_WITH(make(2, 0, -1), Contains("give this process's GPU"));
+  // A library that is not there, by name: the fix is in the message.
+  CHECK_THROWS_WITH(make(2, 0, 0, "/nonexistent/libnccl.so.2"), Contains("dlopen(\"/nonexistent/libnccl.so.2\") failed"));
+  CHECK_THROWS_WITH(make(2, 0, 0, "/nonexistent/libnccl.so.2"), Contains("FLEXJIT_NCCL_LIBRARY"));
+  CHECK_THROWS_WITH(nccl_unique_id("/nonexistent/libnccl.so.2"), Contains("NCCL 2.10 or later"));
+  CHECK_THROWS_WITH(NcclRingTransport(NcclRingOptions{0, -1, 0, ""}, runtime::NcclComm{nullptr}), Contains("no communicator"));
+  // With the process's library: without it, its reason; without a driver (this machine), the driver's.
+  std::string why;
+  if (!runtime::nccl_available(&why)) {
+    CHECK_THROWS_WITH(make(2, 0, 0), why);
+  } else if (!runtime::cuda_driver()) {
+    CHECK_THROWS_WITH(make(2, 0, 0), Contains("no CUDA driver"));
+  }
 }

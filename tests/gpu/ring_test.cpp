@@ -228,11 +228,14 @@ void check(const Results& got, const Results& want, const std::string& what) {
   // O: two bf16 roundings (each block's O and the final one, against the unsharded launch's one) and the merge.
   require_close(got.o, want.o, 2e-2, 1e-2, 1e-2, what + ": o");
   require_close(got.lse, want.lse, 2e-3, 2e-3, 1e-3, what + ": lse");
-  // Gradients: a bf16 rounding per block before the fp32 sums, and the backward run from the ring's own bf16 O.
-  require_close(got.dq, want.dq, 5e-2, 5e-2, 2.5e-2, what + ": dq");
-  require_close(got.dk, want.dk, 5e-2, 5e-2, 2.5e-2, what + ": dk");
-  require_close(got.dv, want.dv, 5e-2, 5e-2, 2.5e-2, what + ": dv");
-  require_close(got.grad, want.grad, 5e-2, 5e-2, 3e-2, what + ": the buffer gradient");
+  // Gradients: a bf16 rounding per block before the fp32 sums, and the backward run from the ring's own bf16 O (its
+  // delta = rowsum(dO * O) differs from the unsharded one's at bf16 level, which dS = P (dP - delta) amplifies where
+  // dP is close to delta). A misplaced row or a lost block is wrong by its whole size.
+  require_close(got.dq, want.dq, 5e-2, 5e-2, 3e-2, what + ": dq");
+  require_close(got.dk, want.dk, 5e-2, 5e-2, 3e-2, what + ": dk");
+  require_close(got.dv, want.dv, 5e-2, 5e-2, 3e-2, what + ": dv");
+  // A buffer gradient sums every pair's dS, which cancel: bounded by its size too.
+  require_close(got.grad, want.grad, 1e-1, 5e-2, 5e-2, what + ": the buffer gradient");
 }
 
 void check_ring(const Case& c, int R, RingSharding sharding, bool bshd, uint32_t seed) {

@@ -62,6 +62,7 @@ namespace flexjit::runtime {
   X(cuStreamCreate, "cuStreamCreate", 2000)                                   \
   X(cuStreamDestroy_v2, "cuStreamDestroy", 4000)                              \
   X(cuStreamSynchronize, "cuStreamSynchronize", 2000)                         \
+  X(cuStreamWaitEvent, "cuStreamWaitEvent", 3020)                             \
   X(cuStreamIsCapturing, "cuStreamIsCapturing", 10000)                        \
   X(cuStreamBeginCapture_v2, "cuStreamBeginCapture", 10010)                   \
   X(cuStreamEndCapture, "cuStreamEndCapture", 10000)                          \

@@ -74,7 +74,12 @@ bool nccl_available(std::string* why) {
 
 void check_nccl(int result, const char* what) {
   if (result == 0) return;
-  const char* text = nccl().ncclGetErrorString(result);
+  check_nccl(nccl(), result, what);
+}
+
+void check_nccl(const Nccl& library, int result, const char* what) {
+  if (result == 0) return;
+  const char* text = library.ncclGetErrorString(result);
   throw Error(fmt::format("NCCL failed {}: {} (ncclResult_t {})", what, text ? text : "no description", result));
 }
 

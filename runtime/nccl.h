@@ -71,7 +71,9 @@ NcclLoad load_nccl(const std::string& path);
 const Nccl& nccl();
 // Whether nccl() would succeed; if not and `why` is given, the reason.
 bool nccl_available(std::string* why = nullptr);
-// Throws flexjit::Error naming `what` and NCCL's own text unless `result` is 0 (ncclSuccess).
+// Throws flexjit::Error naming `what` and NCCL's own text unless `result` is 0 (ncclSuccess); the text from `library`
+// (default: the process-wide one).
 void check_nccl(int result, const char* what);
+void check_nccl(const Nccl& library, int result, const char* what);
 
 }  // namespace flexjit::runtime

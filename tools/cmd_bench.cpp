@@ -1,11 +1,13 @@
 // `flexjit bench SPEC --shape B,H,Hkv,Sq,Skv,D`: times the forward kernel on random inputs
 // with CUDA events (median; tools/launch_timer.h says how), and reports TFLOP/s over the unmasked pairs, the host-side
-// launch overhead and the compile / cache latencies.
+// launch overhead and the compile / cache latencies. --decode and --varlen time those launches instead; --ring R
+// times ring attention over R virtual ranks of the one GPU against the unsharded launch.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <random>
 
 #include "compiler/bindings.h"
@@ -15,6 +17,7 @@
 #include "runtime/cuda_driver.h"
 #include "runtime/device.h"
 #include "runtime/flexjit.hpp"
+#include "runtime/ring.h"
 #include "tools/commands.h"
 #include "tools/launch_timer.h"
 #include "tools/spec_options.h"
@@ -41,6 +44,10 @@ struct BenchOptions {
   bool varlen = false;
   bool queries_at_kv_end = false;  // --varlen: each sequence's queries are its last KV positions (chunked prefill)
   bool no_flush = false;    // keep L2 warm between timed launches (default: flush 256 MB first, like triton's do_bench)
+  // --ring R: ring attention over R virtual ranks of the one device against the unsharded launch.
+  int ring = 0;
+  std::string ring_sharding = "zigzag";
+  bool backward = false;    // --ring: forward+backward too
 };
 
 // The fraction of (q, kv) pairs the mask keeps, from a strided sample evaluated with the
@@ -240,12 +247,132 @@ int run_bench_varlen(const BenchOptions& o, const dsl::Spec& spec, const std::ve
   return 0;
 }
 
+// Ring attention over R virtual ranks on this one device (RingAttention: one stream per rank, every (query chunk, KV
+// chunk) block a launch of its own, the merges and sums in device kernels) against the unsharded launch of the same
+// inputs: forward, and forward+backward with --backward. One device runs every rank's blocks, so the ratio is the
+// ring's overhead (more, smaller launches; merges; sums), not what R GPUs would gain.
+int run_bench_ring(const BenchOptions& o, const dsl::Spec& spec, BenchDevice& bench, const std::shared_ptr<Kernel>& kernel,
+                   AttentionArgs whole, const std::vector<int64_t>& s, double density) {
+  const int64_t B = s[0], H = s[1], Hkv = s[2], S = s[3], D = s[5], Dv = spec.value_head_dim();
+  if (s[3] != s[4]) throw Error(fmt::format("bench --ring shards one sequence: give Sq = Skv (got {} and {})", s[3], s[4]));
+  RingSharding sharding = RingSharding::Zigzag;
+  if (o.ring_sharding == "contiguous") sharding = RingSharding::Contiguous;
+  else if (o.ring_sharding != "zigzag") throw Error(fmt::format("--ring-sharding `{}`: use zigzag or contiguous", o.ring_sharding));
+  const Device device = bench.device();
+  const runtime::CudaDriver& drv = bench.driver();
+  std::mt19937 rng(4321);
+  BackwardArgs whole_b;
+  whole_b.device = device;
+  whole_b.q = whole.q, whole_b.k = whole.k, whole_b.v = whole.v, whole_b.o = whole.o, whole_b.lse = whole.lse;
+  whole_b.scale = whole.scale, whole_b.buffers = whole.buffers, whole_b.params = whole.params;
+  whole_b.d_o = bench.add(random_array(spec.dtype, {B, H, S, Dv}, rng, 0, 1));
+  whole_b.dq = bench.empty(spec.dtype, {B, H, S, D});
+  whole_b.dk = bench.empty(spec.dtype, {B, Hkv, S, D});
+  whole_b.dv = bench.empty(spec.dtype, {B, Hkv, S, Dv});
+  RingArgs args;
+  args.scale = whole.scale;
+  args.buffers = whole.buffers;
+  args.params = whole.params;
+  for (const auto& [name, t] : whole.buffers)
+    for (const dsl::BufferDecl& b : spec.buffers)
+      if (b.name == name && b.requires_grad) {
+        whole_b.grads.emplace_back(name, bench.empty(dsl::DType::F32, t.shape));
+        args.grads.emplace_back(name, bench.empty(dsl::DType::F32, t.shape));
+      }
+  for (int r = 0; r < o.ring; ++r) {
+    const std::vector<RingChunk> chunks = ring_chunks(S, o.ring, r, sharding);
+    const int64_t rows = ring_shard_rows(S, o.ring, r, sharding);
+    auto shard = [&](const Tensor& of, int64_t heads, int64_t width) {
+      Tensor t = bench.empty(of.dtype, {B, heads, rows, width});
+      ring_copy_to_shard(of, t, chunks, device);
+      return t;
+    };
+    RingShard sh;
+    sh.q = shard(whole.q, H, D);
+    sh.k = shard(whole.k, Hkv, D);
+    sh.v = shard(whole.v, Hkv, Dv);
+    sh.o = bench.empty(spec.dtype, {B, H, rows, Dv});
+    sh.lse = bench.empty(dsl::DType::F32, {B, H, rows});
+    sh.d_o = shard(whole_b.d_o, H, Dv);
+    sh.dq = bench.empty(spec.dtype, {B, H, rows, D});
+    sh.dk = bench.empty(spec.dtype, {B, Hkv, rows, D});
+    sh.dv = bench.empty(spec.dtype, {B, Hkv, rows, Dv});
+    args.shards.push_back(sh);
+  }
+  RingAttention ring(kernel, RingOptions{o.ring, sharding, S, device});
+  // First calls: the shard modules' compiles, the ring's memory and streams.
+  auto t0 = std::chrono::steady_clock::now();
+  ring.forward(args);
+  if (o.backward) ring.backward(args);
+  ring.check_errors();
+  runtime::check_cu(drv.cuCtxSynchronize(), "synchronise");
+  const double first_call_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  kernel->forward(whole);
+  std::unique_ptr<BlockMask> mask;
+  if (spec.mask_mod && !o.mask_per_launch) {
+    mask = kernel->build_block_mask(whole);
+    whole.block_mask = mask.get();
+    whole_b.block_mask = mask.get();
+  }
+  if (o.backward) kernel->backward(whole_b);
+  runtime::check_cu(drv.cuCtxSynchronize(), "synchronise");
+  kernel->check_errors(device.index, nullptr);
+
+  const LaunchTiming timing{o.warmup, o.iters, !o.no_flush};
+  auto time = [&](const std::function<void()>& fn) { return median_ms(time_launches(timing, fn)); };
+  const double fwd = time([&] { kernel->forward(whole); });
+  const double ring_fwd = time([&] { ring.forward(args); });
+  double both = 0, ring_both = 0;
+  if (o.backward) {
+    both = time([&] {
+      kernel->forward(whole);
+      kernel->backward(whole_b);
+    });
+    ring_both = time([&] {
+      ring.forward(args);
+      ring.backward(args);
+    });
+  }
+  ring.check_errors();
+  kernel->check_errors(device.index, nullptr);
+  const RingStats blocks = ring.last_stats();
+  // FLOPs of the unmasked pairs; a backward counts 2.5 forwards (FlashAttention's convention).
+  const double flops = 4.0 * B * H * S * S * D * density;
+  auto tflops = [](double f, double ms) { return ms > 0 ? f / (ms * 1e-3) / 1e12 : 0.0; };
+  const runtime::DeviceInfo& info = runtime::device_info(device.index);
+  const char* sh_name = sharding == RingSharding::Zigzag ? "zigzag" : "contiguous";
+  if (o.json) {
+    fmt::print("{{\"spec\": \"{}\", \"mode\": \"ring\", \"gpu\": \"{}\", \"ranks\": {}, \"sharding\": \"{}\", \"B\": {}, \"H\": {}, "
+               "\"Hkv\": {}, \"S\": {}, \"D\": {}, \"density\": {:.4f}, \"blocks_launched\": {}, \"blocks_skipped\": {}, "
+               "\"fwd_ms\": {:.4f}, \"ring_fwd_ms\": {:.4f}, \"fwd_tflops\": {:.1f}, \"ring_fwd_tflops\": {:.1f}",
+               spec.name, info.name, o.ring, sh_name, B, H, Hkv, S, D, density, blocks.launched, blocks.skipped, fwd, ring_fwd,
+               tflops(flops, fwd), tflops(flops, ring_fwd));
+    if (o.backward)
+      fmt::print(", \"fwd_bwd_ms\": {:.4f}, \"ring_fwd_bwd_ms\": {:.4f}, \"fwd_bwd_tflops\": {:.1f}, \"ring_fwd_bwd_tflops\": {:.1f}", both,
+                 ring_both, tflops(3.5 * flops, both), tflops(3.5 * flops, ring_both));
+    fmt::print(", \"first_call_s\": {:.3f}}}\n", first_call_s);
+  } else {
+    fmt::print("{} ring of {} virtual ranks ({}) on one {}: B{} H{} Hkv{} S{} D{} density {:.3f}, {} blocks launched, {} skipped\n", spec.name,
+               o.ring, sh_name, info.name, B, H, Hkv, S, D, density, blocks.launched, blocks.skipped);
+    fmt::print("  forward:          unsharded {:.4f} ms ({:.1f} TFLOP/s), ring {:.4f} ms ({:.1f} TFLOP/s), {:.2f}x\n", fwd, tflops(flops, fwd),
+               ring_fwd, tflops(flops, ring_fwd), ring_fwd / fwd);
+    if (o.backward)
+      fmt::print("  forward+backward: unsharded {:.4f} ms ({:.1f} TFLOP/s), ring {:.4f} ms ({:.1f} TFLOP/s), {:.2f}x\n", both,
+                 tflops(3.5 * flops, both), ring_both, tflops(3.5 * flops, ring_both), ring_both / both);
+    fmt::print("  first ring call {:.3f} s; one device runs every rank, so this is the ring's overhead, not multi-GPU scaling\n", first_call_s);
+  }
+  return 0;
+}
+
 int run_bench(const BenchOptions& o) {
   dsl::Spec spec = o.spec.load();
   std::vector<int64_t> s = parse_shape(o.shape, "--shape");
   if (s.size() != 6) throw Error("--shape expects B,H,Hkv,Sq,Skv,D");
   const int64_t B = s[0], H = s[1], Hkv = s[2], Sq = s[3], Skv = s[4], D = s[5];
   spec.head_dim = static_cast<int>(D);
+  if (o.ring < 0) throw Error(fmt::format("--ring {}: give the number of virtual ranks (1 or more)", o.ring));
+  if (o.ring > 0 && (o.decode || o.varlen)) throw Error("--ring times dense attention; leave out --decode and --varlen");
+  if (o.backward && o.ring == 0) throw Error("--backward goes with --ring here; bench-backward times the backward of one launch");
   if (o.decode) return run_bench_decode(o, spec, s);
   if (o.varlen) return run_bench_varlen(o, spec, s);
   BenchDevice bench(o.device, "bench");
@@ -301,6 +428,7 @@ int run_bench(const BenchOptions& o) {
   for (const NpyArray& a : host_buffers) shapes.push_back(a.shape);
   BoundValues bound = bind_values(ir.checked, values, shapes, true);
   double density = mask_density(ir, bound, host_buffers, Sq, Skv);
+  if (o.ring > 0) return run_bench_ring(o, spec, bench, kernel, args, s, density);
 
   // First call: front end, compile or cache load, module load and the launch.
   runtime::check_cu(drv->cuCtxSynchronize(), "synchronise");
@@ -360,6 +488,13 @@ void add_bench_command(CLI::App& app, Action& action) {
   cmd->add_option("--kv-dtype", o->kv_dtype, "--decode / --varlen: the KV cache's type: bf16/f16 (default: the spec's dtype), fp8 (= e4m3) or e5m2 "
                                               "(random values quantised, per-KV-head scales of 1)");
   cmd->add_flag("--no-flush", o->no_flush, "Do not evict L2 before each timed launch");
+  cmd->add_option("--ring", o->ring,
+                  "Time ring attention over R virtual ranks of this one GPU (one stream per rank; Sq = Skv) against the unsharded "
+                  "launch, in ms and effective TFLOP/s. One device runs every rank's blocks, so this measures the ring's overhead, "
+                  "not multi-GPU scaling");
+  cmd->add_option("--ring-sharding", o->ring_sharding, "With --ring: zigzag (rank r holds chunks r and 2R-1-r of 2R) or contiguous")
+      ->capture_default_str();
+  cmd->add_flag("--backward", o->backward, "With --ring: time forward+backward too (buffers marked grad get gradients)");
   cmd->callback([o, &action] { action = [o] { return run_bench(*o); }; });
 }
 

@@ -162,8 +162,8 @@ void add_run_command(CLI::App& app, Action& action) {
   cmd->add_option("--dk", o->dk, "Output dK [B, Hkv, Skv, D] (.npy)");
   cmd->add_option("--dv", o->dv, "Output dV [B, Hkv, Skv, Dv] (.npy)");
   cmd->add_flag("--deterministic", o->deterministic, "Backward in a fixed summation order without float atomics");
-  cmd->add_option("--ring", o->ring, "Ring attention over R virtual ranks of this process (context parallelism; --device cpu for now): "
-                  "the same outputs, computed shard by shard with global positions");
+  cmd->add_option("--ring", o->ring, "Ring attention over R virtual ranks of this process (context parallelism; on a GPU, one stream "
+                  "per rank): the same outputs, computed shard by shard with global positions");
   cmd->add_option("--ring-sharding", o->ring_sharding, "With --ring: zigzag (rank r holds chunks r and 2R-1-r of 2R) or contiguous")
       ->capture_default_str();
   cmd->callback([o, &action] { action = [o] { return run_run(*o); }; });

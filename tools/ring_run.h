@@ -1,6 +1,6 @@
-// `flexjit run --ring R`: one launch's whole-sequence tensors sharded over R virtual ranks of this process, run
-// through RingAttention, and the results gathered back into the whole-sequence outputs, so that the files written
-// compare directly with a plain `flexjit run` of the same inputs.
+// `flexjit run --ring R`: one launch's whole-sequence tensors sharded over R virtual ranks of this process (on the CPU
+// backend, or on R streams of one GPU), run through RingAttention, and the results gathered back into the
+// whole-sequence outputs, so that the files written compare directly with a plain `flexjit run` of the same inputs.
 #pragma once
 #include <memory>
 

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -17,6 +18,7 @@
 #include "runtime/forward_launch.h"
 #include "runtime/flexjit.hpp"
 #include "runtime/ring.h"
+#include "runtime/ring_nccl.h"
 
 struct flexjit_runtime {
   flexjit::Runtime rt;
@@ -44,6 +46,9 @@ struct flexjit_args {
 };
 struct flexjit_decode_plan {
   std::unique_ptr<flexjit::DecodePlan> plan;
+};
+struct flexjit_ring {
+  std::unique_ptr<flexjit::RingAttention> ring;
 };
 
 namespace {
@@ -443,15 +448,22 @@ bool to_sharding(flexjit_ring_sharding s, flexjit::RingSharding* out) {
   return true;
 }
 
-// The ring's shards from one flexjit_args per rank; buffers, parameters, scale and gradients are rank 0's.
-flexjit::RingArgs ring_args(const char* fn, int ranks, flexjit_args* const* rank_args, bool backward) {
+// A device argument of the ring functions: -2 the CPU backend, -1 the device the shards live on, N cuda:N.
+flexjit::Device to_device(int device) { return device == -2 ? flexjit::Device::cpu() : flexjit::Device::cuda(device); }
+
+bool same_device(const flexjit::Device& a, const flexjit::Device& b) { return a.kind == b.kind && a.index == b.index; }
+
+// The ring's shards from one flexjit_args per local rank, all on one device; buffers, parameters, scale, stream and
+// gradients are the first's.
+flexjit::RingArgs ring_args(const char* fn, const std::vector<int>& ranks, flexjit_args* const* rank_args, bool backward) {
   flexjit::RingArgs ring;
-  for (int r = 0; r < ranks; ++r) {
-    const flexjit_args& a = *rank_args[r];
-    if (a.args.device.kind != flexjit::Device::Kind::Cpu)
-      throw flexjit::Error(fmt::format("{}: rank {}'s args are not on the CPU backend; ring attention runs there only for now "
-                                       "(flexjit_args_set_stream(args, NULL, -2)): the GPU kernels do not take global positions yet",
-                                       fn, r));
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const int r = ranks[i];
+    const flexjit_args& a = *rank_args[i];
+    if (!same_device(a.args.device, rank_args[0]->args.device))
+      throw flexjit::Error(fmt::format("{}: rank {}'s args are on {} but rank {}'s on {}; every rank of this process runs on one device "
+                                       "(flexjit_args_set_stream)",
+                                       fn, r, a.args.device.str(), ranks[0], rank_args[0]->args.device.str()));
     if (!a.lse) throw flexjit::Error(fmt::format("{}: rank {} has no LSE; call flexjit_args_set_lse (f32 [B, H, rows])", fn, r));
     flexjit::RingShard shard;
     const flexjit::AttentionArgs f = forward_args(a);
@@ -459,16 +471,33 @@ flexjit::RingArgs ring_args(const char* fn, int ranks, flexjit_args* const* rank
     if (backward) {
       const flexjit::BackwardArgs b = backward_args(a);
       shard.d_o = b.d_o, shard.dq = b.dq, shard.dk = b.dk, shard.dv = b.dv;
-      if (r == 0) ring.grads = b.grads;
+      if (i == 0) ring.grads = b.grads;
     }
-    if (r == 0) {
+    if (i == 0) {
       ring.scale = f.scale;
       ring.buffers = f.buffers;
       ring.params = f.params;
+      ring.stream = f.stream;
     }
     ring.shards.push_back(shard);
   }
   return ring;
+}
+
+// Runs the ring's forward or backward over one flexjit_args per local rank.
+void ring_run(const char* fn, flexjit::RingAttention& ring, flexjit_args* const* rank_args, bool backward) {
+  const std::vector<int>& ranks = ring.local_ranks();
+  const flexjit::Device want = ring.options().device;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (!rank_args[i]) throw flexjit::Error(fmt::format("{}: the args of rank {} are NULL", fn, ranks[i]));
+    if (rank_args[i]->args.device.kind != want.kind || (want.index >= 0 && rank_args[i]->args.device.index >= 0 &&
+                                                        rank_args[i]->args.device.index != want.index))
+      throw flexjit::Error(fmt::format("{}: rank {}'s args are on {} but the ring runs on {}; set their device with flexjit_args_set_stream",
+                                       fn, ranks[i], rank_args[i]->args.device.str(), want.str()));
+  }
+  const flexjit::RingArgs args = ring_args(fn, ranks, rank_args, backward);
+  if (backward) ring.backward(args);
+  else ring.forward(args);
 }
 
 flexjit_status ring_launch(const char* fn, flexjit_kernel* k, int ranks, flexjit_ring_sharding sharding, int64_t seqlen,
@@ -480,10 +509,8 @@ flexjit_status ring_launch(const char* fn, flexjit_kernel* k, int ranks, flexjit
   for (int r = 0; r < ranks; ++r)
     if (!rank_args[r]) return invalid(fmt::format("{}: rank_args[{}] is NULL", fn, r).c_str());
   return guarded([&] {
-    flexjit::RingAttention ring(k->kernel, flexjit::RingOptions{ranks, sh, seqlen});
-    const flexjit::RingArgs args = ring_args(fn, ranks, rank_args, backward);
-    if (backward) ring.backward(args);
-    else ring.forward(args);
+    flexjit::RingAttention ring(k->kernel, flexjit::RingOptions{ranks, sh, seqlen, rank_args[0]->args.device});
+    ring_run(fn, ring, rank_args, backward);
   });
 }
 
@@ -509,6 +536,73 @@ flexjit_status flexjit_ring_forward(flexjit_kernel* k, int ranks, flexjit_ring_s
 flexjit_status flexjit_ring_backward(flexjit_kernel* k, int ranks, flexjit_ring_sharding sharding, int64_t seqlen,
                                      flexjit_args* const* rank_args) {
   return ring_launch("flexjit_ring_backward", k, ranks, sharding, seqlen, rank_args, true);
+}
+
+flexjit_status flexjit_nccl_unique_id(unsigned char id[128]) {
+  if (!id) return invalid("flexjit_nccl_unique_id: NULL id");
+  return guarded([&] {
+    const flexjit::runtime::NcclUniqueId u = flexjit::nccl_unique_id();
+    std::memcpy(id, u.internal, sizeof u.internal);
+  });
+}
+
+flexjit_status flexjit_ring_create(flexjit_kernel* k, int ranks, flexjit_ring_sharding sharding, int64_t seqlen, int device, flexjit_ring** out) {
+  flexjit::RingSharding sh;
+  if (!k || !out) return invalid("flexjit_ring_create: NULL kernel or out");
+  *out = nullptr;
+  if (!to_sharding(sharding, &sh)) return invalid("flexjit_ring_create: unknown sharding");
+  if (device < -2) return invalid("flexjit_ring_create: a device below -2");
+  return guarded([&] {
+    auto ring = std::make_unique<flexjit_ring>();
+    ring->ring = std::make_unique<flexjit::RingAttention>(k->kernel, flexjit::RingOptions{ranks, sh, seqlen, to_device(device)});
+    *out = ring.release();
+  });
+}
+
+flexjit_status flexjit_ring_create_nccl(flexjit_kernel* k, int ranks, int rank, flexjit_ring_sharding sharding, int64_t seqlen, int device,
+                                        const unsigned char* unique_id, void* nccl_comm, flexjit_ring** out) {
+  flexjit::RingSharding sh;
+  if (!k || !out) return invalid("flexjit_ring_create_nccl: NULL kernel or out");
+  *out = nullptr;
+  if (!to_sharding(sharding, &sh)) return invalid("flexjit_ring_create_nccl: unknown sharding");
+  if (device < 0) return invalid("flexjit_ring_create_nccl: give this process's GPU (device 0 or more)");
+  if ((unique_id == nullptr) == (nccl_comm == nullptr))
+    return invalid("flexjit_ring_create_nccl: pass exactly one of unique_id (from flexjit_nccl_unique_id) and nccl_comm (an ncclComm_t)");
+  return guarded([&] {
+    flexjit::NcclRingOptions o;
+    o.ranks = ranks;
+    o.rank = rank;
+    o.device = device;
+    std::shared_ptr<flexjit::RingTransport> transport;
+    if (unique_id) {
+      flexjit::runtime::NcclUniqueId id;
+      std::memcpy(id.internal, unique_id, sizeof id.internal);
+      transport = std::make_shared<flexjit::NcclRingTransport>(o, id);
+    } else {
+      transport = std::make_shared<flexjit::NcclRingTransport>(o, static_cast<flexjit::runtime::NcclComm>(nccl_comm));
+    }
+    auto ring = std::make_unique<flexjit_ring>();
+    ring->ring = std::make_unique<flexjit::RingAttention>(k->kernel, flexjit::RingOptions{ranks, sh, seqlen, flexjit::Device::cuda(device)},
+                                                          transport);
+    *out = ring.release();
+  });
+}
+
+void flexjit_ring_destroy(flexjit_ring* ring) { delete ring; }
+
+flexjit_status flexjit_ring_run_forward(flexjit_ring* ring, flexjit_args* const* local_args) {
+  if (!ring || !local_args) return invalid("flexjit_ring_run_forward: NULL ring or local_args");
+  return guarded([&] { ring_run("flexjit_ring_run_forward", *ring->ring, local_args, false); });
+}
+
+flexjit_status flexjit_ring_run_backward(flexjit_ring* ring, flexjit_args* const* local_args) {
+  if (!ring || !local_args) return invalid("flexjit_ring_run_backward: NULL ring or local_args");
+  return guarded([&] { ring_run("flexjit_ring_run_backward", *ring->ring, local_args, true); });
+}
+
+flexjit_status flexjit_ring_check_errors(flexjit_ring* ring) {
+  if (!ring) return invalid("flexjit_ring_check_errors: NULL ring");
+  return guarded([&] { ring->ring->check_errors(); });
 }
 
 flexjit_status flexjit_check_errors(flexjit_kernel* k, int device, void* stream) {

@@ -131,22 +131,45 @@ flexjit_status flexjit_args_set_decode_kv_dtype(flexjit_args* a, flexjit_dtype k
 flexjit_status flexjit_args_set_kv_scales(flexjit_args* a, const float* k_scale, const float* v_scale, int64_t n);
 flexjit_status flexjit_decode(flexjit_kernel* k, const flexjit_decode_plan* plan, const flexjit_args* a);
 
-/* Ring attention (context parallelism) over `ranks` virtual ranks of this process; the CPU backend only for now
- * (device -2: the GPU kernels do not take global positions yet). Every rank holds the positions of its chunks
- * (flexjit_ring_chunks: one chunk, or two with ZIGZAG sharding, stored one after the other). rank_args[r] is a
- * flexjit_args set up for rank r's shard: flexjit_args_set_qkvo with Sq = Skv = the rank's rows, _set_lse
- * (written by the forward, read by the backward), _set_stream(.., -2); buffers (whole, indexed by global
- * position), parameters and the scale are rank 0's. The backward also needs _set_backward on every rank (dO
- * read, dq/dk/dv written) and takes the gradients set on rank 0 with _set_grad, written summed over all ranks. */
+/* Ring attention (context parallelism) over `ranks` virtual ranks of this process: on the CPU backend (device -2)
+ * or on one CUDA device, one stream per rank there. Every rank holds the positions of its chunks (flexjit_ring_chunks:
+ * one chunk, or two with ZIGZAG sharding, stored one after the other). rank_args[r] is a flexjit_args set up for rank
+ * r's shard: flexjit_args_set_qkvo with Sq = Skv = the rank's rows, _set_lse (written by the forward, read by the
+ * backward), _set_stream with the same device for every rank; buffers (whole, indexed by global position), parameters,
+ * the scale and the stream are rank 0's (on a GPU the ring's work is ordered on that stream and nothing synchronises).
+ * The backward also needs _set_backward on every rank (dO read, dq/dk/dv written) and takes the gradients set on rank 0
+ * with _set_grad, written summed over all ranks. */
 typedef enum { FLEXJIT_RING_ZIGZAG = 0, FLEXJIT_RING_CONTIGUOUS = 1 } flexjit_ring_sharding;
 /* Rank `rank`'s chunks of a seqlen-long sequence: *n (1 or 2) chunks, chunk i starting at position first[i]
  * with rows[i] rows. */
 flexjit_status flexjit_ring_chunks(int64_t seqlen, int ranks, int rank, flexjit_ring_sharding sharding, int64_t first[2], int64_t rows[2],
                                    int* n);
+/* One forward or backward: the ring is planned, run and released in the call (a flexjit_ring keeps its streams and
+ * memory between calls instead). */
 flexjit_status flexjit_ring_forward(flexjit_kernel* k, int ranks, flexjit_ring_sharding sharding, int64_t seqlen,
                                     flexjit_args* const* rank_args);
 flexjit_status flexjit_ring_backward(flexjit_kernel* k, int ranks, flexjit_ring_sharding sharding, int64_t seqlen,
                                      flexjit_args* const* rank_args);
+
+/* A ring plan kept between calls. flexjit_ring_create: every rank in this process (virtual ranks; device -2 the CPU
+ * backend, -1 the GPU the shards live on, N cuda:N). flexjit_ring_create_nccl: one process per GPU, this one rank
+ * `rank` of `ranks` on cuda:`device`, the packets moving by NCCL (libnccl.so.2 or FLEXJIT_NCCL_LIBRARY, loaded at run
+ * time); give exactly one of unique_id (128 bytes from flexjit_nccl_unique_id on one rank, sent to the others by the
+ * caller: every rank then calls this at once) and nccl_comm (an existing ncclComm_t the caller keeps alive). The NCCL
+ * path has not run on a multi-GPU machine yet (docs/notes/RING_NOTES.md). */
+typedef struct flexjit_ring flexjit_ring;
+flexjit_status flexjit_nccl_unique_id(unsigned char id[128]);
+flexjit_status flexjit_ring_create(flexjit_kernel* k, int ranks, flexjit_ring_sharding sharding, int64_t seqlen, int device, flexjit_ring** out);
+flexjit_status flexjit_ring_create_nccl(flexjit_kernel* k, int ranks, int rank, flexjit_ring_sharding sharding, int64_t seqlen, int device,
+                                        const unsigned char* unique_id, void* nccl_comm, flexjit_ring** out);
+/* Waits for the ring's work, then releases it. */
+void flexjit_ring_destroy(flexjit_ring* ring);
+/* local_args: one flexjit_args per rank this process runs (all of them for flexjit_ring_create, its own for
+ * flexjit_ring_create_nccl), set up as for flexjit_ring_forward / _backward. */
+flexjit_status flexjit_ring_run_forward(flexjit_ring* ring, flexjit_args* const* local_args);
+flexjit_status flexjit_ring_run_backward(flexjit_ring* ring, flexjit_args* const* local_args);
+/* Synchronises the ring's streams and reports clamped loads of its launches (no-op on the CPU backend). */
+flexjit_status flexjit_ring_check_errors(flexjit_ring* ring);
 
 /* Synchronises the stream and reports clamped loads since the last check. */
 flexjit_status flexjit_check_errors(flexjit_kernel* k, int device, void* stream);

@@ -14,6 +14,7 @@
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/flexjit.hpp"
 #include "runtime/ring.h"
+#include "support/ring_cases.h"
 #include "support/spec_loading.h"
 
 using namespace flexjit;
@@ -24,22 +25,8 @@ constexpr int64_t B = 1, H = 4, Hkv = 2, S = 301, D = 16, L = 2 * S - 1;
 const float kNanF = std::numeric_limits<float>::quiet_NaN();
 const float kNegInf = -std::numeric_limits<float>::infinity();
 
-struct Case {
-  std::string name, score_mod, mask_mod;
-  std::vector<std::string> buffers;
-  std::string grad;  // the buffer whose gradient is checked ("" for none)
-};
-
-const std::vector<Case>& cases() {
-  static const std::vector<Case> all{
-      {"causal", "", "q >= kv", {}, ""},
-      {"document", "", "doc[q] == doc[kv]", {"doc: i32[Skv]"}, ""},
-      {"sliding_window", "", "q >= kv && q - kv < 40", {}, ""},
-      {"alibi_learnable", "score + slope[h] * (kv - q)", "q >= kv", {"slope: f32[H]"}, "slope"},
-      {"relative_bias", "score + rel[q - kv + Skv - 1]", "", {"rel: f32[L]"}, "rel"},
-  };
-  return all;
-}
+using Case = test::RingCase;
+const std::vector<Case>& cases() { return test::ring_cases(); }
 
 dsl::Spec make_spec(const Case& c) {
   return test::f32_spec(c.name, c.score_mod, c.mask_mod, c.buffers, {c.grad}, static_cast<int>(D));
@@ -153,7 +140,7 @@ Whole whole_sequence(Kernel& kernel, Inputs& in, const Case& c) {
 
 // The ring over R virtual ranks, its results gathered back into whole-sequence arrays.
 Whole ring(std::shared_ptr<Kernel> kernel, Inputs& in, const Case& c, int R, RingSharding sharding) {
-  RingAttention ring(kernel, RingOptions{R, sharding, S});
+  RingAttention ring(kernel, RingOptions{R, sharding, S, Device::cpu()});
   struct Host {
     std::vector<float> q, k, v, o, lse, d_o, dq, dk, dv;
   };
@@ -232,8 +219,7 @@ void check_ring(const Case& c, int R, RingSharding sharding, uint32_t seed) {
   REQUIRE(got.forward_blocks.launched + got.forward_blocks.skipped == chunks * chunks);
   REQUIRE(got.backward_blocks.launched == got.forward_blocks.launched);
   REQUIRE(got.backward_blocks.skipped == got.forward_blocks.skipped);
-  const bool triangular = c.mask_mod.rfind("q >= kv", 0) == 0;
-  REQUIRE((got.forward_blocks.skipped > 0) == triangular);
+  REQUIRE((got.forward_blocks.skipped > 0) == c.triangular());
 }
 
 }  // namespace
@@ -313,10 +299,10 @@ TEST_CASE("CPU ring attention: argument errors say what to change", "[cpu][ring]
   Runtime rt;
   std::shared_ptr<Kernel> kernel = rt.compile(make_spec(cases()[0]));
   using Catch::Matchers::Contains;
-  REQUIRE_THROWS_WITH(RingAttention(kernel, RingOptions{0, RingSharding::Zigzag, S}), Contains("0 ranks"));
-  REQUIRE_THROWS_WITH(RingAttention(kernel, RingOptions{2, RingSharding::Zigzag, 0}), Contains("0 positions"));
+  REQUIRE_THROWS_WITH(RingAttention(kernel, RingOptions{0, RingSharding::Zigzag, S, Device::cpu()}), Contains("0 ranks"));
+  REQUIRE_THROWS_WITH(RingAttention(kernel, RingOptions{2, RingSharding::Zigzag, 0, Device::cpu()}), Contains("0 positions"));
   REQUIRE_THROWS_WITH(ring_chunks(S, 2, 2, RingSharding::Zigzag), Contains("rank 2 is not one of the ring's 2 ranks"));
-  RingAttention ring(kernel, RingOptions{2, RingSharding::Zigzag, S});
+  RingAttention ring(kernel, RingOptions{2, RingSharding::Zigzag, S, Device::cpu()});
   RingArgs args;
   REQUIRE_THROWS_WITH(ring.forward(args), Contains("0 shards for a ring of 2 ranks"));
   std::vector<float> x(static_cast<size_t>(B * H * S * D));

@@ -294,13 +294,7 @@ void KernelImpl::backward(const BackwardArgs& a) {
       if (smem > info.max_shared_optin)
         throw Error(fmt::format("backward: head dim {} needs {} bytes of shared memory per block, but {} allows {}", spec().head_dim, smem,
                                 info.name, info.max_shared_optin));
-      auto get = [&](const char* name) {
-        CUkernel k = nullptr;
-        check_cu(d.cuLibraryGetKernel(&k, mod->library.get(), name), "cuLibraryGetKernel");
-        CUfunction f = nullptr;
-        check_cu(d.cuKernelGetFunction(&f, k), "cuKernelGetFunction");
-        return f;
-      };
+      auto get = [&](const char* name) { return mod->library.function(name); };
       BackwardState::Functions f;
       f.preprocess = get(kBwdPreprocessEntry);
       f.main = get(kBwdMainEntry);

@@ -248,13 +248,7 @@ KernelImpl::DecodeModule& KernelImpl::decode_module(const runtime::VariantChoice
   if (!m.var.forward_fn.count(device)) {
     const runtime::CudaDriver& d = require_driver();
     runtime::ScopedDevice scope(device);
-    auto get = [&](const char* name) {
-      CUkernel k = nullptr;
-      check_cu(d.cuLibraryGetKernel(&k, m.var.library.get(), name), "cuLibraryGetKernel");
-      CUfunction f = nullptr;
-      check_cu(d.cuKernelGetFunction(&f, k), "cuKernelGetFunction");
-      return f;
-    };
+    auto get = [&](const char* name) { return m.var.library.function(name); };
     CUfunction f = get(kDecodeEntry);
     check_cu(d.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, cfg.shared_bytes()),
              "setting the decode kernel's shared memory");

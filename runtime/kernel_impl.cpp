@@ -388,13 +388,7 @@ KernelImpl::VariantState& KernelImpl::variant(const runtime::VariantChoice& choi
     if (smem > info.max_shared_optin)
       throw Error(fmt::format("head dim {} needs {} bytes of shared memory per block, but {} allows {}", spec().head_dim, smem, info.name,
                               info.max_shared_optin));
-    auto get = [&](const char* name) {
-      CUkernel k = nullptr;
-      check_cu(d.cuLibraryGetKernel(&k, v.library.get(), name), "cuLibraryGetKernel");
-      CUfunction f = nullptr;
-      check_cu(d.cuKernelGetFunction(&f, k), "cuKernelGetFunction");
-      return f;
-    };
+    auto get = [&](const char* name) { return v.library.function(name); };
     CUfunction f = get(kForwardEntry);
     check_cu(d.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem), "setting the forward kernel's shared memory");
     v.forward_fn[device] = f;

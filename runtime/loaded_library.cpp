@@ -23,6 +23,16 @@ CUresult LoadedLibrary::load(const std::vector<uint8_t>& cubin) {
   return res;
 }
 
+CUfunction LoadedLibrary::function(const char* entry) const {
+  const CudaDriver* d = cuda_driver();
+  if (!d) check_cu(CUDA_ERROR_NO_DEVICE, "looking up a kernel");
+  CUkernel k = nullptr;
+  check_cu(d->cuLibraryGetKernel(&k, library_, entry), "cuLibraryGetKernel");
+  CUfunction f = nullptr;
+  check_cu(d->cuKernelGetFunction(&f, k), "cuKernelGetFunction");
+  return f;
+}
+
 void LoadedLibrary::reset() {
   if (!library_) return;
   if (const CudaDriver* d = cuda_driver()) d->cuLibraryUnload(library_);

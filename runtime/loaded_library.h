@@ -27,6 +27,9 @@ class LoadedLibrary {
   void reset();
 
   CUlibrary get() const { return library_; }
+  // The function of one of the loaded module's entry points, for the current context; throws flexjit::Error when
+  // the driver has none of that name.
+  CUfunction function(const char* entry) const;
   explicit operator bool() const { return library_ != nullptr; }
 
  private:

@@ -70,21 +70,13 @@ const RingKernels& RingKernels::on(int device) {
 
 RingKernels::RingKernels(int device) : device_(device) {
   const DeviceInfo& info = device_info(device);  // throws without a driver or device
-  const CudaDriver& d = *cuda_driver();
   sm_count_ = std::max(1, info.sm_count);
   const CacheLookup r = compile_kernel(ring_kernel_source(), kRingModuleIr, info.arch);
   log_info("flexjit: ring attention kernels for {}: {} in {:.3f} s", info.arch, cache_source_name(r.source), r.seconds);
   ScopedDevice scope(device);
   check_cu(library_.load(r.artefact->binary), "loading the ring attention kernels");
-  auto get = [&](const char* name) {
-    CUkernel k = nullptr;
-    check_cu(d.cuLibraryGetKernel(&k, library_.get(), name), "cuLibraryGetKernel");
-    CUfunction f = nullptr;
-    check_cu(d.cuKernelGetFunction(&f, k), "cuKernelGetFunction");
-    return f;
-  };
-  copy_ = get(kRingCopyEntry);
-  merge_ = get(kRingMergeEntry);
+  copy_ = library_.function(kRingCopyEntry);
+  merge_ = library_.function(kRingMergeEntry);
 }
 
 void RingKernels::copy(const Tensor& src, const Tensor& dst, RingCopy mode, CUstream stream) const {

@@ -83,18 +83,9 @@ KernelImpl::VariantState& KernelImpl::varlen_variant(const runtime::VariantChoic
     if (smem > info.max_shared_optin)
       throw Error(fmt::format("head dim {} needs {} bytes of shared memory per block, but {} allows {}", spec().head_dim, smem, info.name,
                               info.max_shared_optin));
-    CUkernel k = nullptr;
-    check_cu(d.cuLibraryGetKernel(&k, v.library.get(), kForwardVarlenEntry), "cuLibraryGetKernel");
-    CUfunction f = nullptr;
-    check_cu(d.cuKernelGetFunction(&f, k), "cuKernelGetFunction");
+    CUfunction f = v.library.function(kForwardVarlenEntry);
     check_cu(d.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem), "setting the ragged-prefill kernel's shared memory");
-    if (fp8_kv) {
-      CUkernel wk = nullptr;
-      check_cu(d.cuLibraryGetKernel(&wk, v.library.get(), kWidenFp8Entry), "cuLibraryGetKernel");
-      CUfunction wf = nullptr;
-      check_cu(d.cuKernelGetFunction(&wf, wk), "cuKernelGetFunction");
-      v.widen_fn[device] = wf;
-    }
+    if (fp8_kv) v.widen_fn[device] = v.library.function(kWidenFp8Entry);
     v.forward_fn[device] = f;
   }
   return v;

@@ -20,6 +20,7 @@
 #include "runtime/ring.h"
 #include "tools/commands.h"
 #include "tools/launch_timer.h"
+#include "tools/ring_run.h"
 #include "tools/spec_options.h"
 #include "tools/tensor_io.h"
 
@@ -255,9 +256,7 @@ int run_bench_ring(const BenchOptions& o, const dsl::Spec& spec, BenchDevice& be
                    AttentionArgs whole, const std::vector<int64_t>& s, double density) {
   const int64_t B = s[0], H = s[1], Hkv = s[2], S = s[3], D = s[5], Dv = spec.value_head_dim();
   if (s[3] != s[4]) throw Error(fmt::format("bench --ring shards one sequence: give Sq = Skv (got {} and {})", s[3], s[4]));
-  RingSharding sharding = RingSharding::Zigzag;
-  if (o.ring_sharding == "contiguous") sharding = RingSharding::Contiguous;
-  else if (o.ring_sharding != "zigzag") throw Error(fmt::format("--ring-sharding `{}`: use zigzag or contiguous", o.ring_sharding));
+  const RingSharding sharding = parse_ring_sharding(o.ring_sharding);
   const Device device = bench.device();
   const runtime::CudaDriver& drv = bench.driver();
   std::mt19937 rng(4321);
@@ -340,12 +339,11 @@ int run_bench_ring(const BenchOptions& o, const dsl::Spec& spec, BenchDevice& be
   const double flops = 4.0 * B * H * S * S * D * density;
   auto tflops = [](double f, double ms) { return ms > 0 ? f / (ms * 1e-3) / 1e12 : 0.0; };
   const runtime::DeviceInfo& info = runtime::device_info(device.index);
-  const char* sh_name = sharding == RingSharding::Zigzag ? "zigzag" : "contiguous";
   if (o.json) {
     fmt::print("{{\"spec\": \"{}\", \"mode\": \"ring\", \"gpu\": \"{}\", \"ranks\": {}, \"sharding\": \"{}\", \"B\": {}, \"H\": {}, "
                "\"Hkv\": {}, \"S\": {}, \"D\": {}, \"density\": {:.4f}, \"blocks_launched\": {}, \"blocks_skipped\": {}, "
                "\"fwd_ms\": {:.4f}, \"ring_fwd_ms\": {:.4f}, \"fwd_tflops\": {:.1f}, \"ring_fwd_tflops\": {:.1f}",
-               spec.name, info.name, o.ring, sh_name, B, H, Hkv, S, D, density, blocks.launched, blocks.skipped, fwd, ring_fwd,
+               spec.name, info.name, o.ring, o.ring_sharding, B, H, Hkv, S, D, density, blocks.launched, blocks.skipped, fwd, ring_fwd,
                tflops(flops, fwd), tflops(flops, ring_fwd));
     if (o.backward)
       fmt::print(", \"fwd_bwd_ms\": {:.4f}, \"ring_fwd_bwd_ms\": {:.4f}, \"fwd_bwd_tflops\": {:.1f}, \"ring_fwd_bwd_tflops\": {:.1f}", both,
@@ -353,7 +351,7 @@ int run_bench_ring(const BenchOptions& o, const dsl::Spec& spec, BenchDevice& be
     fmt::print(", \"first_call_s\": {:.3f}}}\n", first_call_s);
   } else {
     fmt::print("{} ring of {} virtual ranks ({}) on one {}: B{} H{} Hkv{} S{} D{} density {:.3f}, {} blocks launched, {} skipped\n", spec.name,
-               o.ring, sh_name, info.name, B, H, Hkv, S, D, density, blocks.launched, blocks.skipped);
+               o.ring, o.ring_sharding, info.name, B, H, Hkv, S, D, density, blocks.launched, blocks.skipped);
     fmt::print("  forward:          unsharded {:.4f} ms ({:.1f} TFLOP/s), ring {:.4f} ms ({:.1f} TFLOP/s), {:.2f}x\n", fwd, tflops(flops, fwd),
                ring_fwd, tflops(flops, ring_fwd), ring_fwd / fwd);
     if (o.backward)

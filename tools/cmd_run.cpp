@@ -49,8 +49,7 @@ int run_run(const RunOptions& o) {
   check_backward_options(o);
   RingRun ring{o.ring, RingSharding::Zigzag};
   if (o.ring < 0) throw Error(fmt::format("--ring {}: give the number of virtual ranks (1 or more)", o.ring));
-  if (o.ring_sharding == "contiguous") ring.sharding = RingSharding::Contiguous;
-  else if (o.ring_sharding != "zigzag") throw Error(fmt::format("--ring-sharding `{}`: use zigzag or contiguous", o.ring_sharding));
+  ring.sharding = parse_ring_sharding(o.ring_sharding);
   dsl::Spec spec = o.spec.load();  // marks the --grad buffers
   std::vector<std::pair<std::string, std::string>> grad_files;
   for (const std::string& g : o.spec.grads) grad_files.push_back(split_eq(g, "--grad"));

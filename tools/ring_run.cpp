@@ -12,6 +12,12 @@
 
 namespace flexjit::tools {
 
+RingSharding parse_ring_sharding(const std::string& name) {
+  if (name == "zigzag") return RingSharding::Zigzag;
+  if (name == "contiguous") return RingSharding::Contiguous;
+  throw Error(fmt::format("--ring-sharding `{}`: use zigzag or contiguous", name));
+}
+
 namespace {
 
 // Memory of the shards' tensors where the launch runs: host bytes for the CPU backend, device memory otherwise; lists,

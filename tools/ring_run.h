@@ -3,11 +3,15 @@
 // whole-sequence outputs, so that the files written compare directly with a plain `flexjit run` of the same inputs.
 #pragma once
 #include <memory>
+#include <string>
 
 #include "runtime/flexjit.hpp"
 #include "runtime/ring.h"
 
 namespace flexjit::tools {
+
+// The value of --ring-sharding: zigzag or contiguous; anything else throws flexjit::Error.
+RingSharding parse_ring_sharding(const std::string& name);
 
 struct RingRun {
   int ranks = 0;

@@ -78,6 +78,7 @@ BackwardDqMode requested_dq_mode(BackwardDqMode given) {
 }  // namespace
 
 void CpuExecutor::backward(const SpecIR&, const BackwardArgs&) { throw Error("this CPU backend has no backward pass"); }
+void CpuExecutor::backward_varlen(const SpecIR&, const VarlenBackwardArgs&) { throw Error("this CPU backend has no ragged backward"); }
 
 // The gradient program (differentiated once), its range analysis and the compiled modules.
 struct KernelImpl::BackwardState {
@@ -469,6 +470,16 @@ void KernelImpl::backward(const BackwardArgs& a) {
     const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((c.n + 255) / 256, 4096));
     check_cu(d.cuLaunchKernel(fn.convert, blocks, 1, 1, 256, 1, 1, 0, a.stream, cargs, nullptr), "launching the gradient conversion");
   }
+}
+
+void KernelImpl::backward_varlen(const VarlenBackwardArgs& a) {
+  if (a.device.kind == Device::Kind::Cpu) {
+    auto cpu = cpu_executor();
+    if (!cpu) throw Error("this build of flexjit has no CPU backend (configure with FLEXJIT_CPU_BACKEND=ON)");
+    cpu->backward_varlen(ir_, a);
+    return;
+  }
+  throw Error("backward_varlen: the GPU ragged backward is not built yet");
 }
 
 }  // namespace flexjit

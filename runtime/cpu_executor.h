@@ -17,6 +17,7 @@ class CpuExecutor {
   // The other launch kinds; a backend that lacks one throws flexjit::Error saying so.
   virtual void backward(const SpecIR& ir, const BackwardArgs& args);
   virtual void forward_varlen(const SpecIR& ir, const VarlenArgs& args);
+  virtual void backward_varlen(const SpecIR& ir, const VarlenBackwardArgs& args);
   virtual void decode(const SpecIR& ir, const DecodePlanOptions& plan, const DecodeArgs& args);
 };
 

@@ -149,6 +149,28 @@ struct VarlenArgs {
   Device device;
 };
 
+// The backward of a ragged prefill (Kernel::forward_varlen without queries_at_kv_end): the gradients of the packed
+// q, k, v, and of the buffers the spec marks `grad`, for the same sequences, lengths and bounds as the forward.
+struct VarlenBackwardArgs {
+  Tensor q, k, v;  // as VarlenArgs: [total_q, H, D], [total_kv, Hkv, D], [total_kv, Hkv, Dv] (the spec's dtype)
+  Tensor o;        // [total_q, H, Dv]: the forward's output
+  Tensor d_o;      // [total_q, H, Dv]: the gradient of o
+  Tensor lse;      // [H, total_q] f32: the forward's LSE (required)
+  Tensor dq, dk, dv;  // written: the shapes and dtype of q, k, v (rows of a skipped sequence are left alone)
+  Tensor cu_seqlens_q, cu_seqlens_kv;   // I32 [B + 1] on the launch's device, as the forward's
+  int max_seqlen_q = 0, max_seqlen_kv = 0;  // as the forward's: a sequence outside them (or outside the packed
+                                            // rows) is skipped and reported by Kernel::check_errors
+  float scale = 0;
+  std::vector<std::pair<std::string, Tensor>> buffers;
+  std::vector<std::pair<std::string, double>> params;
+  // Gradients of captured buffers, as BackwardArgs::grads: summed over every sequence of the batch.
+  std::vector<std::pair<std::string, Tensor>> grads;
+  bool deterministic = false;  // fixed summation order, no float atomics (bitwise reproducible)
+  Workspace* workspace = nullptr;
+  CUstream stream = nullptr;
+  Device device;
+};
+
 // What a decode plan is made for: the largest batch a run may use, the head counts, the
 // most query rows (1..16) and KV positions per sequence, and the KV cache layout.
 struct DecodePlanOptions {
@@ -280,6 +302,8 @@ class Kernel {
 
   // Ragged prefill over packed sequences (VarlenArgs).
   virtual void forward_varlen(const VarlenArgs& args) = 0;
+  // Its backward (VarlenBackwardArgs). Throws flexjit::Error.
+  virtual void backward_varlen(const VarlenBackwardArgs& args) = 0;
 
   // Plans decode runs for a batch shape (allocates the plan's workspace once).
   virtual std::unique_ptr<DecodePlan> plan_decode(const DecodePlanOptions& options) = 0;

@@ -64,6 +64,7 @@ class KernelImpl : public Kernel {
   // backward_impl.cpp
   void backward(const BackwardArgs& args) override;
   std::unique_ptr<Workspace> make_backward_workspace(int device, int batch, int heads, int seqlen_q, int seqlen_kv) override;
+  void backward_varlen(const VarlenBackwardArgs& args) override;
 
   // varlen_impl.cpp
   void forward_varlen(const VarlenArgs& args) override;

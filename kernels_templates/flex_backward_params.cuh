@@ -48,6 +48,15 @@ struct FlexBackwardParams {
   int seqlen_q;
   int seqlen_kv;
   float scale;
+  // Ragged batches (modules built with FLEX_RAGGED, flex_backward_ragged.cuh; null in dense launches): sequence b owns
+  // rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of q, o, d_o, dq and lse's last dimension, and [cu_seqlens_kv[b],
+  // cu_seqlens_kv[b + 1]) of k, v, dk, dv (the _stride_b strides are 0); batch is B, seqlen_q / seqlen_kv the bounds
+  // of the lengths. Each CTA works on its sequence's view (flex_bwd::ragged_sequence). A sequence outside the bounds or
+  // the packed rows (total_q / total_kv) is skipped and sets kFlexBadLengthsFlag in *error_word.
+  const int* cu_seqlens_q;
+  const int* cu_seqlens_kv;
+  int total_q, total_kv;
+  unsigned int* error_word;
   void* grad_ptr[8];          // per scatter: its buffer's gradient (f32, or 64-bit fixed point when
                               // deterministic), contiguous, the buffer's shape
 };
@@ -64,6 +73,18 @@ struct FlexTileStateParams {
   FlexBlockMask mask;         // the forward mask (counts and lists)
   unsigned char* tile_state;  // [Bm, Hm, num_q_tiles, max_kv_tiles], cleared to 0 before the launch
   int rows;                   // Bm * Hm * num_q_tiles
+};
+
+// The ragged tile-class builder (flex_backward_ragged.cuh): one thread per (sequence, mask head, query tile, KV tile)
+// of the backward's own tiles, classified at the sequence's lengths.
+struct FlexRaggedTileStateParams {
+  const int* cu_seqlens_q;
+  const int* cu_seqlens_kv;
+  unsigned char* tile_state;  // [batch, mask_heads, nq, nkv]
+  int batch, mask_heads, group;  // group: query heads per KV head (the classifier's hkv = h / group)
+  int nq, nkv, q_tile, kv_tile;
+  int seqlen_q, seqlen_kv;       // the bounds of the lengths
+  int total_q, total_kv;
 };
 
 // Conversion of fixed-point or fp32 accumulators into the outputs: out[i] = in[i] * mult.

@@ -33,11 +33,15 @@ struct BackwardLayout {
   size_t delta = 0, lse2 = 0, dq_accum = 0, tile_state = 0, grads = 0, total = 0;
 };
 
-BackwardLayout backward_layout(int64_t B, int64_t H, int64_t Sq, int64_t Skv, int64_t D, size_t grad_bytes) {
-  BackwardLayout l;
+// The dense tile classes: the forward block mask's tiles over (b, h).
+size_t dense_tile_state_bytes(int64_t B, int64_t H, int64_t Sq, int64_t Skv, int64_t D) {
   const ForwardConfig fc = forward_config(static_cast<int>(D));
-  const int64_t rows = B * H * Sq;
-  const int64_t nq = (Sq + fc.block_m - 1) / fc.block_m, nkv = (Skv + fc.block_n - 1) / fc.block_n;
+  return static_cast<size_t>(B * H * ((Sq + fc.block_m - 1) / fc.block_m) * ((Skv + fc.block_n - 1) / fc.block_n));
+}
+
+// rows: the query rows of the scratch (B * H * Sq; a ragged batch's H * total_q).
+BackwardLayout backward_layout(int64_t rows, int64_t D, size_t tile_state_bytes, size_t grad_bytes) {
+  BackwardLayout l;
   size_t off = 0;
   l.delta = off;
   off = align_up(off + static_cast<size_t>(rows) * 4);
@@ -46,7 +50,7 @@ BackwardLayout backward_layout(int64_t B, int64_t H, int64_t Sq, int64_t Skv, in
   l.dq_accum = off;
   off = align_up(off + static_cast<size_t>(rows * D) * 8);  // 8 bytes: room for fixed point
   l.tile_state = off;
-  off = align_up(off + static_cast<size_t>(B * H * nq * nkv));
+  off = align_up(off + tile_state_bytes);
   l.grads = off;
   off = align_up(off + grad_bytes);
   l.total = off;
@@ -115,7 +119,8 @@ KernelImpl::BackwardState& KernelImpl::backward_state() {
 std::unique_ptr<Workspace> KernelImpl::make_backward_workspace(int device, int batch, int heads, int seqlen_q, int seqlen_kv) {
   runtime::ScopedDevice scope(device);
   runtime::LaunchShape s{batch, heads, heads, seqlen_q, seqlen_kv, spec().head_dim, spec().value_head_dim()};
-  BackwardLayout l = backward_layout(batch, heads, seqlen_q, seqlen_kv, spec().head_dim, 0);
+  BackwardLayout l = backward_layout(int64_t(batch) * heads * seqlen_q, spec().head_dim,
+                                     dense_tile_state_bytes(batch, heads, seqlen_q, seqlen_kv, spec().head_dim), 0);
   return allocate_workspace(device, s, forward_config(spec().head_dim), l.total);
 }
 
@@ -126,6 +131,11 @@ void KernelImpl::backward(const BackwardArgs& a) {
     cpu->backward(ir_, a);
     return;
   }
+  backward_gpu(a, nullptr);
+}
+
+// A dense launch, or (ragged) a ragged batch whose packed tensors `a` holds as [1, H, total, D] views.
+void KernelImpl::backward_gpu(const BackwardArgs& a, const RaggedBatch* ragged) {
   const runtime::CudaDriver& d = require_driver();
   // A shard of a longer sequence (context parallelism): the tensors hold the shard's rows, the mods see global
   // positions (flex::ShardPositions), and Sq / Skv in the mods are the whole sequence's lengths.
@@ -174,7 +184,11 @@ void KernelImpl::backward(const BackwardArgs& a) {
   BackwardState& st = backward_state();
   // The values first: a runtime divisor's value may be compiled in (compiler/specialize.h), which changes the
   // gradient's scatters (staged terms).
-  BoundValues values = runtime::bind_launch(ir_.checked, runtime::mods_shape(shape, window), buffers, fa);
+  // The mods' shape: the whole sequence's (a shard's), or a ragged batch's sequences with the bounds of their lengths.
+  const runtime::LaunchShape seen = ragged ? runtime::LaunchShape{ragged->batch, shape.heads, shape.kv_heads, ragged->max_seqlen_q,
+                                                                  ragged->max_seqlen_kv, shape.head_dim, shape.head_dim_v}
+                                           : runtime::mods_shape(shape, window);
+  BoundValues values = runtime::bind_launch(ir_.checked, seen, buffers, fa);
   std::vector<std::pair<int, int64_t>> specialized = specialized_params(values);
   const SpecIR& ir = specialized.empty() ? ir_ : specialization(specialized).ir;
   const BackwardState::Gradient& gradient = [&]() -> const BackwardState::Gradient& {
@@ -230,7 +244,9 @@ void KernelImpl::backward(const BackwardArgs& a) {
   bo.head_dim = spec().head_dim;
   bo.deterministic = a.deterministic;
   bo.arch = info.arch;
-  bo.tma_operands = runtime::tensor_maps_describe(a.q, a.k, a.v) && runtime::tensor_map_describes(a.d_o);
+  // A ragged batch's loads bound rows by each sequence, which tensor maps over the packed rows would not.
+  bo.tma_operands = !ragged && runtime::tensor_maps_describe(a.q, a.k, a.v) && runtime::tensor_map_describes(a.d_o);
+  bo.ragged = ragged != nullptr;
   bo.variant.int32 = choice.int32;
   bo.variant.checked_loads = choice.checked_loads;
   bo.variant.error_flags = options_.checked;
@@ -238,12 +254,13 @@ void KernelImpl::backward(const BackwardArgs& a) {
   // Auto: the query-major pass only for a row-owned scatter the atomic module's kernel does not stage (SAM's
   // rel_h / rel_w are staged by the Hopper kernel).
   BackwardDqMode dq_mode = requested_dq_mode(a.dq_mode);
-  if (shard && dq_mode != BackwardDqMode::Atomic) {
+  if ((shard || ragged) && dq_mode != BackwardDqMode::Atomic) {
     // The query-major pass forms its row-owned targets per 64-column tile of the launch's own rows; a shard's tiles
     // need not line up with the whole sequence's, so shards take dQ (and every buffer gradient) by the KV-major kernel.
+    // A ragged batch's kernels work on sequence views that only the KV-major module has (flex_backward_ragged.cuh).
     if (dq_mode == BackwardDqMode::QueryMajor)
-      runtime::log_info("flexjit: backward of `{}`: dq by atomics, not by the query-major pass: the launch is a shard of a longer sequence",
-                        spec().name);
+      runtime::log_info("flexjit: backward of `{}`: dq by atomics, not by the query-major pass: the launch is {}", spec().name,
+                        ragged ? "a ragged batch" : "a shard of a longer sequence");
     dq_mode = BackwardDqMode::Atomic;
   }
   if (dq_mode == BackwardDqMode::Auto) {
@@ -271,8 +288,8 @@ void KernelImpl::backward(const BackwardArgs& a) {
   bo.query_major = query_major;
 
   // ---- the gradient variant for these values ----
-  std::string key = fmt::format("{}_{}_{}{}{}", choice.key(), info.arch, a.deterministic ? "det" : "atomic", query_major ? "_qdq" : "",
-                                bo.tma_operands ? "" : "_notma");
+  std::string key = fmt::format("{}_{}_{}{}{}{}", choice.key(), info.arch, a.deterministic ? "det" : "atomic", query_major ? "_qdq" : "",
+                                bo.tma_operands ? "" : "_notma", ragged ? "_ragged" : "");
   BackwardState::Module* mod = nullptr;
   {
     std::lock_guard<std::mutex> lock(st.mutex);
@@ -314,8 +331,18 @@ void KernelImpl::backward(const BackwardArgs& a) {
 
   // ---- workspace, parameters ----
   runtime::ScopedDevice scope(device);
-  BackwardLayout lay = backward_layout(shape.batch, shape.heads, shape.seqlen_q, shape.seqlen_kv, shape.head_dim, grad_bytes);
-  Workspace& ws = workspace_for(a.workspace, a.stream, device, shape, forward_config(static_cast<int>(shape.head_dim)), lay.total);
+  // A ragged batch's tile classes are the backward's own tiles over (sequence, mask head) at the bounds of the lengths.
+  const int ragged_heads = ragged ? mask_heads(shape) : 0;
+  const int64_t ragged_nq = ragged ? (ragged->max_seqlen_q + cfg.block_m - 1) / cfg.block_m : 0;
+  const int64_t ragged_nkv = ragged ? (ragged->max_seqlen_kv + cfg.block_n - 1) / cfg.block_n : 0;
+  const size_t tile_state_bytes =
+      !ir_.mask_mod ? 0
+      : ragged      ? static_cast<size_t>(ragged->batch * ragged_heads * ragged_nq * ragged_nkv)
+                    : dense_tile_state_bytes(shape.batch, shape.heads, shape.seqlen_q, shape.seqlen_kv, shape.head_dim);
+  BackwardLayout lay = backward_layout(shape.batch * shape.heads * shape.seqlen_q, shape.head_dim, tile_state_bytes, grad_bytes);
+  // A ragged batch has no forward block mask: a one-tile shape keeps the workspace's mask part minimal.
+  Workspace& ws = workspace_for(a.workspace, a.stream, device, ragged ? runtime::LaunchShape{1, 1, 1, 1, 1, shape.head_dim, shape.head_dim_v} : shape,
+                                forward_config(static_cast<int>(shape.head_dim)), lay.total);
   unsigned int* error_word = reinterpret_cast<unsigned int*>(ws.memory_);
   std::vector<uint64_t> vparams =
       runtime::fill_variant_params(mod->source.grad.layout, buffers, values, options_.checked ? error_word : nullptr);
@@ -350,11 +377,18 @@ void KernelImpl::backward(const BackwardArgs& a) {
     auto ls = a.lse.effective_strides();
     p.lse_stride_b = ls[0], p.lse_stride_h = ls[1];
   }
-  p.batch = static_cast<int>(shape.batch);
+  p.batch = static_cast<int>(seen.batch);
   p.heads = static_cast<int>(shape.heads);
   p.kv_heads = static_cast<int>(shape.kv_heads);
-  p.seqlen_q = static_cast<int>(shape.seqlen_q);
-  p.seqlen_kv = static_cast<int>(shape.seqlen_kv);
+  p.seqlen_q = static_cast<int>(ragged ? seen.seqlen_q : shape.seqlen_q);
+  p.seqlen_kv = static_cast<int>(ragged ? seen.seqlen_kv : shape.seqlen_kv);
+  if (ragged) {
+    p.cu_seqlens_q = static_cast<const int*>(ragged->cu_seqlens_q.data);
+    p.cu_seqlens_kv = static_cast<const int*>(ragged->cu_seqlens_kv.data);
+    p.total_q = static_cast<int>(shape.seqlen_q);
+    p.total_kv = static_cast<int>(shape.seqlen_kv);
+    p.error_word = error_word;  // lengths outside the bounds are reported whether or not loads are checked
+  }
   p.scale = a.scale > 0 ? a.scale : default_softmax_scale(static_cast<int>(shape.head_dim));
 
   // Buffer gradients: zeroed f32 outputs (atomics), or zeroed fixed-point scratch (deterministic).
@@ -392,7 +426,35 @@ void KernelImpl::backward(const BackwardArgs& a) {
 
   // ---- block sparsity: the forward mask's lists -> dense tile classes (the query-major pass walks the lists) ----
   FlexBlockMask fmask{};
-  if (ir_.mask_mod) {
+  if (ir_.mask_mod && ragged) {
+    FlexRaggedTileStateParams tp{};
+    tp.cu_seqlens_q = p.cu_seqlens_q;
+    tp.cu_seqlens_kv = p.cu_seqlens_kv;
+    tp.tile_state = reinterpret_cast<unsigned char*>(bwd + lay.tile_state);
+    tp.batch = p.batch;
+    tp.mask_heads = ragged_heads;
+    tp.group = p.heads / p.kv_heads;
+    tp.nq = static_cast<int>(ragged_nq);
+    tp.nkv = static_cast<int>(ragged_nkv);
+    tp.q_tile = cfg.block_m;
+    tp.kv_tile = cfg.block_n;
+    tp.seqlen_q = p.seqlen_q;
+    tp.seqlen_kv = p.seqlen_kv;
+    tp.total_q = p.total_q;
+    tp.total_kv = p.total_kv;
+    void* targs[] = {&tp, vp_copy.data()};
+    const int64_t n = static_cast<int64_t>(tile_state_bytes);
+    if (n > 0)
+      check_cu(d.cuLaunchKernel(fn.tile_state, static_cast<unsigned>((n + 127) / 128), 1, 1, 128, 1, 1, 0, a.stream, targs, nullptr),
+               "launching the ragged tile-class builder");
+    p.tile_state = tp.tile_state;
+    p.ts_stride_b = static_cast<long long>(ragged_heads) * ragged_nq * ragged_nkv;
+    p.ts_stride_h = ragged_heads == 1 ? 0 : ragged_nq * ragged_nkv;
+    p.ts_nq = tp.nq;
+    p.ts_nkv = tp.nkv;
+    p.ts_q_tile = tp.q_tile;
+    p.ts_kv_tile = tp.kv_tile;
+  } else if (ir_.mask_mod) {
     ForwardConfig fcfg = forward_config(spec().head_dim);
     const BlockMask* mask = a.block_mask;
     if (mask && (mask->q_tile_ != fcfg.block_m || mask->kv_tile_ != fcfg.block_n)) {
@@ -433,9 +495,9 @@ void KernelImpl::backward(const BackwardArgs& a) {
   }
 
   // ---- launches ----
-  const unsigned row_blocks = static_cast<unsigned>((shape.seqlen_q + 7) / 8);
+  const unsigned row_blocks = static_cast<unsigned>((p.seqlen_q + 7) / 8);
   void* pargs[] = {&p};
-  check_cu(d.cuLaunchKernel(fn.preprocess, row_blocks, static_cast<unsigned>(shape.heads), static_cast<unsigned>(shape.batch), 256, 1, 1, 0,
+  check_cu(d.cuLaunchKernel(fn.preprocess, row_blocks, static_cast<unsigned>(shape.heads), static_cast<unsigned>(p.batch), 256, 1, 1, 0,
                             a.stream, pargs, nullptr),
            "launching the backward preprocessing");
   FlexBackwardTmaMaps maps{};
@@ -444,8 +506,8 @@ void KernelImpl::backward(const BackwardArgs& a) {
     maps = runtime::encode_backward_tensor_maps(d, a.q, a.k, a.v, a.d_o, cfg.block_m, cfg.block_n, pol.swizzle_bytes);
   }
   void* margs[] = {&p, vp_copy.data(), &maps};
-  check_cu(d.cuLaunchKernel(fn.main, static_cast<unsigned>(cfg.main_grid_x(shape.seqlen_kv)),
-                            static_cast<unsigned>(shape.kv_heads), static_cast<unsigned>(shape.batch), static_cast<unsigned>(cfg.threads()), 1,
+  check_cu(d.cuLaunchKernel(fn.main, static_cast<unsigned>(cfg.main_grid_x(p.seqlen_kv)),
+                            static_cast<unsigned>(shape.kv_heads), static_cast<unsigned>(p.batch), static_cast<unsigned>(cfg.threads()), 1,
                             1, static_cast<unsigned>(cfg.shared_bytes()), a.stream, margs, nullptr),
            "launching the backward kernel");
   if (query_major) {
@@ -456,7 +518,7 @@ void KernelImpl::backward(const BackwardArgs& a) {
                               static_cast<unsigned>(qc.shared_bytes()), a.stream, qargs, nullptr),
              "launching the query-major backward pass");
   } else {
-    check_cu(d.cuLaunchKernel(fn.dq, row_blocks, static_cast<unsigned>(shape.heads), static_cast<unsigned>(shape.batch), 256, 1, 1, 0,
+    check_cu(d.cuLaunchKernel(fn.dq, row_blocks, static_cast<unsigned>(shape.heads), static_cast<unsigned>(p.batch), 256, 1, 1, 0,
                               a.stream, pargs, nullptr),
              "launching the dQ conversion");
   }
@@ -479,7 +541,48 @@ void KernelImpl::backward_varlen(const VarlenBackwardArgs& a) {
     cpu->backward_varlen(ir_, a);
     return;
   }
-  throw Error("backward_varlen: the GPU ragged backward is not built yet");
+  const int64_t D = spec().head_dim, Dv = spec().value_head_dim();
+  if (!a.q.data || a.q.shape.size() != 3) throw Error("backward_varlen: q must be [total_q, H, D]");
+  if (!a.k.data || a.k.shape.size() != 3) throw Error("backward_varlen: k must be [total_kv, Hkv, D]");
+  const int64_t H = a.q.shape[1], Hkv = a.k.shape[1], total_q = a.q.shape[0], total_kv = a.k.shape[0];
+  const DType dt = spec().dtype;
+  runtime::check_packed_operand(a.q, "backward_varlen", "q", H, D, dt);
+  runtime::check_packed_operand(a.k, "backward_varlen", "k", Hkv, D, dt);
+  runtime::check_packed_operand(a.v, "backward_varlen", "v", Hkv, Dv, dt);
+  runtime::check_packed_operand(a.o, "backward_varlen", "o", H, Dv, dt);
+  runtime::check_packed_operand(a.d_o, "backward_varlen", "d_o", H, Dv, dt);
+  runtime::check_packed_operand(a.dq, "backward_varlen", "dq", H, D, dt);
+  runtime::check_packed_operand(a.dk, "backward_varlen", "dk", Hkv, D, dt);
+  runtime::check_packed_operand(a.dv, "backward_varlen", "dv", Hkv, Dv, dt);
+  for (const Tensor* t : {&a.o, &a.d_o, &a.dq})
+    if (t->shape[0] != total_q) throw Error("backward_varlen: o, d_o and dq must have as many rows as q");
+  for (const Tensor* t : {&a.v, &a.dk, &a.dv})
+    if (t->shape[0] != total_kv) throw Error("backward_varlen: v, dk and dv must have as many rows as k");
+  if (total_q < 1 || total_kv < 1) throw Error("backward_varlen: q and k must have at least one row");
+  const int64_t B = runtime::check_cu_seqlens(a.cu_seqlens_q, a.cu_seqlens_kv, "backward_varlen");
+  if (a.max_seqlen_q < 1 || a.max_seqlen_kv < 1)
+    throw Error("backward_varlen: max_seqlen_q and max_seqlen_kv must be >= 1 (the forward's bounds of the per-sequence lengths)");
+  if (!a.lse.data || a.lse.dtype != DType::F32 || a.lse.shape != std::vector<int64_t>{H, total_q} || a.lse.effective_strides()[1] != 1)
+    throw Error("backward_varlen: lse is required: the forward's f32 [H, total_q] LSE with a contiguous last dimension");
+  const int device = a.device.index >= 0 ? a.device.index : runtime::pointer_device(a.q.data);
+  if (device < 0) throw Error("backward_varlen: q is not device memory: pass device pointers, or Device::cpu() for host memory");
+  for (const Tensor* t : {&a.cu_seqlens_q, &a.cu_seqlens_kv})
+    if (runtime::pointer_device(t->data) != device)
+      throw Error(fmt::format("backward_varlen: {} is not memory of cuda:{}", t == &a.cu_seqlens_q ? "cu_seqlens_q" : "cu_seqlens_kv", device));
+
+  // The packed tensors as one batch of total rows: [1, heads, total, dim] views (row stride s[0], head stride s[1]).
+  auto view = [](const Tensor& t) {
+    const std::vector<int64_t> s = t.effective_strides();
+    return Tensor{t.data, t.dtype, {1, t.shape[1], t.shape[0], t.shape[2]}, {0, s[1], s[0], 1}};
+  };
+  BackwardArgs b;
+  b.q = view(a.q), b.k = view(a.k), b.v = view(a.v), b.o = view(a.o), b.d_o = view(a.d_o);
+  b.dq = view(a.dq), b.dk = view(a.dk), b.dv = view(a.dv);
+  b.lse = Tensor{a.lse.data, DType::F32, {1, H, total_q}, {0, a.lse.effective_strides()[0], 1}};
+  b.scale = a.scale, b.buffers = a.buffers, b.params = a.params, b.grads = a.grads, b.deterministic = a.deterministic;
+  b.workspace = a.workspace, b.stream = a.stream, b.device = Device::cuda(device);
+  RaggedBatch r{a.cu_seqlens_q, a.cu_seqlens_kv, B, a.max_seqlen_q, a.max_seqlen_kv};
+  backward_gpu(b, &r);
 }
 
 }  // namespace flexjit

@@ -215,6 +215,32 @@ VariantChoice choose_variant(const RangeInfo& ranges, const dsl::CheckedSpec& cs
   return c;
 }
 
+void check_packed_operand(const Tensor& t, const char* what, const char* name, int64_t heads, int64_t dim, DType dtype) {
+  if (!t.data) throw Error(fmt::format("{}: {} has no data pointer", what, name));
+  if (t.shape.size() != 3) throw Error(fmt::format("{}: {} must be [total, heads, dim], but has {} dimensions", what, name, t.shape.size()));
+  if (!t.strides.empty() && t.strides.size() != 3) throw Error(fmt::format("{}: {} has {} strides for 3 dimensions", what, name, t.strides.size()));
+  if (t.shape[1] != heads || t.shape[2] != dim)
+    throw Error(fmt::format("{}: {} has shape [{}] but must be [total, {}, {}]", what, name, fmt::join(t.shape, ", "), heads, dim));
+  if (t.dtype != dtype)
+    throw Error(fmt::format("{}: {} must be {} ({}), got {}", what, name, dsl::dtype_name(dtype), is_fp8(dtype) ? "the FP8 format of k" : "the spec's dtype",
+                            dsl::dtype_name(t.dtype)));
+  check_addressable(t, fmt::format("{}: {}", what, name));
+  std::vector<int64_t> s = t.effective_strides();
+  if (s[2] != 1) throw Error(fmt::format("{}: {} must be contiguous in its last dimension", what, name));
+  if (s[0] % 8 != 0 || s[1] % 8 != 0) throw Error(fmt::format("{}: {} strides must be multiples of 8 elements (16 bytes)", what, name));
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) throw Error(fmt::format("{}: {} must be 16-byte aligned", what, name));
+}
+
+int64_t check_cu_seqlens(const Tensor& cu_q, const Tensor& cu_kv, const char* what) {
+  for (const Tensor* t : {&cu_q, &cu_kv}) {
+    const char* name = t == &cu_q ? "cu_seqlens_q" : "cu_seqlens_kv";
+    if (!t->data || t->dtype != DType::I32 || t->shape.size() != 1 || t->shape[0] < 2 || (!t->strides.empty() && t->strides[0] != 1))
+      throw Error(fmt::format("{}: {} must be a contiguous i32 [B + 1] tensor with B >= 1", what, name));
+  }
+  if (cu_q.shape[0] != cu_kv.shape[0]) throw Error(fmt::format("{}: cu_seqlens_q and cu_seqlens_kv must have the same length", what));
+  return cu_q.shape[0] - 1;
+}
+
 int64_t check_kv_scale(const Tensor& t, const char* what, const char* name, int64_t kv_heads, int device) {
   if (t.dtype != DType::F32 || t.shape.size() != 1 || (t.shape[0] != kv_heads && t.shape[0] != 1))
     throw Error(fmt::format("{}: {} must be an f32 tensor of shape [{}] (one scale per KV head) or [1], got {} [{}]", what, name, kv_heads,

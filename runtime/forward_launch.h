@@ -82,6 +82,13 @@ inline bool is_fp8(DType t) { return t == DType::F8E4M3 || t == DType::F8E5M2; }
 // over KV heads (0 for one scale). `what` names the call in the errors ("decode").
 int64_t check_kv_scale(const Tensor& t, const char* what, const char* name, int64_t kv_heads, int device);
 
+// A packed operand of a ragged launch, [total, heads, dim] of `dtype` with a contiguous last dimension, 16-byte
+// strides and alignment on the GPU; throws flexjit::Error naming `what` (the call) and `name`.
+void check_packed_operand(const Tensor& t, const char* what, const char* name, int64_t heads, int64_t dim, DType dtype);
+
+// A ragged launch's cu_seqlens_q / cu_seqlens_kv: contiguous i32 [B + 1], B >= 1, both of one length. Returns B.
+int64_t check_cu_seqlens(const Tensor& cu_q, const Tensor& cu_kv, const char* what);
+
 // The Params struct bytes (8 per slot) for the generated variant.
 std::vector<uint64_t> fill_variant_params(const ParamsLayout& layout, const std::vector<Tensor>& buffers, const BoundValues& values,
                                           unsigned int* error_word);

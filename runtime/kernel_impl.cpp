@@ -279,7 +279,7 @@ void KernelImpl::check_errors(int device, CUstream stream, Workspace* workspace)
   if (word & kZeroDivisorFlag) problems.push_back("an integer division or modulo met a zero divisor (the result was 0)");
   if (word & kFlexBadLengthsFlag)
     problems.push_back(
-        "a sequence's lengths were outside the launch's bounds (forward_varlen: a cu_seqlens length above max_seqlen_q / "
+        "a sequence's lengths were outside the launch's bounds (forward_varlen, backward_varlen: a cu_seqlens length above max_seqlen_q / "
         "max_seqlen_kv, negative, or past the packed tensors' rows; decode: a q_len outside 1..max_seqlen_q or a kv_len outside "
         "q_len..max_seqlen_kv), so that sequence's outputs were not computed");
   std::lock_guard<std::mutex> lock(mutex_);

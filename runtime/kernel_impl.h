@@ -198,6 +198,14 @@ class KernelImpl : public Kernel {
   // decode_impl.cpp: the decode module for a variant choice and configuration, compiled and loaded on first use.
   struct DecodeModule;
   DecodeModule& decode_module(const runtime::VariantChoice& choice, int device, const DecodeConfig& cfg);
+  // backward_impl.cpp: a ragged batch's sequences (Kernel::backward_varlen), for backward_gpu.
+  struct RaggedBatch {
+    Tensor cu_seqlens_q, cu_seqlens_kv;
+    int64_t batch = 0;
+    int64_t max_seqlen_q = 0, max_seqlen_kv = 0;
+  };
+  // The GPU backward of a dense launch, or of a ragged batch whose packed tensors `a` holds as [1, H, total, D] views.
+  void backward_gpu(const BackwardArgs& a, const RaggedBatch* ragged);
   // varlen_impl.cpp: the ragged-prefill module of a variant choice (forward_fn holds its kernel; widen_fn the widening
   // pass when K and V are stored in the FP8 format fp8_kv), on first use.
   struct VarlenState;

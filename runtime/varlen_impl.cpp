@@ -22,27 +22,6 @@ using runtime::check_cu;
 
 void CpuExecutor::forward_varlen(const SpecIR&, const VarlenArgs&) { throw Error("this CPU backend has no ragged prefill"); }
 
-namespace {
-
-// dtype: the element type the tensor must have (the spec's, or for an FP8 K / V the FP8 format of k).
-void check_packed(const Tensor& t, const char* name, int64_t heads, int64_t dim, DType dtype) {
-  if (!t.data) throw Error(fmt::format("forward_varlen: {} has no data pointer", name));
-  if (t.shape.size() != 3) throw Error(fmt::format("forward_varlen: {} must be [total, heads, dim], but has {} dimensions", name, t.shape.size()));
-  if (!t.strides.empty() && t.strides.size() != 3) throw Error(fmt::format("forward_varlen: {} has {} strides for 3 dimensions", name, t.strides.size()));
-  if (t.shape[1] != heads || t.shape[2] != dim)
-    throw Error(fmt::format("forward_varlen: {} has shape [{}] but must be [total, {}, {}]", name, fmt::join(t.shape, ", "), heads, dim));
-  if (t.dtype != dtype)
-    throw Error(fmt::format("forward_varlen: {} must be {} ({}), got {}", name, dsl::dtype_name(dtype),
-                            runtime::is_fp8(dtype) ? "the FP8 format of k" : "the spec's dtype", dsl::dtype_name(t.dtype)));
-  runtime::check_addressable(t, fmt::format("forward_varlen: {}", name));
-  std::vector<int64_t> s = t.effective_strides();
-  if (s[2] != 1) throw Error(fmt::format("forward_varlen: {} must be contiguous in its last dimension", name));
-  if (s[0] % 8 != 0 || s[1] % 8 != 0)
-    throw Error(fmt::format("forward_varlen: {} strides must be multiples of 8 elements (16 bytes)", name));
-  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) throw Error(fmt::format("forward_varlen: {} must be 16-byte aligned", name));
-}
-
-}  // namespace
 
 // Ragged-prefill modules of this kernel, keyed by variant choice and architecture.
 struct KernelImpl::VarlenState {
@@ -104,23 +83,17 @@ void KernelImpl::forward_varlen(const VarlenArgs& a) {
   const int64_t H = a.q.shape[1], Hkv = a.k.shape[1];
   // An FP8 K / V (k's dtype says which format) is widened into the spec's dtype before the kernel reads it.
   const std::optional<DType> fp8_kv = runtime::is_fp8(a.k.dtype) ? std::optional<DType>(a.k.dtype) : std::nullopt;
-  check_packed(a.q, "q", H, D, spec().dtype);
-  check_packed(a.k, "k", Hkv, D, fp8_kv.value_or(spec().dtype));
-  check_packed(a.v, "v", Hkv, Dv, fp8_kv.value_or(spec().dtype));
-  check_packed(a.o, "o", H, Dv, spec().dtype);
+  runtime::check_packed_operand(a.q, "forward_varlen", "q", H, D, spec().dtype);
+  runtime::check_packed_operand(a.k, "forward_varlen", "k", Hkv, D, fp8_kv.value_or(spec().dtype));
+  runtime::check_packed_operand(a.v, "forward_varlen", "v", Hkv, Dv, fp8_kv.value_or(spec().dtype));
+  runtime::check_packed_operand(a.o, "forward_varlen", "o", H, Dv, spec().dtype);
   if (a.v.shape[0] != a.k.shape[0]) throw Error("forward_varlen: k and v must have the same number of rows");
   if (a.o.shape[0] != a.q.shape[0]) throw Error("forward_varlen: o must have as many rows as q");
   if (H < 1 || Hkv < 1 || H % Hkv != 0)
     throw Error(fmt::format("forward_varlen: q has {} heads and k {}: the query heads must be a positive multiple of the KV heads", H, Hkv));
   if (spec().gqa_group && H / Hkv != spec().gqa_group)
     throw Error(fmt::format("forward_varlen: the spec fixes gqa_group = {} but the launch has {} / {} heads", spec().gqa_group, H, Hkv));
-  for (const auto* t : {&a.cu_seqlens_q, &a.cu_seqlens_kv}) {
-    const char* name = t == &a.cu_seqlens_q ? "cu_seqlens_q" : "cu_seqlens_kv";
-    if (!t->data || t->dtype != DType::I32 || t->shape.size() != 1 || t->shape[0] < 2 || (!t->strides.empty() && t->strides[0] != 1))
-      throw Error(fmt::format("forward_varlen: {} must be a contiguous i32 [B + 1] tensor with B >= 1", name));
-  }
-  if (a.cu_seqlens_q.shape[0] != a.cu_seqlens_kv.shape[0]) throw Error("forward_varlen: cu_seqlens_q and cu_seqlens_kv must have the same length");
-  const int64_t B = a.cu_seqlens_q.shape[0] - 1;
+  const int64_t B = runtime::check_cu_seqlens(a.cu_seqlens_q, a.cu_seqlens_kv, "forward_varlen");
   if (a.max_seqlen_q < 1 || a.max_seqlen_kv < 1)
     throw Error("forward_varlen: max_seqlen_q and max_seqlen_kv must be >= 1 (the bounds of the per-sequence lengths)");
   if (a.lse.data) {

@@ -30,11 +30,13 @@ struct DumpOptions {
   bool deterministic = false;
   bool no_tma = false;
   bool shard = false;
+  bool ragged = false;
 };
 
 // The backward module a launch of the spec compiles (with the gradients the spec marks), as the runtime builds it:
 // dQ by the query-major pass when `dq` says so, or, for auto, when a scatter only that pass reduces (SAM's rel_h)
-// is not staged by the Hopper kernel. A shard's module has no query-major pass (the runtime takes dQ by atomics).
+// is not staged by the Hopper kernel. A shard's or a ragged batch's module has no query-major pass (the runtime takes dQ
+// by atomics).
 KernelSource backward_module(const SpecIR& ir, const DumpOptions& o) {
   ScoreModGradient grad = differentiate_score_mod(ir);
   drop_row_constant_scatters(grad);
@@ -44,10 +46,13 @@ KernelSource backward_module(const SpecIR& ir, const DumpOptions& o) {
   bo.head_dim = ir.spec().head_dim;
   bo.deterministic = o.deterministic;
   bo.arch = o.arch;
-  bo.tma_operands = !o.no_tma;
+  bo.tma_operands = !o.no_tma && !o.ragged;
   bo.shard_positions = o.shard;
-  if (o.shard && o.dq == "qmajor") throw Error("--shard goes with --dq atomic or auto: a shard of a longer sequence has no query-major pass");
-  bo.query_major = !o.shard && (o.dq == "qmajor" || (o.dq == "auto" && auto_picks_query_major(grad, ranges, bo)));
+  bo.ragged = o.ragged;
+  if (o.shard && o.ragged) throw Error("--shard and --ragged are different launches; give one");
+  if ((o.shard || o.ragged) && o.dq == "qmajor")
+    throw Error("--shard and --ragged go with --dq atomic or auto: their modules have no query-major pass");
+  bo.query_major = !o.shard && !o.ragged && (o.dq == "qmajor" || (o.dq == "auto" && auto_picks_query_major(grad, ranges, bo)));
   return backward_kernel_source(ir, grad, ranges, bo).module;
 }
 
@@ -135,6 +140,8 @@ void add_dump_command(CLI::App& app, Action& action) {
   cmd->add_flag("--shard", o->shard,
                 "With --emit=cuda or ptx: the module of a launch that is a shard of a longer sequence (q_offset / kv_offset: the "
                 "mods see global positions)");
+  cmd->add_flag("--ragged", o->ragged,
+                "With --backward: the module of a ragged batch's backward (Kernel::backward_varlen: each kernel on its sequence's rows)");
   cmd->callback([o, &action] { action = [o] { return run_dump(*o); }; });
 }
 

@@ -1,5 +1,7 @@
 #include "compiler/codegen/backward_source.h"
 
+#include "compiler/codegen/codegen_cuda_interval.h"
+
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -62,7 +64,7 @@ QueryMajorConfig query_major_config(int head_dim) {
 }
 
 StagedTerms backward_staged_terms(const ScoreModGradient& grad, const RangeInfo& ranges, const BackwardKernelOptions& options) {
-  if (options.query_major || options.shard_positions || !backward_config(options.head_dim, options.arch).hopper) return {};
+  if (options.query_major || options.shard_positions || options.ragged || !backward_config(options.head_dim, options.arch).hopper) return {};
   return find_staged_terms(grad, ranges, options.variant);
 }
 
@@ -107,6 +109,9 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
   const bool qm = options.query_major;
   if (qm && options.shard_positions)
     throw Error("backward_kernel_source: a shard of a longer sequence has no query-major pass (pick the atomic dQ strategy)");
+  const bool ragged = options.ragged;
+  if (ragged && (qm || options.shard_positions || options.tma_operands))
+    throw Error("backward_kernel_source: a ragged module has no query-major pass, shard offsets or tensor maps");
   const StagedTerms staged = backward_staged_terms(grad, ranges, options);
   const FlexBackwardFeatures features = backward_features(grad, staged, options);
   const FlexBackwardPolicy policy = flex_backward_policy(backward_kind(options), options.head_dim, features);
@@ -140,13 +145,35 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
   }
   const char* element = cuda_element_type(options.dtype);
   const char* det = options.deterministic ? "true" : "false";
+  // A ragged module's kernels run on their sequence's view `s` of the launch's parameters (flex_bwd::ragged_sequence);
+  // `report`: the CTA that reports a sequence outside the bounds.
+  auto ragged_view = [&](const char* b, const char* first_q, const char* first_kv, const char* report) {
+    if (!ragged) return std::string();
+    return fmt::format("  FlexBackwardParams s;\n  if (!flex_bwd::ragged_sequence<{}, {}>(p, {}, s, {}, {}, {})) return;\n", det, options.head_dim, b,
+                       first_q, first_kv, report);
+  };
+  std::string main_view;
+  if (ragged && out.config.hopper)
+    main_view = "  const flex_bwd_sm90::KvBlock<FlexBwdTraits::kBlockN, FlexBwdTraits::kPolicy.head_group, false> blk;\n" +
+                ragged_view("blk.b", "-1", "blk.n0", "false");
+  else if (ragged)
+    main_view = ragged_view("blockIdx.z", "-1", "(int)blockIdx.x * FlexBwdTraits::kBlockN", "false");
+  // The tile classes: from the forward's block-mask lists, or (ragged) by the mask's interval classifier.
+  std::string ts_body = "const FlexTileStateParams t) {\n  flex_backward_tile_state(t);\n";
+  if (ragged) {
+    const bool box = mask_is_interval_classifiable(ir);
+    if (box) variants += "\n" + generate_cuda_interval_classifier(ir, "FlexGradVariant", "FlexMaskBox");
+    ts_body = fmt::format("const FlexRaggedTileStateParams t, const FlexGradVariant::Params vp) {{\n"
+                          "  flex_backward_ragged_tile_state<FlexGradVariant, {}>(t, vp);\n",
+                          box ? "FlexMaskBox" : "void");
+  }
   KernelSource& ks = out.module;
   ks.config = forward_config(options.head_dim);
   ks.variant.layout = out.grad.layout;
   ks.variant.loads = out.grad.loads;
   ks.variant.code = out.grad.code;
-  ks.name = fmt::format("{}_bwd_{}_{}{}{}{}", ir.spec().name, dsl::dtype_name(options.dtype), out.config.str(), options.deterministic ? "_det" : "",
-                        qm ? "_qdq" : "", shard ? "_shard" : "");
+  ks.name = fmt::format("{}_bwd_{}_{}{}{}{}{}", ir.spec().name, dsl::dtype_name(options.dtype), out.config.str(), options.deterministic ? "_det" : "",
+                        qm ? "_qdq" : "", shard ? "_shard" : "", ragged ? "_ragged" : "");
   // dq: the query-major pass (no accumulator), or the KV-major kernel's atomics and the conversion kernel.
   ks.entries = {kBwdPreprocessEntry, kBwdMainEntry, qm ? kBwdQMajorEntry : kBwdDqEntry, kBwdConvertEntry, kBwdTileStateEntry};
   const std::string dq_kernel =
@@ -157,30 +184,34 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
                        fmt::arg("d", options.head_dim), fmt::arg("el", element), fmt::arg("name", kBwdQMajorEntry), fmt::arg("det", det))
          : fmt::format("extern \"C\" __global__ void __launch_bounds__(256)\n"
                        "{name}(const FlexBackwardParams p) {{\n"
-                       "  flex_backward_dq<{el}, {d}, {det}>(p);\n}}\n\n",
-                       fmt::arg("d", options.head_dim), fmt::arg("el", element), fmt::arg("name", kBwdDqEntry), fmt::arg("det", det));
+                       "{view}"
+                       "  flex_backward_dq<{el}, {d}, {det}>({pv});\n}}\n\n",
+                       fmt::arg("d", options.head_dim), fmt::arg("el", element), fmt::arg("name", kBwdDqEntry), fmt::arg("det", det),
+                       fmt::arg("view", ragged_view("blockIdx.z", "blockIdx.x * 8", "-1", "false")), fmt::arg("pv", ragged ? "s" : "p"));
   ks.source = fmt::format(
       "// flexjit backward kernels for spec `{spec}`: head dim {d}, {el}{detc}{qmc}.\n"
       "#include \"{header}\"\n"
       "{hopper_header}"
       "{shard_header}"
+      "{ragged_header}"
       "#include \"flex_ops.cuh\"\n\n"
       "{variants}\n"
       "using FlexBwdTraits = FlexBackwardTraits</*kHeadDim=*/{d}, {el}>;\n"
       "{smem_check}\n"
       "extern \"C\" __global__ void __launch_bounds__(256)\n"
       "{pre}(const FlexBackwardParams p) {{\n"
-      "  flex_backward_preprocess<{el}, {d}, {det}>(p);\n}}\n\n"
+      "{pre_view}"
+      "  flex_backward_preprocess<{el}, {d}, {det}>({pv});\n}}\n\n"
       "extern \"C\" __global__ void __launch_bounds__({main_threads}, 1)\n"
       "{main}(const FlexBackwardParams p, const FlexGradVariant::Params vp{tma_param}) {{\n"
-      "  {main_fn}<FlexBwdTraits, FlexGradVariant, {det}, /*kDq=*/{kdq}{bulk}>(p, vp{tma_arg});\n}}\n\n"
+      "{main_view}"
+      "  {main_fn}<FlexBwdTraits, FlexGradVariant, {det}, /*kDq=*/{kdq}{bulk}>({pv}, vp{tma_arg});\n}}\n\n"
       "{dq_kernel}"
       "extern \"C\" __global__ void __launch_bounds__(256)\n"
       "{conv}(const FlexConvertParams c) {{\n"
       "  flex_backward_convert(c);\n}}\n\n"
       "extern \"C\" __global__ void __launch_bounds__(128)\n"
-      "{ts}(const FlexTileStateParams t) {{\n"
-      "  flex_backward_tile_state(t);\n}}\n",
+      "{ts}({ts_body}}}\n",
       fmt::arg("spec", ir.spec().name), fmt::arg("d", options.head_dim), fmt::arg("el", element),
       fmt::arg("detc", options.deterministic ? ", deterministic" : ""), fmt::arg("qmc", qm ? ", query-major dq" : ""),
       fmt::arg("header", qm ? "flex_backward_qmajor.cuh" : "flex_backward.cuh"), fmt::arg("variants", variants), fmt::arg("det", det),
@@ -188,6 +219,9 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
       fmt::arg("dq_kernel", dq_kernel), fmt::arg("conv", kBwdConvertEntry), fmt::arg("ts", kBwdTileStateEntry),
       fmt::arg("hopper_header", out.config.hopper ? "#include \"flex_backward_sm90.cuh\"\n" : ""),
       fmt::arg("shard_header", shard ? "#include \"flex_shard_positions.cuh\"\n" : ""),
+      fmt::arg("ragged_header", ragged ? "#include \"flex_backward_ragged.cuh\"\n" : ""),
+      fmt::arg("pre_view", ragged_view("blockIdx.z", "(int)blockIdx.x * 8", "-1", "blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0")),
+      fmt::arg("main_view", main_view), fmt::arg("pv", ragged ? "s" : "p"), fmt::arg("ts_body", ts_body),
       fmt::arg("main_fn", out.config.hopper ? "flex_backward_main_sm90" : "flex_backward_main"),
       fmt::arg("bulk", out.config.hopper ? fmt::format(", /*kDqBulk=*/{}, /*kGradGemm=*/{}, /*kProducer=*/{}", out.config.dq_bulk,
                                                        out.config.grad_gemm, out.config.warp_specialized)
@@ -206,9 +240,9 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
                                                : std::string()));
   const VariantOptions& vo = options.variant;
   ks.key_text = fmt::format(
-      "kind=backward\ndtype={}\nconfig={}\ndeterministic={}\ndq={}\nint32={}\nchecked_loads={:x}\nerror_flags={}\nfast_tanh={}\n{}",
+      "kind=backward\ndtype={}\nconfig={}\ndeterministic={}\ndq={}\nint32={}\nchecked_loads={:x}\nerror_flags={}\nfast_tanh={}\n{}{}",
       dsl::dtype_name(options.dtype), out.config.str(), options.deterministic, qm ? "query_major" : "atomic", vo.int32, vo.checked_loads,
-      vo.error_flags, vo.fast_tanh, shard ? "shard_positions=1\n" : "");
+      vo.error_flags, vo.fast_tanh, shard ? "shard_positions=1\n" : "", ragged ? "ragged=1\n" : "");
   return out;
 }
 

@@ -98,6 +98,11 @@ struct BackwardKernelOptions {
   // appends to the variant's ParamsLayout. Such a module stages no terms (their loaders index rows by launch row) and
   // has no query-major pass; whole-sequence modules carry no offsets at all.
   bool shard_positions = false;
+  // A ragged batch (Kernel::backward_varlen, kernels_templates/flex_backward_ragged.cuh): every kernel works on its
+  // sequence's view of the launch, and the tile classes come from the mask's interval classifier at each sequence's
+  // lengths (flexjit_bwd_tile_state takes FlexRaggedTileStateParams). Like a shard's, such a module stages no terms,
+  // has no query-major pass and needs tma_operands false (its loads bound rows by the sequence).
+  bool ragged = false;
   VariantOptions variant;
 };
 

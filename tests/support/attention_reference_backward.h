@@ -42,10 +42,11 @@ inline int64_t resolve_load_offset(const std::vector<int64_t>& shape, const std:
 // reference_attention, or merged ones); d_o [B,H,Sq,Dv]. scale: softmax scale applied
 // before score_mod. Per row: s_j = score_mod(scale q.k_j) (masked: -inf), P_j = exp(s_j - lse),
 // dS_j = P_j (dO.v_j - dO.o) is the gradient with respect to the modded score; dS_j * d_score
-// flows into q and k, dS_j * coefficient into each scatter's buffer element.
+// flows into q and k, dS_j * coefficient into each scatter's buffer element. batch_offset: the b the mods see for
+// batch 0 (one sequence of a ragged batch).
 inline RefBackward reference_backward(const SpecIR& ir, const RefShape& s, const std::vector<float>& q, const std::vector<float>& k,
                                       const std::vector<float>& v, const std::vector<float>& d_o, const std::vector<double>& o,
-                                      const std::vector<double>& lse, const EvalEnv& base_env, double scale) {
+                                      const std::vector<double>& lse, const EvalEnv& base_env, double scale, int64_t batch_offset = 0) {
   ScoreModGradient grad = differentiate_score_mod(ir);
   // A scatter constant along the row adds c(q) * rowsum(dS), which is exactly 0: with the o given here (a kernel's
   // bf16 output) the loops below would add the cancellation noise of D = dO.o instead (row_constant_scatters.h).
@@ -91,7 +92,7 @@ inline RefBackward reference_backward(const SpecIR& ir, const RefShape& s, const
       double* dqp = &r.dq[static_cast<size_t>(row * s.D)];
       double di = 0;
       for (int64_t d = 0; d < s.Dv; ++d) di += double(dop[d]) * op[d];
-      env.vars[int(dsl::VarId::B)] = b;
+      env.vars[int(dsl::VarId::B)] = b + batch_offset;
       env.vars[int(dsl::VarId::H)] = h;
       env.vars[int(dsl::VarId::KvHead)] = hkv;
       env.vars[int(dsl::VarId::Q)] = qi;

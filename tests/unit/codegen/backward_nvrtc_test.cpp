@@ -296,3 +296,50 @@ TEST_CASE("shard backward modules (context parallelism) compile: global position
     }
   }
 }
+
+TEST_CASE("ragged backward modules compile: sequence views in every kernel, tile classes by the mask's intervals", "[nvrtc][backward]") {
+  for (const auto& path : {test::gallery_dir() / "causal.json", test::gallery_dir() / "document.json", backward_data_dir() / "learnable_bias.json",
+                           backward_data_dir() / "sam_learnable.json"}) {
+    dsl::Spec spec = test::load_spec(path);
+    SpecIR ir = build_spec_ir(spec);
+    ScoreModGradient grad = differentiate_score_mod(ir);
+    RangeInfo ranges = analyze_ranges(backward_roots(grad), ir.checked, VarDomains::forward(ir.checked));
+    for (const char* arch : {"sm_80", "sm_90a"}) {
+      for (bool det : {false, true}) {
+        INFO(spec.name << " for " << arch << (det ? ", deterministic" : ""));
+        BackwardKernelOptions bo;
+        bo.dtype = spec.dtype;
+        bo.head_dim = spec.head_dim;
+        bo.arch = arch;
+        bo.deterministic = det;
+        bo.tma_operands = false;
+        const BackwardKernelSource dense = backward_kernel_source(ir, grad, ranges, bo);
+        bo.ragged = true;
+        const BackwardKernelSource ragged = backward_kernel_source(ir, grad, ranges, bo);
+        CHECK(dense.module.source.find("ragged_sequence") == std::string::npos);
+        // The preprocess, main and dQ kernels each take their sequence's view.
+        size_t views = 0;
+        for (size_t at = ragged.module.source.find("flex_bwd::ragged_sequence<"); at != std::string::npos;
+             at = ragged.module.source.find("flex_bwd::ragged_sequence<", at + 1))
+          ++views;
+        CHECK(views == 3);
+        // Index-only masks classify tiles by intervals; the document mask (a buffer) runs every tile as partial.
+        if (spec.name == "causal") CHECK(ragged.module.source.find("flex_backward_ragged_tile_state<FlexGradVariant, FlexMaskBox>") != std::string::npos);
+        if (spec.name == "document") CHECK(ragged.module.source.find("flex_backward_ragged_tile_state<FlexGradVariant, void>") != std::string::npos);
+        CHECK(ragged.module.name != dense.module.name);
+        CHECK(ragged.module.key_text != dense.module.key_text);
+        CHECK_FALSE(ragged.config.staged_col);
+        CHECK_FALSE(ragged.config.staged_tile);
+        CHECK_FALSE(ragged.config.warp_specialized);
+        runtime::CacheLookup r = runtime::compile_kernel(ragged.module, canonical_ir_text(ir), arch);
+        REQUIRE(r.artefact);
+        CHECK(r.artefact->binary.size() > 1000);
+      }
+    }
+    BackwardKernelOptions bo;
+    bo.head_dim = spec.head_dim;
+    bo.arch = "sm_90a";
+    bo.ragged = true;
+    CHECK_THROWS_WITH(backward_kernel_source(ir, grad, ranges, bo), Catch::Matchers::Contains("tensor maps"));
+  }
+}

@@ -5,7 +5,9 @@ document mask (the way FlexAttention users run ragged batches; the block mask is
 and PyTorch's varlen SDPA (torch.nn.attention.varlen) under its flash and cuDNN backends where this torch offers
 them. Chunked prefill: fewer query rows than KV rows, the queries the last positions of each sequence (flexjit's
 --queries-at-kv-end). GQA: H32 Hkv8, D128, bf16. FLOPs = 4 * B * H * Sq * Skv * D * density (unmasked pairs of one
-sequence).
+sequence). --backward times the backward alone instead (flexjit's Kernel::backward_varlen; the baselines' autograd
+backward of one forward, kept for every timed run), over the cases without a chunked prefill; FLOPs 2.5 times the
+forward's.
 A baseline that cannot run a case gets a dash and the reason in bench.json.
 
 FlashAttention-4 and the FLASH backend need the flash-attn-4 package (--site, see bench_forward.py). Writes bench.json
@@ -30,8 +32,8 @@ H, HKV, D = 32, 8, 128
 BASELINES = ("fa4", "flex_flash", "flex_triton", "sdpa_varlen", "sdpa_cudnn")
 
 
-def run_flexjit(flexjit, flags, b, sq, skv, sets):
-    cmd = [flexjit, "bench", "--varlen", *flags, "--shape", f"{b},{H},{HKV},{sq},{skv},{D}", "--json", "--iters", "100", "--warmup", "20"]
+def run_flexjit(flexjit, flags, b, sq, skv, sets, backward):
+    cmd = [flexjit, "bench", "--varlen", *(["--backward"] if backward else []), *flags, "--shape", f"{b},{H},{HKV},{sq},{skv},{D}", "--json", "--iters", "100", "--warmup", "20"]
     for x in sets:
         cmd += ["--set", x]
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -40,23 +42,37 @@ def run_flexjit(flexjit, flags, b, sq, skv, sets):
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def time_baselines(row, b, sq, skv, causal, window, fa4):
+def timed(row, key, f, inputs, backward):
+    """The median ms of f() into row[key + "_ms"], or with backward that of the gradients of one f() (its output, or its
+    first output) with respect to inputs; a failure's reason into row[key + "_error"]."""
+    try:
+        if backward:
+            out = f()
+            out = out[0] if isinstance(out, tuple) else out
+            grad = torch.randn_like(out)
+            g = lambda: torch.autograd.grad(out, inputs, grad, retain_graph=True)
+        else:
+            g = f
+        g()
+        row[key + "_ms"] = bench(g)
+    except Exception as e:  # noqa: BLE001
+        row[key + "_error"] = error_text(e)
+
+
+def time_baselines(row, b, sq, skv, causal, window, fa4, backward):
     """q [B * Sq, H, D], k, v [B * Skv, Hkv, D] packed with cu_seqlens, as flexjit takes them. With Sq < Skv the queries
     are each sequence's last Sq positions (a chunked prefill; FlashAttention-4's causal aligns them so too)."""
     tq, tk = b * sq, b * skv
-    q = torch.randn(tq, H, D, device=dev, dtype=dt)
-    k, v = (torch.randn(tk, HKV, D, device=dev, dtype=dt) for _ in range(2))
+    q = torch.randn(tq, H, D, device=dev, dtype=dt, requires_grad=backward)
+    k, v = (torch.randn(tk, HKV, D, device=dev, dtype=dt, requires_grad=backward) for _ in range(2))
+    inputs = (q, k, v)
     cu_q = torch.arange(0, tq + 1, sq, device=dev, dtype=torch.int32)
     cu = torch.arange(0, tk + 1, skv, device=dev, dtype=torch.int32)
 
     if callable(fa4):
-        try:
-            win = (window - 1, 0) if window else (None, None)
-            g = lambda: fa4(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu, max_seqlen_q=sq, max_seqlen_k=skv, causal=causal, window_size=win)
-            g()
-            row["fa4_ms"] = bench(g)
-        except Exception as e:  # noqa: BLE001
-            row["fa4_error"] = error_text(e)
+        win = (window - 1, 0) if window else (None, None)
+        timed(row, "fa4", lambda: fa4(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu, max_seqlen_q=sq, max_seqlen_k=skv, causal=causal,
+                                       window_size=win), inputs, backward)
     else:
         row["fa4_error"] = fa4
 
@@ -76,12 +92,7 @@ def time_baselines(row, b, sq, skv, causal, window, fa4):
         bm = create_block_mask(mask, None, None, tq, tk, device=dev)
         qf, kf, vf = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # [1, heads, total, D]
         for key, opts in (("flex_flash", {"BACKEND": "FLASH"}), ("flex_triton", None)):
-            try:
-                f = lambda: flex(qf, kf, vf, block_mask=bm, enable_gqa=True, kernel_options=opts)
-                f()
-                row[key + "_ms"] = bench(f)
-            except Exception as e:  # noqa: BLE001
-                row[key + "_error"] = error_text(e)
+            timed(row, key, lambda: flex(qf, kf, vf, block_mask=bm, enable_gqa=True, kernel_options=opts), inputs, backward)
     except Exception as e:  # noqa: BLE001
         row["flex_flash_error"] = row["flex_triton_error"] = error_text(e)
 
@@ -102,12 +113,11 @@ def time_baselines(row, b, sq, skv, causal, window, fa4):
                 raise RuntimeError("this torch's varlen_attn has no window")
             else:
                 kw["is_causal"] = causal
-            with sdpa_kernel([backend]):
-                g = lambda: varlen_attn(q, kk, vv, cu_q, cu, sq, skv, **kw)
-                g()
-                row[key + "_ms"] = bench(g)
         except Exception as e:  # noqa: BLE001
             row[key + "_error"] = error_text(e)
+            continue
+        with sdpa_kernel([backend]):
+            timed(row, key, lambda: varlen_attn(q, kk, vv, cu_q, cu, sq, skv, **kw), inputs, backward)
 
 
 def density(sq, skv, causal, window):
@@ -122,7 +132,8 @@ def density(sq, skv, causal, window):
 
 
 def main():
-    args = parse_args("Ragged-prefill benchmarks against FlashAttention-4's varlen entry, FlexAttention and varlen SDPA")
+    args = parse_args("Ragged-prefill benchmarks against FlashAttention-4's varlen entry, FlexAttention and varlen SDPA",
+                      extra=lambda ap: ap.add_argument("--backward", action="store_true", help="time the backward alone"))
     fa4 = fa4_function("flash_attn_varlen_func")
     os.makedirs(args.out, exist_ok=True)
     torch.manual_seed(0)
@@ -141,19 +152,21 @@ def main():
     ]
     rows = []
     for (name, b, sq, skv, causal, window, flags, sets) in cases:
-        if args.only and name not in args.only:
+        if (args.only and name not in args.only) or (args.backward and sq != skv):
             continue
         torch._dynamo.reset()
         row = {"case": name, "B": b, "Sq": sq, "Skv": skv, "density": density(sq, skv, causal, window)}
         if not args.flexjit_only:
-            time_baselines(row, b, sq, skv, causal, window, fa4)
+            time_baselines(row, b, sq, skv, causal, window, fa4, args.backward)
         torch.cuda.empty_cache()
-        ours = run_flexjit(args.flexjit, flags, b, sq, skv, sets)
-        add_flexjit(row, ours, 4 * b * H * sq * skv * D * row["density"], BASELINES)
+        ours = run_flexjit(args.flexjit, flags, b, sq, skv, sets, args.backward)
+        if args.backward and "bwd_ms" in ours:
+            ours = {**ours, "forward_ms": ours["ms"], "ms": ours["bwd_ms"]}
+        add_flexjit(row, ours, (2.5 if args.backward else 1) * 4 * b * H * sq * skv * D * row["density"], BASELINES)
         print(json.dumps(row), flush=True)
         rows.append(row)
     json.dump(rows, open(f"{args.out}/bench.json", "w"), indent=1)
-    lines = [table_heading("Ragged prefill"),
+    lines = [table_heading("Ragged backward" if args.backward else "Ragged prefill"),
              f"H{H} Hkv{HKV} D{D} bf16, B sequences packed (chunked: Sq new tokens at the end of Skv). ms · TFLOP/s; ratio = FlashAttention-4's time over "
              "flexjit's (above 1: flexjit is faster).\n",
              "| case | density | flexjit | FlashAttention-4 varlen | ratio | Flex FLASH | Flex Triton | SDPA varlen flash | SDPA varlen cuDNN |",

@@ -48,7 +48,7 @@ struct BenchOptions {
   // --ring R: ring attention over R virtual ranks of the one device against the unsharded launch.
   int ring = 0;
   std::string ring_sharding = "zigzag";
-  bool backward = false;    // --ring: forward+backward too
+  bool backward = false;    // --ring: forward+backward too; --varlen: the ragged backward too
 };
 
 // The fraction of (q, kv) pairs the mask keeps, from a strided sample evaluated with the
@@ -214,6 +214,11 @@ int run_bench_varlen(const BenchOptions& o, const dsl::Spec& spec, const std::ve
   args.max_seqlen_q = static_cast<int>(Sq);
   args.max_seqlen_kv = static_cast<int>(Skv);
   args.queries_at_kv_end = o.queries_at_kv_end;
+  if (o.backward) {
+    if (o.queries_at_kv_end || dsl::dtype_size(kv) == 1)
+      throw Error("bench --varlen --backward times the backward of a ragged prefill in the spec's dtype, without --queries-at-kv-end");
+    args.lse = bench.empty(dsl::DType::F32, {H, B * Sq});
+  }
   std::map<std::string, std::string> values = {{"B", std::to_string(B)}, {"H", std::to_string(H)}, {"Hkv", std::to_string(Hkv)},
                                                {"Sq", std::to_string(Sq)}, {"Skv", std::to_string(Skv)}, {"D", std::to_string(D)}};
   for (const std::string& st : o.sets) {
@@ -233,17 +238,41 @@ int run_bench_varlen(const BenchOptions& o, const dsl::Spec& spec, const std::ve
   runtime::check_cu(drv->cuCtxSynchronize(), "synchronise");
   kernel->check_errors(device.index, nullptr);
   const double med = median_ms(ms);
-  const double tflops = 4.0 * B * H * Sq * Skv * D * density / (med * 1e-3) / 1e12;
+  const double flops = 4.0 * B * H * Sq * Skv * D * density;
+  const double tflops = flops / (med * 1e-3) / 1e12;
+  // --backward: Kernel::backward_varlen of that forward (a backward counts 2.5 forwards, FlashAttention's convention).
+  double bwd_ms = 0;
+  if (o.backward) {
+    VarlenBackwardArgs b;
+    b.device = device;
+    b.scale = o.scale;
+    b.q = args.q, b.k = args.k, b.v = args.v, b.o = args.o, b.lse = args.lse;
+    b.d_o = add(random_array(spec.dtype, {B * Sq, H, Dv}, rng, 0, 1));
+    b.dq = bench.empty(spec.dtype, {B * Sq, H, D});
+    b.dk = bench.empty(spec.dtype, {B * Skv, Hkv, D});
+    b.dv = bench.empty(spec.dtype, {B * Skv, Hkv, Dv});
+    b.cu_seqlens_q = args.cu_seqlens_q, b.cu_seqlens_kv = args.cu_seqlens_kv;
+    b.max_seqlen_q = args.max_seqlen_q, b.max_seqlen_kv = args.max_seqlen_kv;
+    b.params = args.params;
+    kernel->backward_varlen(b);
+    runtime::check_cu(drv->cuCtxSynchronize(), "synchronise");
+    kernel->check_errors(device.index, nullptr);
+    bwd_ms = median_ms(time_launches({o.warmup, o.iters, !o.no_flush}, [&] { kernel->backward_varlen(b); }));
+    kernel->check_errors(device.index, nullptr);
+  }
+  const double bwd_tflops = o.backward ? 2.5 * flops / (bwd_ms * 1e-3) / 1e12 : 0;
   const runtime::DeviceInfo& info = runtime::device_info(device.index);
   if (o.json) {
     fmt::print("{{\"spec\": \"{}\", \"mode\": \"varlen\", \"gpu\": \"{}\", \"B\": {}, \"H\": {}, \"Hkv\": {}, \"Sq\": {}, \"Skv\": {}, "
                "\"D\": {}, \"kv_dtype\": \"{}\", \"density\": {:.4f}, \"ms\": {:.4f}, \"tflops\": {:.1f}, \"launch_us\": {:.2f}, "
-               "\"first_call_s\": {:.3f}}}\n",
-               spec.name, info.name, B, H, Hkv, Sq, Skv, D, dsl::dtype_name(kv), density, med, tflops, host, first_call_s);
+               "\"first_call_s\": {:.3f}{}}}\n",
+               spec.name, info.name, B, H, Hkv, Sq, Skv, D, dsl::dtype_name(kv), density, med, tflops, host, first_call_s,
+               o.backward ? fmt::format(", \"bwd_ms\": {:.4f}, \"bwd_tflops\": {:.1f}", bwd_ms, bwd_tflops) : std::string());
   } else {
     fmt::print("{} ragged prefill on {}: {} sequences of {} x {}, H{} Hkv{} D{}, {} K / V, density {:.3f}: {:.4f} ms, {:.1f} TFLOP/s; host "
                "launch {:.2f} us; first call {:.3f} s\n",
                spec.name, info.name, B, Sq, Skv, H, Hkv, D, dsl::dtype_name(kv), density, med, tflops, host, first_call_s);
+    if (o.backward) fmt::print("  backward: {:.4f} ms, {:.1f} TFLOP/s\n", bwd_ms, bwd_tflops);
   }
   return 0;
 }
@@ -370,7 +399,8 @@ int run_bench(const BenchOptions& o) {
   spec.head_dim = static_cast<int>(D);
   if (o.ring < 0) throw Error(fmt::format("--ring {}: give the number of virtual ranks (1 or more)", o.ring));
   if (o.ring > 0 && (o.decode || o.varlen)) throw Error("--ring times dense attention; leave out --decode and --varlen");
-  if (o.backward && o.ring == 0) throw Error("--backward goes with --ring here; bench-backward times the backward of one launch");
+  if (o.backward && o.ring == 0 && !o.varlen)
+    throw Error("--backward goes with --ring or --varlen here; bench-backward times the backward of one launch");
   if (o.decode) return run_bench_decode(o, spec, s);
   if (o.varlen) return run_bench_varlen(o, spec, s);
   BenchDevice bench(o.device, "bench");
@@ -492,7 +522,8 @@ void add_bench_command(CLI::App& app, Action& action) {
                   "not multi-GPU scaling");
   cmd->add_option("--ring-sharding", o->ring_sharding, "With --ring: zigzag (rank r holds chunks r and 2R-1-r of 2R) or contiguous")
       ->capture_default_str();
-  cmd->add_flag("--backward", o->backward, "With --ring: time forward+backward too (buffers marked grad get gradients)");
+  cmd->add_flag("--backward", o->backward,
+                "With --ring: time forward+backward too (buffers marked grad get gradients); with --varlen: time Kernel::backward_varlen too");
   cmd->callback([o, &action] { action = [o] { return run_bench(*o); }; });
 }
 

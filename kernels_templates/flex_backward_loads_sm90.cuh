@@ -61,7 +61,8 @@ __device__ __forceinline__ void init_barriers(unsigned s_base) {
 }
 
 // The producer warp: K and V once, then for every (head, query tile) of the schedule, in the consumers' order, Q and dO
-// by TMA (rows past Sq arrive as zeros) and lse2 / delta by the lanes (+inf and 0 past Sq, as the other kernels have
+// by TMA (rows past Sq arrive as zeros, or in a ragged view as the next sequence's rows, which the consumers mask
+// like any row past Sq) and lse2 / delta by the lanes (+inf and 0 past Sq, as the other kernels have
 // them) into the ring slot both consumer warpgroups released. The lanes load lse2 and delta before waiting for the
 // slot, so the load latency overlaps the wait; plain stores and an mbarrier arrival per lane publish them (cp.async
 // with a no-increment arrival would save the registers but is invisible to compute-sanitizer's racecheck).
@@ -80,8 +81,8 @@ __device__ __forceinline__ void load(const FlexBackwardParams& p, const FlexBack
     flex::prefetch_tensor_map(&tma.d_o);
     const unsigned kv_bar = kv_barrier<S>(s_base);
     flex::mbarrier_arrive_expect_tx(kv_bar, 2 * TileKV::kBytes);
-    flex::tma_load_tile<TileKV>(s_base + S::kOffK, &tma.k, kv_bar, n0, hkv, b);
-    flex::tma_load_tile<TileKV>(s_base + S::kOffV, &tma.v, kv_bar, n0, hkv, b);
+    flex::tma_load_tile<TileKV>(s_base + S::kOffK, &tma.k, kv_bar, p.tma_kv_row0 + n0, hkv, b * p.tma_b_scale);
+    flex::tma_load_tile<TileKV>(s_base + S::kOffV, &tma.v, kv_bar, p.tma_kv_row0 + n0, hkv, b * p.tma_b_scale);
   }
   const int group = p.heads / p.kv_heads;
   flex::PipelineState<S::kStages> st;
@@ -103,8 +104,8 @@ __device__ __forceinline__ void load(const FlexBackwardParams& p, const FlexBack
     const unsigned full = pipe.full(st.index);
     if (leader) {
       flex::mbarrier_arrive_expect_tx(full, 2 * TileQ::kBytes);
-      flex::tma_load_tile<TileQ>(s_base + S::kOffQ + st.index * TileQ::kBytes, &tma.q, full, m0, h, b);
-      flex::tma_load_tile<TileQ>(s_base + S::kOffDO + st.index * TileQ::kBytes, &tma.d_o, full, m0, h, b);
+      flex::tma_load_tile<TileQ>(s_base + S::kOffQ + st.index * TileQ::kBytes, &tma.q, full, p.tma_q_row0 + m0, h, b * p.tma_b_scale);
+      flex::tma_load_tile<TileQ>(s_base + S::kOffDO + st.index * TileQ::kBytes, &tma.d_o, full, p.tma_q_row0 + m0, h, b * p.tma_b_scale);
     }
 #pragma unroll
     for (int i = 0; i < kRowsPerLane; ++i) {

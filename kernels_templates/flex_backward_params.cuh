@@ -57,6 +57,10 @@ struct FlexBackwardParams {
   const int* cu_seqlens_kv;
   int total_q, total_kv;
   unsigned int* error_word;
+  // The tensor maps' coordinates (flex_backward_loads_sm90.cuh): row = tma_q_row0 / tma_kv_row0 + a row of the launch
+  // (of the sequence, in a ragged view: its first packed rows), batch = b * tma_b_scale (1; 0 for a ragged batch,
+  // whose maps describe the packed tensors as one batch).
+  int tma_q_row0, tma_kv_row0, tma_b_scale;
   void* grad_ptr[8];          // per scatter: its buffer's gradient (f32, or 64-bit fixed point when
                               // deterministic), contiguous, the buffer's shape
 };

@@ -1,8 +1,8 @@
 // The backward of a ragged batch (Kernel::backward_varlen): each CTA of the dense backward kernels works on one
 // sequence through a view of the launch's parameters, so the kernels themselves are the dense ones.
 //
-// The view points q, o, d_o, dq, k, v, dk, dv and lse at the sequence's first rows and sets seqlen_q / seqlen_kv to
-// its lengths; the kernels then bound every row by those lengths as they do a dense launch's odd tail. The scratch
+// The view points q, o, d_o, dq, k, v, dk, dv and lse at the sequence's first rows (and the tensor maps' row
+// coordinates at them) and sets seqlen_q / seqlen_kv to its lengths; the kernels then bound every row by those lengths as they do a dense launch's odd tail. The scratch
 // rows the kernels index by ((b * H + h) * seqlen_q + q) (delta, lse2, dq_accum) are offset so that sequence b's
 // rows land at H * cu_seqlens_q[b] + h * len + q: the sequences' [H][len] blocks packed one after another, H * total_q
 // rows in all, whatever the lengths. The mods still see b (the sequence), positions within the sequence, and the
@@ -41,6 +41,8 @@ __device__ __forceinline__ bool ragged_sequence(const FlexBackwardParams& p, int
   s.dk = static_cast<E*>(p.dk) + (long long)k0 * p.dk_stride_s;
   s.dv = static_cast<E*>(p.dv) + (long long)k0 * p.dv_stride_s;
   s.lse = p.lse + q0;
+  s.tma_q_row0 = q0;
+  s.tma_kv_row0 = k0;
   // Row r = (b * H + h) * len_q + q of the kernels lands at H * q0 + h * len_q + q.
   const long long shift = (long long)p.heads * q0 - (long long)b * p.heads * len_q;
   s.delta = p.delta + shift;

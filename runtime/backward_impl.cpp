@@ -244,8 +244,7 @@ void KernelImpl::backward_gpu(const BackwardArgs& a, const RaggedBatch* ragged) 
   bo.head_dim = spec().head_dim;
   bo.deterministic = a.deterministic;
   bo.arch = info.arch;
-  // A ragged batch's loads bound rows by each sequence, which tensor maps over the packed rows would not.
-  bo.tma_operands = !ragged && runtime::tensor_maps_describe(a.q, a.k, a.v) && runtime::tensor_map_describes(a.d_o);
+  bo.tma_operands = runtime::tensor_maps_describe(a.q, a.k, a.v) && runtime::tensor_map_describes(a.d_o);
   bo.ragged = ragged != nullptr;
   bo.variant.int32 = choice.int32;
   bo.variant.checked_loads = choice.checked_loads;
@@ -382,6 +381,7 @@ void KernelImpl::backward_gpu(const BackwardArgs& a, const RaggedBatch* ragged) 
   p.kv_heads = static_cast<int>(shape.kv_heads);
   p.seqlen_q = static_cast<int>(ragged ? seen.seqlen_q : shape.seqlen_q);
   p.seqlen_kv = static_cast<int>(ragged ? seen.seqlen_kv : shape.seqlen_kv);
+  p.tma_b_scale = ragged ? 0 : 1;  // a ragged batch's maps describe its packed tensors as one batch
   if (ragged) {
     p.cu_seqlens_q = static_cast<const int*>(ragged->cu_seqlens_q.data);
     p.cu_seqlens_kv = static_cast<const int*>(ragged->cu_seqlens_kv.data);

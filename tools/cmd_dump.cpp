@@ -46,7 +46,7 @@ KernelSource backward_module(const SpecIR& ir, const DumpOptions& o) {
   bo.head_dim = ir.spec().head_dim;
   bo.deterministic = o.deterministic;
   bo.arch = o.arch;
-  bo.tma_operands = !o.no_tma && !o.ragged;
+  bo.tma_operands = !o.no_tma;
   bo.shard_positions = o.shard;
   bo.ragged = o.ragged;
   if (o.shard && o.ragged) throw Error("--shard and --ragged are different launches; give one");

@@ -110,8 +110,8 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
   if (qm && options.shard_positions)
     throw Error("backward_kernel_source: a shard of a longer sequence has no query-major pass (pick the atomic dQ strategy)");
   const bool ragged = options.ragged;
-  if (ragged && (qm || options.shard_positions || options.tma_operands))
-    throw Error("backward_kernel_source: a ragged module has no query-major pass, shard offsets or tensor maps");
+  if (ragged && (qm || options.shard_positions))
+    throw Error("backward_kernel_source: a ragged module has no query-major pass or shard offsets");
   const StagedTerms staged = backward_staged_terms(grad, ranges, options);
   const FlexBackwardFeatures features = backward_features(grad, staged, options);
   const FlexBackwardPolicy policy = flex_backward_policy(backward_kind(options), options.head_dim, features);

@@ -101,7 +101,7 @@ struct BackwardKernelOptions {
   // A ragged batch (Kernel::backward_varlen, kernels_templates/flex_backward_ragged.cuh): every kernel works on its
   // sequence's view of the launch, and the tile classes come from the mask's interval classifier at each sequence's
   // lengths (flexjit_bwd_tile_state takes FlexRaggedTileStateParams). Like a shard's, such a module stages no terms,
-  // has no query-major pass and needs tma_operands false (its loads bound rows by the sequence).
+  // has no query-major pass.
   bool ragged = false;
   VariantOptions variant;
 };

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <utility>
 
 #include "compiler/codegen/backward_source.h"
 #include "compiler/frontend.h"
@@ -297,7 +298,7 @@ TEST_CASE("shard backward modules (context parallelism) compile: global position
   }
 }
 
-TEST_CASE("ragged backward modules compile: sequence views in every kernel, tile classes by the mask's intervals", "[nvrtc][backward]") {
+TEST_CASE("ragged backward modules compile: sequence views in every kernel, tile classes by the mask's intervals, tensor maps", "[nvrtc][backward]") {
   for (const auto& path : {test::gallery_dir() / "causal.json", test::gallery_dir() / "document.json", backward_data_dir() / "learnable_bias.json",
                            backward_data_dir() / "sam_learnable.json"}) {
     dsl::Spec spec = test::load_spec(path);
@@ -305,14 +306,14 @@ TEST_CASE("ragged backward modules compile: sequence views in every kernel, tile
     ScoreModGradient grad = differentiate_score_mod(ir);
     RangeInfo ranges = analyze_ranges(backward_roots(grad), ir.checked, VarDomains::forward(ir.checked));
     for (const char* arch : {"sm_80", "sm_90a"}) {
-      for (bool det : {false, true}) {
-        INFO(spec.name << " for " << arch << (det ? ", deterministic" : ""));
+      for (auto [det, tma] : {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}}) {
+        INFO(spec.name << " for " << arch << (det ? ", deterministic" : "") << (tma ? ", tensor maps" : ""));
         BackwardKernelOptions bo;
         bo.dtype = spec.dtype;
         bo.head_dim = spec.head_dim;
         bo.arch = arch;
         bo.deterministic = det;
-        bo.tma_operands = false;
+        bo.tma_operands = tma;
         const BackwardKernelSource dense = backward_kernel_source(ir, grad, ranges, bo);
         bo.ragged = true;
         const BackwardKernelSource ragged = backward_kernel_source(ir, grad, ranges, bo);
@@ -330,7 +331,8 @@ TEST_CASE("ragged backward modules compile: sequence views in every kernel, tile
         CHECK(ragged.module.key_text != dense.module.key_text);
         CHECK_FALSE(ragged.config.staged_col);
         CHECK_FALSE(ragged.config.staged_tile);
-        CHECK_FALSE(ragged.config.warp_specialized);
+        // The warp-specialised kernel's producer addresses the sequence's rows through the maps' row coordinates.
+        CHECK(ragged.config.warp_specialized == dense.config.warp_specialized);
         runtime::CacheLookup r = runtime::compile_kernel(ragged.module, canonical_ir_text(ir), arch);
         REQUIRE(r.artefact);
         CHECK(r.artefact->binary.size() > 1000);
@@ -340,6 +342,7 @@ TEST_CASE("ragged backward modules compile: sequence views in every kernel, tile
     bo.head_dim = spec.head_dim;
     bo.arch = "sm_90a";
     bo.ragged = true;
-    CHECK_THROWS_WITH(backward_kernel_source(ir, grad, ranges, bo), Catch::Matchers::Contains("tensor maps"));
+    bo.query_major = true;
+    CHECK_THROWS_WITH(backward_kernel_source(ir, grad, ranges, bo), Catch::Matchers::Contains("no query-major pass"));
   }
 }

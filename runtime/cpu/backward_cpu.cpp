@@ -185,13 +185,7 @@ void run_backward(const std::vector<BackwardJob>& jobs, const BlockSparsity& spa
     job.scratch = layout;
     int64_t nqt, nkt;
     const int64_t threads = std::min(max_threads, tiles(job, nqt, nkt));
-    std::unique_ptr<BlockClassifier> classifier;
-    if (sparsity.ir && sparsity.ir->mask_mod && sparsity.values) {
-      BlockGrid grid{job.B, job.H, job.Hkv, job.Sq, job.Skv, job.block_m, job.block_n, job.b_offset, job.q_offset, job.kv_offset};
-      classifier = std::make_unique<BlockClassifier>(sparsity, grid);
-      job.classify = &BlockClassifier::classify;
-      job.classify_ctx = classifier.get();
-    }
+    const std::unique_ptr<BlockClassifier> classifier = attach_classifier(sparsity, job);
     delta.assign(static_cast<size_t>(job.B * job.H * job.Sq), 0.0f);
     job.delta = delta.data();
 

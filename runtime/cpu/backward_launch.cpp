@@ -11,6 +11,7 @@
 #include "dsl/error.h"
 #include "runtime/cpu/backward_cpu.h"
 #include "runtime/cpu/cpu_backend.h"
+#include "runtime/cpu/forward_common.h"
 #include "runtime/cpu/mod_jit.h"
 #include "runtime/forward_launch.h"
 
@@ -20,16 +21,6 @@ namespace {
 
 constexpr int kBlockM = 64;
 constexpr int kBlockN = 64;
-
-ElemType elem_type(dsl::DType t) {
-  switch (t) {
-    case dsl::DType::F32: return ElemType::F32;
-    case dsl::DType::F16: return ElemType::F16;
-    case dsl::DType::BF16: return ElemType::BF16;
-    default: break;
-  }
-  throw Error(fmt::format("backward (CPU): q, k, v and o must be f32, f16 or bf16, not {}; set the spec's dtype", dsl::dtype_name(t)));
-}
 
 Operand operand(const Tensor& t) {
   Operand o;
@@ -174,21 +165,8 @@ BackwardLaunch::BackwardLaunch(const SpecIR& ir, const BackwardSpec& bs, const r
     options.hoist = false;
     options.gradient = &bs.gradient;
     mods_ = compile_mods(bs.ir, bs.ranges, options, bs.canonical);
-    // A buffer with an empty dimension is read (clamped to index 0) from zeros.
-    alignas(64) static const uint64_t zeros[8] = {};
-    std::vector<Tensor> safe = buffers_;
-    for (Tensor& t : safe)
-      for (int64_t d : t.shape)
-        if (d <= 0) t.data = const_cast<uint64_t*>(zeros);
-    params_ = runtime::fill_variant_params(mods_->info.params, safe, values_, nullptr);
-    base_.mods = &mods_->fns;
-    base_.has_score_mod = mods_->info.has_score_mod;
-    base_.has_mask_mod = mods_->info.has_mask_mod;
-    base_.row_stage = mods_->info.row_values > 0;
-    base_.col_stage = mods_->info.col_values > 0;
-    base_.tile_stage = mods_->info.tile_values > 0;
-    base_.params = params_.data();
-    base_.state_bytes = mods_->info.state_bytes;
+    params_ = mod_params(*mods_, buffers_, values_);
+    set_mod_fields(base_, *mods_, params_);
     base_.need_d_score = !bs.d_score_is_one;
     base_.num_scatters = static_cast<int>(scatter_target_.size());
     base_.scatter_target = scatter_target_.data();

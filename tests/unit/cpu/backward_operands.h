@@ -1,9 +1,10 @@
 // Operands of the CPU backward tests (test_cpu_backward.cpp, test_cpu_varlen_backward.cpp): fp32
 // values exact in the launch's dtype with their f32 / bf16 / fp16 storage (NaN-filled for outputs),
-// and the norm-wise comparison against the float64 reference.
+// NaN-filled buffer gradients, and the norm-wise comparison against the float64 reference.
 #pragma once
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -92,6 +93,21 @@ inline void expect_close(const std::vector<float>& out, const std::vector<double
   INFO(what << ": |out - ref| = " << err << ", |ref| = " << std::sqrt(den) << ", bound " << bound << ", non-finite " << nan);
   CHECK(nan == 0);
   CHECK(err <= bound);
+}
+
+// A NaN-filled f32 gradient of each buffer the spec marks `grad` (empty for the others and for those named in
+// `skip`), each appended to `grads` under its buffer's name.
+inline std::vector<std::vector<float>> poisoned_grads(const dsl::Spec& spec, std::vector<HostBuffer>& buffers, const std::vector<std::string>& skip,
+                                                      std::vector<std::pair<std::string, Tensor>>& grads) {
+  std::vector<std::vector<float>> out(spec.buffers.size());
+  for (size_t i = 0; i < spec.buffers.size(); ++i) {
+    if (!spec.buffers[i].requires_grad || std::find(skip.begin(), skip.end(), buffers[i].name) != skip.end()) continue;
+    int64_t n = 1;
+    for (int64_t e : buffers[i].shape) n *= e;
+    out[i].assign(static_cast<size_t>(n), kNanF);
+    grads.push_back({buffers[i].name, Tensor::contiguous(out[i].data(), DType::F32, buffers[i].shape)});
+  }
+  return out;
 }
 
 }  // namespace flexjit::test

@@ -133,15 +133,7 @@ Result run_cpu(const Problem& p, const std::vector<float>* o_in = nullptr, const
   ba.buffers = a.buffers;
   ba.params = p.params;
   ba.device = Device::cpu();
-  r.grads.resize(p.spec.buffers.size());
-  for (size_t i = 0; i < p.spec.buffers.size(); ++i) {
-    if (!p.spec.buffers[i].requires_grad) continue;
-    if (std::find(p.no_grad_entry.begin(), p.no_grad_entry.end(), buffers[i].name) != p.no_grad_entry.end()) continue;
-    int64_t n = 1;
-    for (int64_t e : buffers[i].shape) n *= e;
-    r.grads[i].assign(static_cast<size_t>(n), kNanF);
-    ba.grads.push_back({buffers[i].name, Tensor::contiguous(r.grads[i].data(), DType::F32, buffers[i].shape)});
-  }
+  r.grads = test::poisoned_grads(p.spec, buffers, p.no_grad_entry, ba.grads);
   kernel->backward(ba);
   r.dq = dq.values();
   r.dk = dk.values();

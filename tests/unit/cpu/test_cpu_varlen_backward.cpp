@@ -142,14 +142,7 @@ Result run_cpu(Problem& p, const std::shared_ptr<Kernel>& kernel) {
   ba.max_seqlen_kv = fa.max_seqlen_kv;
   ba.buffers = fa.buffers;
   ba.device = Device::cpu();
-  r.grads.resize(p.spec.buffers.size());
-  for (size_t i = 0; i < p.spec.buffers.size(); ++i) {
-    if (!p.spec.buffers[i].requires_grad) continue;
-    int64_t n = 1;
-    for (int64_t e : p.buffers[i].shape) n *= e;
-    r.grads[i].assign(static_cast<size_t>(n), kNanF);
-    ba.grads.push_back({p.buffers[i].name, Tensor::contiguous(r.grads[i].data(), DType::F32, p.buffers[i].shape)});
-  }
+  r.grads = test::poisoned_grads(p.spec, p.buffers, {}, ba.grads);
   kernel->backward_varlen(ba);
   r.dq = dq.values();
   r.dk = dk.values();

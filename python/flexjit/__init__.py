@@ -13,7 +13,7 @@ from ._attention import BlockMask, const, create_block_mask, flex_attention, fle
 from ._errors import CompileError, FlexjitError
 from ._flexjit import cpu_backend as _cpu_backend
 from ._flexjit import device_count
-from ._serving import DecodePlan, decode, forward_varlen, plan_decode
+from ._serving import DecodePlan, backward_varlen, decode, forward_varlen, plan_decode
 from . import _flexjit
 
 __version__ = "0.1.0"
@@ -36,5 +36,5 @@ def spec_of(q, k, v, score_mod=None, mask_mod=None, buffers=None, params=None):
     return _flexjit.forward_spec(score_mod, mask_mod, buffers, params, None, q, k, v)
 
 
-__all__ = ["BlockMask", "CompileError", "DecodePlan", "FlexjitError", "check_errors", "const", "create_block_mask", "decode",
+__all__ = ["BlockMask", "CompileError", "DecodePlan", "FlexjitError", "backward_varlen", "check_errors", "const", "create_block_mask", "decode",
            "device_count", "flex_attention", "flex_attention_backward", "forward_varlen", "has_cpu_backend", "plan_decode", "spec_of"]

@@ -82,6 +82,18 @@ def flex_attention(q, k, v, score_mod=None, mask_mod=None, buffers=None, params=
     return (o, lse) if return_lse else o
 
 
+def grad_outputs(q, buffers, grad_buffers):
+    """A float32 array on q's device of each named buffer's shape: the backward's gradient outputs."""
+    grads = {}
+    for name in grad_buffers:
+        if not buffers or name not in buffers:
+            raise ValueError(f"grad_buffers names `{name}`, which is not among the buffers")
+        buffer = buffers[name]
+        buffer = buffer[0] if isinstance(buffer, tuple) else buffer
+        grads[name] = _arrays.empty_f32(q, tuple(int(d) for d in buffer.shape))
+    return grads
+
+
 def flex_attention_backward(q, k, v, o, lse, grad_out, score_mod=None, mask_mod=None, buffers=None, params=None,
                             grad_buffers=(), block_mask=None, scale=None, enable_gqa=False, deterministic=False, stream=None):
     """Gradients of a flex_attention launch (with the same mods, buffers, parameters and
@@ -90,13 +102,7 @@ def flex_attention_backward(q, k, v, o, lse, grad_out, score_mod=None, mask_mod=
     (``return_lse=True``). deterministic=True gives bitwise-reproducible gradients (64-bit fixed-point sums on a GPU)."""
     qs, ks, vs = dense_shapes(q, k, v, enable_gqa)
     mask_mod, buffers, params = merge_block_mask(block_mask, mask_mod, buffers, params, qs[0], qs[1], qs[2], ks[2])
-    grads = {}
-    for name in grad_buffers:
-        if not buffers or name not in buffers:
-            raise ValueError(f"grad_buffers names `{name}`, which is not among the buffers")
-        buffer = buffers[name]
-        buffer = buffer[0] if isinstance(buffer, tuple) else buffer
-        grads[name] = _arrays.empty_f32(q, tuple(int(d) for d in buffer.shape))
+    grads = grad_outputs(q, buffers, grad_buffers)
     dq, dk, dv = _arrays.empty(q, qs), _arrays.empty(k, ks), _arrays.empty(v, vs)
     if stream is None:
         stream = _arrays.current_stream(q)

@@ -1,7 +1,8 @@
 """Serving launches of the string API: decode with a (paged) KV cache, and ragged prefill of
 packed sequences."""
 from . import _arrays
-from ._attention import launch_scale
+from ._attention import grad_outputs, launch_scale
+from ._flexjit import backward_varlen as _backward_varlen
 from ._flexjit import decode as _decode
 from ._flexjit import forward_varlen as _forward_varlen
 from ._flexjit import plan_decode as _plan_decode
@@ -155,4 +156,21 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqle
     return (o, lse) if return_lse else o
 
 
-__all__ = ["DecodePlan", "decode", "forward_varlen", "plan_decode"]
+def backward_varlen(q, k, v, o, lse, grad_out, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, score_mod=None, mask_mod=None,
+                    buffers=None, params=None, grad_buffers=(), scale=None, deterministic=False, stream=None):
+    """Gradients of a forward_varlen launch (with the same packed arrays, sequences, bounds, mods, buffers,
+    parameters and scale; not with queries_at_kv_end or an FP8 k / v): returns (dq, dk, dv, {name: gradient}), dq, dk,
+    dv shaped like q, k, v, and a float32 gradient of the shape of each buffer named in `grad_buffers`, summed over
+    the sequences. `lse` is the forward's [H, total_q] (``return_lse=True``), grad_out the gradient of o."""
+    grads = grad_outputs(q, buffers, grad_buffers)
+    dq = _arrays.empty(q, _arrays.shape_of(q, "q", 3, "[total_q, H, D]"))
+    dk = _arrays.empty(k, _arrays.shape_of(k, "k", 3, "[total_kv, Hkv, D]"))
+    dv = _arrays.empty(v, _arrays.shape_of(v, "v", 3, "[total_kv, Hkv, Dv]"))
+    if stream is None:
+        stream = _arrays.current_stream(q)
+    _backward_varlen(score_mod, mask_mod, buffers, params, q, k, v, o, lse, grad_out, dq, dk, dv, cu_seqlens_q, cu_seqlens_kv,
+                     int(max_seqlen_q), int(max_seqlen_kv), grads or None, launch_scale(scale), bool(deterministic), stream)
+    return dq, dk, dv, grads
+
+
+__all__ = ["DecodePlan", "backward_varlen", "decode", "forward_varlen", "plan_decode"]

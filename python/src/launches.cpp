@@ -36,6 +36,33 @@ void read_captures(LaunchArgs& args, const ModArgs& mods, const LaunchSizes& siz
 
 LaunchSizes dense_sizes(const Tensor& q, const Tensor& k) { return {q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2]}; }
 
+// The packed q [total_q, H, D], k [total_kv, Hkv, D] and v [total_kv, Hkv, Dv] of a ragged launch, after its mods.
+void read_packed(LaunchArgs& args, const ModArgs& mods, nb::handle q, nb::handle k, nb::handle v, Tensor& tq, Tensor& tk, Tensor& tv) {
+  args.read_mods(mods.score_mod, mods.mask_mod);
+  tq = args.views.view(q, "q");
+  tk = args.views.view(k, "k");
+  tv = args.views.view(v, "v");
+  require_rank(tq, 3, "q", "[total_q, H, D]");
+  require_rank(tk, 3, "k", "[total_kv, Hkv, D]");
+  require_rank(tv, 3, "v", "[total_kv, Hkv, Dv]");
+}
+
+// The sizes a ragged launch's buffers see: B sequences, Sq and Skv the bounds of their lengths.
+LaunchSizes ragged_sizes(const Tensor& q, const Tensor& k, const Tensor& cu_seqlens_q, int max_seqlen_q, int max_seqlen_kv) {
+  require_rank(cu_seqlens_q, 1, "cu_seqlens_q", "[batch + 1]");
+  return {cu_seqlens_q.shape[0] - 1, q.shape[1], k.shape[1], max_seqlen_q, max_seqlen_kv};
+}
+
+// grad_outputs ({buffer name: f32 array of its shape}, or None) as the launch's gradients, each buffer marked `grad` in the spec.
+void read_grad_outputs(LaunchArgs& args, nb::handle grad_outputs, std::vector<std::pair<std::string, Tensor>>& grads) {
+  if (grad_outputs.is_none()) return;
+  for (auto [name, array] : nb::borrow<nb::dict>(grad_outputs)) {
+    std::string n = nb::cast<std::string>(name);
+    args.request.grads.push_back(n);
+    grads.emplace_back(n, args.views.view(array, "the gradient of buffer `" + n + "`"));
+  }
+}
+
 // A forward launch with its arguments read: what forward() runs, and what time_forward() repeats.
 struct PreparedForward {
   DenseLaunch l;
@@ -101,12 +128,7 @@ void backward(const ModArgs& mods, nb::handle q, nb::handle k, nb::handle v, nb:
   b.dk = l.args.views.view(dk, "dk");
   b.dv = l.args.views.view(dv, "dv");
   read_captures(l.args, mods, dense_sizes(l.q, l.k));
-  if (!grad_outputs.is_none())
-    for (auto [name, array] : nb::borrow<nb::dict>(grad_outputs)) {
-      std::string n = nb::cast<std::string>(name);
-      l.args.request.grads.push_back(n);
-      b.grads.emplace_back(n, l.args.views.view(array, "the gradient of buffer `" + n + "`"));
-    }
+  read_grad_outputs(l.args, grad_outputs, b.grads);
   std::shared_ptr<Kernel> kernel = kernel_for(l.args.request);
   b.buffers = launch_buffers(l.args.request);
   b.params = launch_params(l.args.request);
@@ -123,14 +145,8 @@ void forward_varlen(const ModArgs& mods, nb::handle q, nb::handle k, nb::handle 
                     nb::handle cu_seqlens_kv, int max_seqlen_q, int max_seqlen_kv, nb::handle k_scale, nb::handle v_scale, const std::string& kv_dtype,
                     bool queries_at_kv_end, float scale, uintptr_t stream) {
   LaunchArgs args;
-  args.read_mods(mods.score_mod, mods.mask_mod);
   VarlenArgs a;
-  a.q = args.views.view(q, "q");
-  a.k = args.views.view(k, "k");
-  a.v = args.views.view(v, "v");
-  require_rank(a.q, 3, "q", "[total_q, H, D]");
-  require_rank(a.k, 3, "k", "[total_kv, Hkv, D]");
-  require_rank(a.v, 3, "v", "[total_kv, Hkv, Dv]");
+  read_packed(args, mods, q, k, v, a.q, a.k, a.v);
   // numpy has no FP8 dtype: kv_dtype names the format of uint8 k and v bytes (torch's float8 tensors carry theirs).
   if (!kv_dtype.empty()) {
     const std::optional<DType> f = dsl::parse_kv_cache_dtype(kv_dtype);
@@ -145,9 +161,9 @@ void forward_varlen(const ModArgs& mods, nb::handle q, nb::handle k, nb::handle 
   a.lse = args.views.view_optional(lse, "lse");
   a.cu_seqlens_q = args.views.view(cu_seqlens_q, "cu_seqlens_q");
   a.cu_seqlens_kv = args.views.view(cu_seqlens_kv, "cu_seqlens_kv");
-  require_rank(a.cu_seqlens_q, 1, "cu_seqlens_q", "[batch + 1]");
+  const LaunchSizes sizes = ragged_sizes(a.q, a.k, a.cu_seqlens_q, max_seqlen_q, max_seqlen_kv);
   args.set_operands(a.q, a.v);
-  read_captures(args, mods, {a.cu_seqlens_q.shape[0] - 1, a.q.shape[1], a.k.shape[1], max_seqlen_q, max_seqlen_kv});
+  read_captures(args, mods, sizes);
   std::shared_ptr<Kernel> kernel = kernel_for(args.request);
   a.max_seqlen_q = max_seqlen_q;
   a.max_seqlen_kv = max_seqlen_kv;
@@ -159,6 +175,37 @@ void forward_varlen(const ModArgs& mods, nb::handle q, nb::handle k, nb::handle 
   a.device = args.views.device();
   nb::gil_scoped_release release;
   kernel->forward_varlen(a);
+}
+
+void backward_varlen(const ModArgs& mods, nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, nb::handle d_o, nb::handle dq,
+                     nb::handle dk, nb::handle dv, nb::handle cu_seqlens_q, nb::handle cu_seqlens_kv, int max_seqlen_q, int max_seqlen_kv,
+                     nb::handle grad_outputs, float scale, bool deterministic, uintptr_t stream) {
+  LaunchArgs args;
+  VarlenBackwardArgs b;
+  read_packed(args, mods, q, k, v, b.q, b.k, b.v);
+  b.o = args.views.view(o, "o");
+  b.lse = args.views.view(lse, "lse");
+  b.d_o = args.views.view(d_o, "grad_out");
+  b.dq = args.views.view(dq, "dq");
+  b.dk = args.views.view(dk, "dk");
+  b.dv = args.views.view(dv, "dv");
+  b.cu_seqlens_q = args.views.view(cu_seqlens_q, "cu_seqlens_q");
+  b.cu_seqlens_kv = args.views.view(cu_seqlens_kv, "cu_seqlens_kv");
+  const LaunchSizes sizes = ragged_sizes(b.q, b.k, b.cu_seqlens_q, max_seqlen_q, max_seqlen_kv);
+  args.set_operands(b.q, b.v);
+  read_captures(args, mods, sizes);
+  read_grad_outputs(args, grad_outputs, b.grads);
+  std::shared_ptr<Kernel> kernel = kernel_for(args.request);
+  b.max_seqlen_q = max_seqlen_q;
+  b.max_seqlen_kv = max_seqlen_kv;
+  b.buffers = launch_buffers(args.request);
+  b.params = launch_params(args.request);
+  b.scale = scale;
+  b.deterministic = deterministic;
+  b.stream = stream_of(stream);
+  b.device = args.views.device();
+  nb::gil_scoped_release release;
+  kernel->backward_varlen(b);
 }
 
 std::unique_ptr<DecodeSession> plan_decode(const ModArgs& mods, const DecodeShape& shape) {

@@ -44,6 +44,12 @@ void forward_varlen(const ModArgs& mods, nb::handle q, nb::handle k, nb::handle 
                     nb::handle cu_seqlens_kv, int max_seqlen_q, int max_seqlen_kv, nb::handle k_scale, nb::handle v_scale, const std::string& kv_dtype,
                     bool queries_at_kv_end, float scale, uintptr_t stream);
 
+// Its backward: the forward's packed operands, sequences and bounds, lse [H, total_q] (required) and grad_out like o; writes dq, dk,
+// dv (like q, k, v) and, per grad_outputs entry, that buffer's gradient summed over the sequences.
+void backward_varlen(const ModArgs& mods, nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, nb::handle d_o, nb::handle dq,
+                     nb::handle dk, nb::handle dv, nb::handle cu_seqlens_q, nb::handle cu_seqlens_kv, int max_seqlen_q, int max_seqlen_kv,
+                     nb::handle grad_outputs, float scale, bool deterministic, uintptr_t stream);
+
 // A decode plan with the kernel it was made for.
 struct DecodeSession {
   std::shared_ptr<Kernel> kernel;

@@ -120,6 +120,18 @@ NB_MODULE(_flexjit, m) {
       "queries_at_kv_end"_a, "scale"_a, "stream"_a);
 
   m.def(
+      "backward_varlen",
+      [](nb::handle score_mod, nb::handle mask_mod, nb::handle buffers, nb::handle params, nb::handle q, nb::handle k, nb::handle v, nb::handle o,
+         nb::handle lse, nb::handle d_o, nb::handle dq, nb::handle dk, nb::handle dv, nb::handle cu_seqlens_q, nb::handle cu_seqlens_kv,
+         int max_seqlen_q, int max_seqlen_kv, nb::handle grad_outputs, float scale, bool deterministic, uintptr_t stream) {
+        backward_varlen(mods(score_mod, mask_mod, buffers, params, nb::none()), q, k, v, o, lse, d_o, dq, dk, dv, cu_seqlens_q, cu_seqlens_kv,
+                        max_seqlen_q, max_seqlen_kv, grad_outputs, scale, deterministic, stream);
+      },
+      "score_mod"_a.none(), "mask_mod"_a.none(), "buffers"_a.none(), "params"_a.none(), "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a, "grad_out"_a, "dq"_a,
+      "dk"_a, "dv"_a, "cu_seqlens_q"_a, "cu_seqlens_kv"_a, "max_seqlen_q"_a, "max_seqlen_kv"_a, "grad_outputs"_a.none(), "scale"_a,
+      "deterministic"_a, "stream"_a);
+
+  m.def(
       "plan_decode",
       [](nb::handle score_mod, nb::handle mask_mod, nb::handle buffers, nb::handle params, const std::string& dtype, int head_dim, int head_dim_v,
          int device, int batch, int heads, int kv_heads, int max_seqlen_q, int max_seqlen_kv, int page_size, bool head_major_pages, int num_splits,

@@ -243,6 +243,39 @@ def test_ragged_prefill_matches_dense_per_sequence():
         assert_close(lse[:, cu_q[s]:cu_q[s + 1]][None], rlse, atol=3e-5, what=f"lse of sequence {s}")
 
 
+def test_ragged_backward_matches_dense_per_sequence():
+    # A sequence of one query row, one without query rows (its dk and dv are zeros), GQA 2:1, a learnable slope per
+    # sequence (read at b), whose gradient is each sequence's sum of dS * (kv - q) / 8.
+    lengths_q, lengths_kv = [17, 1, 0, 40], [30, 3, 9, 40]
+    H, Hkv, D = 4, 2, 16
+    cu_q = np.concatenate([[0], np.cumsum(lengths_q)]).astype(np.int32)
+    cu_kv = np.concatenate([[0], np.cumsum(lengths_kv)]).astype(np.int32)
+    q, k, v = randn(cu_q[-1], H, D), randn(cu_kv[-1], Hkv, D), randn(cu_kv[-1], Hkv, D)
+    slope = randn(4)
+    args = dict(score_mod="score + slope[b] * (kv - q) * 0.125", mask_mod="kv <= q + 10", buffers={"slope": slope})
+    o, lse = flexjit.forward_varlen(q, k, v, cu_q, cu_kv, 64, 64, return_lse=True, **args)
+    d_o = randn(*o.shape)
+    dq, dk, dv, grads = flexjit.backward_varlen(q, k, v, o, lse, d_o, cu_q, cu_kv, 64, 64, grad_buffers=("slope",), **args)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape and grads["slope"].shape == (4,)
+    want_slope = np.zeros(4)
+    for s in range(4):
+        rows_q, rows_kv = slice(cu_q[s], cu_q[s + 1]), slice(cu_kv[s], cu_kv[s + 1])
+        if lengths_q[s] == 0:
+            assert np.all(dk[rows_kv] == 0) and np.all(dv[rows_kv] == 0)
+            continue
+        dense = [x[rows].transpose(1, 0, 2)[None] for x, rows in ((q, rows_q), (k, rows_kv), (v, rows_kv), (d_o, rows_q))]
+        score = lambda x, b, h, qi, kv: x + slope[s] * (kv - qi) * 0.125  # noqa: E731
+        rdq, rdk, rdv, ds = attention_grads(*dense, score=score, mask=lambda b, h, qi, kv: kv <= qi + 10)
+        assert_close(dq[rows_q].transpose(1, 0, 2)[None], rdq, atol=1e-4, what=f"dq of sequence {s}")
+        assert_close(dk[rows_kv].transpose(1, 0, 2)[None], rdk, atol=1e-4, what=f"dk of sequence {s}")
+        assert_close(dv[rows_kv].transpose(1, 0, 2)[None], rdv, atol=1e-4, what=f"dv of sequence {s}")
+        _, _, qi, kv = np.indices(ds.shape)
+        want_slope[s] = (ds * (kv - qi) * 0.125).sum()
+    assert_close(grads["slope"], want_slope, atol=2e-4, rtol=1e-4, what="d slope")
+    with pytest.raises(flexjit.FlexjitError, match="max_seqlen_q"):
+        flexjit.backward_varlen(q, k, v, o, lse, d_o, cu_q, cu_kv, 16, 64, **args)
+
+
 @pytest.mark.parametrize("page_size", [0, 16])
 def test_decode_contiguous_and_paged(page_size):
     B, H, Hkv, D, cap = 3, 4, 2, 16, 64

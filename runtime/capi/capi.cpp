@@ -121,6 +121,19 @@ flexjit::AttentionArgs forward_args(const flexjit_args& a) {
 
 flexjit::Tensor like(const flexjit::Tensor& t, const void* data) { return flexjit::Tensor{const_cast<void*>(data), t.dtype, t.shape, t.strides}; }
 
+// flexjit_args_set_grad's gradients as tensors of their buffers' shapes.
+std::vector<std::pair<std::string, flexjit::Tensor>> grads_of(const flexjit_args& a) {
+  std::vector<std::pair<std::string, flexjit::Tensor>> out;
+  for (const auto& [name, grad] : a.grads) {
+    const flexjit::Tensor* buffer = nullptr;
+    for (const auto& [bn, t] : a.args.buffers)
+      if (bn == name) buffer = &t;
+    if (!buffer) throw flexjit::Error("flexjit_args_set_grad: set buffer `" + name + "` with flexjit_args_set_buffer too (its shape is the gradient's)");
+    out.emplace_back(name, flexjit::Tensor{grad, flexjit::DType::F32, buffer->shape, {}});
+  }
+  return out;
+}
+
 flexjit::BackwardArgs backward_args(const flexjit_args& a) {
   const flexjit::AttentionArgs& f = a.args;
   if (!a.d_o) throw flexjit::Error("flexjit_backward: call flexjit_args_set_backward first (dO, dq, dk, dv)");
@@ -133,13 +146,7 @@ flexjit::BackwardArgs backward_args(const flexjit_args& a) {
   b.scale = f.scale;
   b.buffers = f.buffers;
   b.params = f.params;
-  for (const auto& [name, grad] : a.grads) {
-    const flexjit::Tensor* buffer = nullptr;
-    for (const auto& [bn, t] : f.buffers)
-      if (bn == name) buffer = &t;
-    if (!buffer) throw flexjit::Error("flexjit_args_set_grad: set buffer `" + name + "` with flexjit_args_set_buffer too (its shape is the gradient's)");
-    b.grads.emplace_back(name, flexjit::Tensor{grad, flexjit::DType::F32, buffer->shape, {}});
-  }
+  b.grads = grads_of(a);
   b.deterministic = a.deterministic;
   b.dq_mode = a.dq_mode;
   b.stream = f.stream;
@@ -153,6 +160,22 @@ void check_addressable(const std::vector<std::pair<std::string, flexjit::Tensor>
 
 flexjit::Tensor i32_vector(const int32_t* data, int64_t n) {
   return data ? flexjit::Tensor{const_cast<int32_t*>(data), flexjit::DType::I32, {n}, {}} : flexjit::Tensor{};
+}
+
+// The ragged launch of flexjit_args_set_varlen (the LSE as [H, total_q]), for `fn`.
+flexjit::VarlenArgs varlen_args(const flexjit_args& a, const char* fn) {
+  const flexjit::AttentionArgs& f = a.args;
+  if (f.q.shape.size() != 3) throw flexjit::Error(fmt::format("{}: call flexjit_args_set_varlen first", fn));
+  flexjit::VarlenArgs v;
+  v.q = f.q, v.k = f.k, v.v = f.v, v.o = f.o;
+  if (a.kv_dtype) v.k.dtype = v.v.dtype = *a.kv_dtype;
+  v.k_scale = a.k_scale, v.v_scale = a.v_scale;
+  if (a.lse) v.lse = flexjit::Tensor{a.lse, flexjit::DType::F32, {f.q.shape[1], f.q.shape[0]}, {}};
+  v.cu_seqlens_q = a.cu_seqlens_q, v.cu_seqlens_kv = a.cu_seqlens_kv;
+  v.max_seqlen_q = a.max_seqlen_q, v.max_seqlen_kv = a.max_seqlen_kv;
+  v.queries_at_kv_end = a.queries_at_kv_end;
+  v.scale = f.scale, v.buffers = f.buffers, v.params = f.params, v.stream = f.stream, v.device = f.device;
+  return v;
 }
 
 flexjit_status plan_decode(const char* fn, flexjit_kernel* k, int device, int batch, int heads, int kv_heads, int max_seqlen_q, int max_seqlen_kv,
@@ -345,21 +368,37 @@ flexjit_status flexjit_args_set_queries_at_kv_end(flexjit_args* a, int at_kv_end
 flexjit_status flexjit_forward_varlen(flexjit_kernel* k, const flexjit_args* a) {
   if (!k || !a) return invalid("flexjit_forward_varlen: NULL kernel or args");
   return guarded([&] {
-    const flexjit::AttentionArgs& f = a->args;
-    if (f.q.shape.size() != 3) throw flexjit::Error("flexjit_forward_varlen: call flexjit_args_set_varlen first");
-    flexjit::VarlenArgs v;
-    v.q = f.q, v.k = f.k, v.v = f.v, v.o = f.o;
-    if (a->kv_dtype) v.k.dtype = v.v.dtype = *a->kv_dtype;
-    v.k_scale = a->k_scale, v.v_scale = a->v_scale;
-    if (a->lse) v.lse = flexjit::Tensor{a->lse, flexjit::DType::F32, {f.q.shape[1], f.q.shape[0]}, {}};
-    v.cu_seqlens_q = a->cu_seqlens_q, v.cu_seqlens_kv = a->cu_seqlens_kv;
-    v.max_seqlen_q = a->max_seqlen_q, v.max_seqlen_kv = a->max_seqlen_kv;
-    v.queries_at_kv_end = a->queries_at_kv_end;
-    v.scale = f.scale, v.buffers = f.buffers, v.params = f.params, v.stream = f.stream, v.device = f.device;
+    flexjit::VarlenArgs v = varlen_args(*a, "flexjit_forward_varlen");
     for (auto [t, name] : {std::pair{&v.q, "q"}, {&v.k, "k"}, {&v.v, "v"}, {&v.o, "o"}, {&v.lse, "lse"}, {&v.k_scale, "k_scale"}, {&v.v_scale, "v_scale"}})
       flexjit::runtime::check_addressable(*t, name);
     check_addressable(v.buffers);
     k->kernel->forward_varlen(v);
+  });
+}
+
+flexjit_status flexjit_backward_varlen(flexjit_kernel* k, const flexjit_args* a) {
+  if (!k || !a) return invalid("flexjit_backward_varlen: NULL kernel or args");
+  return guarded([&] {
+    const flexjit::VarlenArgs f = varlen_args(*a, "flexjit_backward_varlen");
+    if (f.queries_at_kv_end) throw flexjit::Error("flexjit_backward_varlen: the ragged backward has no queries_at_kv_end; set it to 0");
+    if (!a->d_o) throw flexjit::Error("flexjit_backward_varlen: call flexjit_args_set_backward first (dO, dq, dk, dv)");
+    if (!a->lse) throw flexjit::Error("flexjit_backward_varlen: the backward needs the forward's [H, total_q] LSE; call flexjit_args_set_lse");
+    flexjit::VarlenBackwardArgs b;
+    b.q = f.q, b.k = f.k, b.v = f.v, b.o = f.o, b.lse = f.lse;
+    b.d_o = like(f.o, a->d_o);
+    b.dq = like(f.q, a->dq), b.dk = like(f.k, a->dk), b.dv = like(f.v, a->dv);
+    b.cu_seqlens_q = f.cu_seqlens_q, b.cu_seqlens_kv = f.cu_seqlens_kv;
+    b.max_seqlen_q = f.max_seqlen_q, b.max_seqlen_kv = f.max_seqlen_kv;
+    b.scale = f.scale, b.buffers = f.buffers, b.params = f.params;
+    b.grads = grads_of(*a);
+    b.deterministic = a->deterministic;
+    b.stream = f.stream, b.device = f.device;
+    for (auto [t, name] : {std::pair{&b.q, "q"}, {&b.k, "k"}, {&b.v, "v"}, {&b.o, "o"}, {&b.d_o, "dO"}, {&b.lse, "lse"}, {&b.dq, "dq"},
+                           {&b.dk, "dk"}, {&b.dv, "dv"}})
+      flexjit::runtime::check_addressable(*t, name);
+    check_addressable(b.buffers);
+    check_addressable(b.grads);
+    k->kernel->backward_varlen(b);
   });
 }
 

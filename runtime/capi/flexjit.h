@@ -102,6 +102,10 @@ flexjit_status flexjit_args_set_varlen(flexjit_args* a, const void* q, const voi
                                        int64_t total_q, int64_t total_kv, int64_t H, int64_t Hkv, int64_t D, int64_t batch,
                                        const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_kv, int max_seqlen_q, int max_seqlen_kv);
 flexjit_status flexjit_forward_varlen(flexjit_kernel* k, const flexjit_args* a);
+/* Its backward (Kernel::backward_varlen), after flexjit_args_set_varlen with the forward's sequences and bounds,
+ * _set_lse with its [H, total_q] LSE and _set_backward (dO like o, dq/dk/dv like q/k/v, written); buffer gradients
+ * (flexjit_args_set_grad) are summed over the sequences. Not with queries_at_kv_end or an FP8 k/v. */
+flexjit_status flexjit_backward_varlen(flexjit_kernel* k, const flexjit_args* a);
 /* Nonzero: each sequence's query rows are its last KV positions (row i at kv_len - q_len + i), as in decode:
  * a chunked prefill over a cached prefix (VarlenArgs::queries_at_kv_end). Default 0: row i at position i. */
 flexjit_status flexjit_args_set_queries_at_kv_end(flexjit_args* a, int at_kv_end);

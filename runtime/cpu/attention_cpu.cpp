@@ -123,13 +123,7 @@ uint32_t run_attention(AttentionJob job, const BlockSparsity& sparsity, const Dr
   QueryTileKernel kernel = kernel_for(options.isa);
   job.chunk_n = std::max(job.chunk_n / job.block_n, 1) * job.block_n;  // whole tiles
   job.scratch = scratch_layout(job);
-  std::unique_ptr<BlockClassifier> classifier;
-  if (sparsity.ir && sparsity.ir->mask_mod && sparsity.values) {
-    BlockGrid grid{job.B, job.H, job.Hkv, job.Sq, job.Skv, job.block_m, job.block_n, job.b_offset, job.q_offset, job.kv_offset};
-    classifier = std::make_unique<BlockClassifier>(sparsity, grid);
-    job.classify = &BlockClassifier::classify;
-    job.classify_ctx = classifier.get();
-  }
+  const std::unique_ptr<BlockClassifier> classifier = attach_classifier(sparsity, job);
   const int64_t nqt = (job.Sq + job.block_m - 1) / job.block_m;
   const int64_t heads = job.B * job.H;
   const int64_t items = heads * nqt;

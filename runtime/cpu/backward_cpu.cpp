@@ -10,6 +10,7 @@
 #include <new>
 #include <system_error>
 #include <thread>
+#include <utility>
 
 #include "dsl/error.h"
 #include "runtime/cpu/block_classifier.h"
@@ -108,74 +109,24 @@ void parallel_for(int64_t threads, int64_t count, bool fixed, const std::functio
   for (std::thread& th : pool) th.join();
 }
 
-}  // namespace
+int64_t numel(const GradOutput& g) {
+  int64_t n = 1;
+  for (int64_t e : g.shape) n *= e;
+  return n;
+}
 
-void run_backward(BackwardJob job, const BlockSparsity& sparsity, const DriverOptions& options, const std::vector<GradOutput>& grads) {
-  Kernels k = kernels_for(options.isa);
-  job.scratch = scratch_layout(job);
-  std::unique_ptr<BlockClassifier> classifier;
-  if (sparsity.ir && sparsity.ir->mask_mod && sparsity.values) {
-    BlockGrid grid{job.B, job.H, job.Hkv, job.Sq, job.Skv, job.block_m, job.block_n, 0, job.q_offset, job.kv_offset};
-    classifier = std::make_unique<BlockClassifier>(sparsity, grid);
-    job.classify = &BlockClassifier::classify;
-    job.classify_ctx = classifier.get();
-  }
-  std::vector<float> delta(static_cast<size_t>(job.B * job.H * job.Sq));
-  job.delta = delta.data();
-  const int64_t nqt = (job.Sq + job.block_m - 1) / job.block_m, nkt = kv_tile_count(job.kv_offset, job.Skv, job.block_n);
-  const int64_t most = std::max({job.B * job.H, job.B * job.Hkv * nkt, job.B * job.H * nqt, int64_t{1}});
-  int64_t threads = options.threads > 0 ? options.threads : static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency()));
-  threads = std::max<int64_t>(1, std::min(threads, most));
-
-  std::vector<std::unique_ptr<void, AlignedFree>> scratch;
-  for (int64_t t = 0; t < threads; ++t) {
-    scratch.emplace_back(::operator new(job.scratch.total, std::align_val_t{64}));
-    char* ones = static_cast<char*>(scratch.back().get()) + job.scratch.ones;
-    std::memset(ones, 0, static_cast<size_t>(job.block_n));
-    std::memset(ones + job.block_n, 1, static_cast<size_t>(job.block_n));
-  }
-
-  // Pass 0: delta = rowsum(dO * O), which every block of a row needs.
-  parallel_for(threads, job.B * job.H, false, [&](int64_t, int64_t i) { k.delta(job, i / job.H, i % job.H); });
-
-  // Pass 1: dK and dV; the counter balances tiles of uneven work (causal masks).
-  parallel_for(threads, job.B * job.Hkv * nkt, false, [&](int64_t t, int64_t i) {
-    int64_t bh = i / nkt;
-    k.kv_tile(job, scratch[static_cast<size_t>(t)].get(), bh / job.Hkv, bh % job.Hkv, i % nkt);
-  });
-
-  // Pass 2: dQ and the scatters, each thread into its own float64 gradient copies.
-  std::vector<std::vector<std::vector<double>>> partial(static_cast<size_t>(threads));
-  std::vector<int64_t> numel(grads.size());
-  for (size_t g = 0; g < grads.size(); ++g) {
-    numel[g] = 1;
-    for (int64_t e : grads[g].shape) numel[g] *= e;
-  }
-  std::vector<std::vector<double*>> grad_ptrs(static_cast<size_t>(threads));
-  for (int64_t t = 0; t < threads; ++t) {
-    partial[static_cast<size_t>(t)].resize(grads.size());
-    for (size_t g = 0; g < grads.size(); ++g) {
-      partial[static_cast<size_t>(t)][g].assign(static_cast<size_t>(numel[g]), 0.0);
-      grad_ptrs[static_cast<size_t>(t)].push_back(partial[static_cast<size_t>(t)][g].data());
-    }
-  }
-  const bool fixed = !grads.empty();
-  parallel_for(threads, job.B * job.H * nqt, fixed, [&](int64_t t, int64_t i) {
-    // Later query tiles first: under causal-like masks they have the most KV tiles.
-    int64_t qt = nqt - 1 - i / (job.B * job.H), bh = i % (job.B * job.H);
-    double* const* g = grad_ptrs[static_cast<size_t>(t)].empty() ? nullptr : grad_ptrs[static_cast<size_t>(t)].data();
-    k.q_tile(job, scratch[static_cast<size_t>(t)].get(), g, bh / job.H, bh % job.H, qt);
-  });
-
+// Adds the threads' float64 copies in thread order (none: zeros) and stores the sums in the gradients' strides.
+void write_grads(const std::vector<GradOutput>& grads, std::vector<std::vector<std::vector<double>>> partial) {
   for (size_t g = 0; g < grads.size(); ++g) {
     const GradOutput& out = grads[g];
-    std::vector<double>& sum = partial[0][g];
-    for (int64_t t = 1; t < threads; ++t) {
-      const std::vector<double>& p = partial[static_cast<size_t>(t)][g];
+    const int64_t n = numel(out);
+    std::vector<double> sum = partial.empty() ? std::vector<double>(static_cast<size_t>(n), 0.0) : std::move(partial[0][g]);
+    for (size_t t = 1; t < partial.size(); ++t) {
+      const std::vector<double>& p = partial[t][g];
       for (size_t i = 0; i < sum.size(); ++i) sum[i] += p[i];
     }
     const size_t rank = out.shape.size();
-    for (int64_t i = 0; i < numel[g]; ++i) {
+    for (int64_t i = 0; i < n; ++i) {
       int64_t rest = i, at = 0;
       for (size_t d = rank; d-- > 0;) {
         at += (rest % out.shape[d]) * out.strides[d];
@@ -184,6 +135,78 @@ void run_backward(BackwardJob job, const BlockSparsity& sparsity, const DriverOp
       out.data[at] = static_cast<float>(sum[static_cast<size_t>(i)]);
     }
   }
+}
+
+}  // namespace
+
+void run_backward(const std::vector<BackwardJob>& jobs, const BlockSparsity& sparsity, const DriverOptions& options,
+                  const std::vector<GradOutput>& grads) {
+  Kernels k = kernels_for(options.isa);
+  if (jobs.empty()) {
+    write_grads(grads, {});
+    return;
+  }
+  // Every job shares the tiles, head dims and mods, hence one scratch layout.
+  const BackwardScratchLayout layout = scratch_layout(jobs.front());
+  auto tiles = [](const BackwardJob& j, int64_t& nqt, int64_t& nkt) {
+    nqt = (j.Sq + j.block_m - 1) / j.block_m;
+    nkt = kv_tile_count(j.kv_offset, j.Skv, j.block_n);
+    return std::max({j.B * j.H, j.B * j.Hkv * nkt, j.B * j.H * nqt, int64_t{1}});
+  };
+  int64_t most = 1;
+  for (const BackwardJob& j : jobs) {
+    int64_t nqt, nkt;
+    most = std::max(most, tiles(j, nqt, nkt));
+  }
+  int64_t max_threads = options.threads > 0 ? options.threads : static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency()));
+  max_threads = std::max<int64_t>(1, std::min(max_threads, most));
+
+  std::vector<std::unique_ptr<void, AlignedFree>> scratch;
+  for (int64_t t = 0; t < max_threads; ++t) {
+    scratch.emplace_back(::operator new(layout.total, std::align_val_t{64}));
+    char* ones = static_cast<char*>(scratch.back().get()) + layout.ones;
+    std::memset(ones, 0, static_cast<size_t>(jobs.front().block_n));
+    std::memset(ones + jobs.front().block_n, 1, static_cast<size_t>(jobs.front().block_n));
+  }
+
+  // Per thread, a float64 copy of every gradient, summed into across all jobs.
+  std::vector<std::vector<std::vector<double>>> partial(static_cast<size_t>(max_threads));
+  std::vector<std::vector<double*>> grad_ptrs(static_cast<size_t>(max_threads));
+  for (int64_t t = 0; t < max_threads; ++t) {
+    partial[static_cast<size_t>(t)].resize(grads.size());
+    for (size_t g = 0; g < grads.size(); ++g) {
+      partial[static_cast<size_t>(t)][g].assign(static_cast<size_t>(numel(grads[g])), 0.0);
+      grad_ptrs[static_cast<size_t>(t)].push_back(partial[static_cast<size_t>(t)][g].data());
+    }
+  }
+  const bool fixed = !grads.empty();
+  std::vector<float> delta;
+  for (BackwardJob job : jobs) {
+    job.scratch = layout;
+    int64_t nqt, nkt;
+    const int64_t threads = std::min(max_threads, tiles(job, nqt, nkt));
+    const std::unique_ptr<BlockClassifier> classifier = attach_classifier(sparsity, job);
+    delta.assign(static_cast<size_t>(job.B * job.H * job.Sq), 0.0f);
+    job.delta = delta.data();
+
+    // Pass 0: delta = rowsum(dO * O), which every block of a row needs.
+    parallel_for(threads, job.B * job.H, false, [&](int64_t, int64_t i) { k.delta(job, i / job.H, i % job.H); });
+
+    // Pass 1: dK and dV; the counter balances tiles of uneven work (causal masks).
+    parallel_for(threads, job.B * job.Hkv * nkt, false, [&](int64_t t, int64_t i) {
+      int64_t bh = i / nkt;
+      k.kv_tile(job, scratch[static_cast<size_t>(t)].get(), bh / job.Hkv, bh % job.Hkv, i % nkt);
+    });
+
+    // Pass 2: dQ and the scatters, each thread into its own float64 gradient copies.
+    parallel_for(threads, job.B * job.H * nqt, fixed, [&](int64_t t, int64_t i) {
+      // Later query tiles first: under causal-like masks they have the most KV tiles.
+      int64_t qt = nqt - 1 - i / (job.B * job.H), bh = i % (job.B * job.H);
+      double* const* g = grad_ptrs[static_cast<size_t>(t)].empty() ? nullptr : grad_ptrs[static_cast<size_t>(t)].data();
+      k.q_tile(job, scratch[static_cast<size_t>(t)].get(), g, bh / job.H, bh % job.H, qt);
+    });
+  }
+  write_grads(grads, std::move(partial));
 }
 
 }  // namespace flexjit::cpu

@@ -16,10 +16,13 @@ struct GradOutput {
   std::vector<int64_t> shape, strides;
 };
 
-// Runs the whole backward. `job` must be complete except for `delta`, `scratch`, `classify`
-// and `classify_ctx`, which this fills; job.scatter_target indexes `grads`. Each thread sums
-// its scatters into its own float64 copy of every gradient and the copies are added in thread
-// order, so the results are reproducible for a given thread count.
-void run_backward(BackwardJob job, const BlockSparsity& sparsity, const DriverOptions& options, const std::vector<GradOutput>& grads);
+// Runs the whole backward of every job in order (a dense launch has one; a ragged batch one per
+// sequence, with the same mods, tiles and head dims). Each job must be complete except for
+// `delta`, `scratch`, `classify` and `classify_ctx`, which this fills; job.scatter_target indexes
+// `grads`. Each thread sums its scatters of every job into its own float64 copy of every gradient
+// and the copies are added in thread order once at the end, so the gradients are the sums over the
+// jobs, reproducible for a given thread count.
+void run_backward(const std::vector<BackwardJob>& jobs, const BlockSparsity& sparsity, const DriverOptions& options,
+                  const std::vector<GradOutput>& grads);
 
 }  // namespace flexjit::cpu

@@ -11,6 +11,7 @@
 #include "dsl/error.h"
 #include "runtime/cpu/backward_cpu.h"
 #include "runtime/cpu/cpu_backend.h"
+#include "runtime/cpu/forward_common.h"
 #include "runtime/cpu/mod_jit.h"
 #include "runtime/forward_launch.h"
 
@@ -20,16 +21,6 @@ namespace {
 
 constexpr int kBlockM = 64;
 constexpr int kBlockN = 64;
-
-ElemType elem_type(dsl::DType t) {
-  switch (t) {
-    case dsl::DType::F32: return ElemType::F32;
-    case dsl::DType::F16: return ElemType::F16;
-    case dsl::DType::BF16: return ElemType::BF16;
-    default: break;
-  }
-  throw Error(fmt::format("backward (CPU): q, k, v and o must be f32, f16 or bf16, not {}; set the spec's dtype", dsl::dtype_name(t)));
-}
 
 Operand operand(const Tensor& t) {
   Operand o;
@@ -64,11 +55,11 @@ void check_operand(const Tensor& t, const char* name, const std::vector<int64_t>
 }
 
 // The gradient outputs in args.grads order, and for each scatter its output (-1: not wanted).
-std::vector<GradOutput> check_grads(const dsl::Spec& spec, const BackwardSpec& bs, const BackwardArgs& a, const std::vector<Tensor>& buffers,
-                                    std::vector<int>& scatter_target) {
+std::vector<GradOutput> check_grads(const dsl::Spec& spec, const BackwardSpec& bs, const std::vector<std::pair<std::string, Tensor>>& grad_args,
+                                    const std::vector<Tensor>& buffers, std::vector<int>& scatter_target) {
   std::vector<GradOutput> out;
   std::vector<int> output_of(spec.buffers.size(), -1);
-  for (const auto& [name, t] : a.grads) {
+  for (const auto& [name, t] : grad_args) {
     int idx = -1;
     for (size_t i = 0; i < spec.buffers.size(); ++i)
       if (spec.buffers[i].name == name) idx = static_cast<int>(i);
@@ -146,9 +137,57 @@ std::shared_ptr<const BackwardSpec> make_backward_spec(const SpecIR& ir) {
   return bs;
 }
 
+BackwardLaunch::BackwardLaunch(const SpecIR& ir, const BackwardSpec& bs, const runtime::LaunchShape& mods_shape, const AttentionArgs& binding,
+                               const std::vector<std::pair<std::string, Tensor>>& grads)
+    : bs_(bs), cfg_(settings()) {
+  const dsl::Spec& spec = ir.spec();
+  const int64_t D = mods_shape.head_dim;
+  buffers_ = runtime::collect_buffers(spec, binding, {});
+  values_ = runtime::bind_launch(ir.checked, mods_shape, buffers_, binding);
+  grads_ = check_grads(spec, bs, grads, buffers_, scatter_target_);
+
+  base_.H = mods_shape.heads;
+  base_.Hkv = mods_shape.kv_heads;
+  base_.D = D;
+  base_.Dv = mods_shape.head_dim_v;
+  base_.scale = binding.scale > 0 ? binding.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  base_.dtype = elem_type(spec.dtype);
+  base_.block_m = cfg_.block_m > 0 ? cfg_.block_m : kBlockM;
+  base_.block_n = cfg_.block_n > 0 ? cfg_.block_n : kBlockN;
+  if (bs.ir.score_mod || bs.ir.mask_mod) {
+    runtime::VariantChoice choice = runtime::choose_variant(bs.ranges, bs.ir.checked, values_);
+    CodeGenOptions options;
+    options.tile_size = base_.block_n;
+    options.checked_loads = choice.checked_loads;
+    options.vector_math = !cfg_.exact_math;
+    // Nothing hoisted: the gradient expressions are not staged, and one module keeps the
+    // recomputed scores and their derivatives consistent.
+    options.hoist = false;
+    options.gradient = &bs.gradient;
+    mods_ = compile_mods(bs.ir, bs.ranges, options, bs.canonical);
+    params_ = mod_params(*mods_, buffers_, values_);
+    set_mod_fields(base_, *mods_, params_);
+    base_.need_d_score = !bs.d_score_is_one;
+    base_.num_scatters = static_cast<int>(scatter_target_.size());
+    base_.scatter_target = scatter_target_.data();
+  }
+}
+
+void BackwardLaunch::run(const std::vector<BackwardJob>& jobs) const {
+  BlockSparsity sparsity;
+  sparsity.ir = &bs_.ir;
+  sparsity.values = &values_;
+  sparsity.uses_b = bs_.mask_uses_b;
+  sparsity.uses_h = bs_.mask_uses_h;
+  DriverOptions driver;
+  driver.threads = cfg_.threads;
+  driver.isa = choose_isa(cfg_.isa);
+  run_backward(jobs, sparsity, driver, grads_);
+}
+
 void launch_backward(const SpecIR& ir, const BackwardSpec& bs, const BackwardArgs& a) {
   const dsl::Spec& spec = ir.spec();
-  ElemType et = elem_type(spec.dtype);
+  elem_type(spec.dtype);
   if (!a.lse.data)
     throw Error("backward (CPU): `lse` is required: pass the [B, H, Sq] f32 natural-log LSE the forward wrote (set AttentionArgs::lse on the "
                 "forward), or the merged LSE of a forward split into KV chunks");
@@ -173,24 +212,14 @@ void launch_backward(const SpecIR& ir, const BackwardSpec& bs, const BackwardArg
   check_operand(a.dq, "dq", {B, H, Sq, D}, "[B, H, Sq, D]", spec.dtype);
   check_operand(a.dk, "dk", {B, Hkv, Skv, D}, "[B, Hkv, Skv, D]", spec.dtype);
   check_operand(a.dv, "dv", {B, Hkv, Skv, Dv}, "[B, Hkv, Skv, Dv]", spec.dtype);
-  std::vector<Tensor> buffers = runtime::collect_buffers(spec, fa, {});
-  BoundValues values = runtime::bind_launch(ir.checked, runtime::mods_shape(shape, runtime::window_of(fa)), buffers, fa);
-  std::vector<int> scatter_target;
-  std::vector<GradOutput> grads = check_grads(spec, bs, a, buffers, scatter_target);
-  CpuSettings cfg = settings();
+  BackwardLaunch launch(ir, bs, runtime::mods_shape(shape, runtime::window_of(fa)), fa, a.grads);
 
-  BackwardJob job;
+  BackwardJob job = launch.job();
   job.B = B;
-  job.H = H;
-  job.Hkv = Hkv;
   job.Sq = Sq;
   job.Skv = Skv;
-  job.D = D;
-  job.Dv = Dv;
   job.q_offset = a.q_offset;
   job.kv_offset = a.kv_offset;
-  job.scale = a.scale > 0 ? a.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-  job.dtype = et;
   job.q = operand(a.q);
   job.k = operand(a.k);
   job.v = operand(a.v);
@@ -202,50 +231,7 @@ void launch_backward(const SpecIR& ir, const BackwardSpec& bs, const BackwardArg
   job.lse = static_cast<const float*>(a.lse.data);
   std::vector<int64_t> ls = a.lse.effective_strides();
   for (int i = 0; i < 3; ++i) job.lse_stride[i] = ls[i];
-  job.block_m = cfg.block_m > 0 ? cfg.block_m : kBlockM;
-  job.block_n = cfg.block_n > 0 ? cfg.block_n : kBlockN;
-
-  std::shared_ptr<const CompiledMods> mods;
-  std::vector<uint64_t> params;
-  if (bs.ir.score_mod || bs.ir.mask_mod) {
-    runtime::VariantChoice choice = runtime::choose_variant(bs.ranges, bs.ir.checked, values);
-    CodeGenOptions options;
-    options.tile_size = job.block_n;
-    options.checked_loads = choice.checked_loads;
-    options.vector_math = !cfg.exact_math;
-    // Nothing hoisted: the gradient expressions are not staged, and one module keeps the
-    // recomputed scores and their derivatives consistent.
-    options.hoist = false;
-    options.gradient = &bs.gradient;
-    mods = compile_mods(bs.ir, bs.ranges, options, bs.canonical);
-    // A buffer with an empty dimension is read (clamped to index 0) from zeros.
-    alignas(64) static const uint64_t zeros[8] = {};
-    std::vector<Tensor> safe = buffers;
-    for (Tensor& t : safe)
-      for (int64_t d : t.shape)
-        if (d <= 0) t.data = const_cast<uint64_t*>(zeros);
-    params = runtime::fill_variant_params(mods->info.params, safe, values, nullptr);
-    job.mods = &mods->fns;
-    job.has_score_mod = mods->info.has_score_mod;
-    job.has_mask_mod = mods->info.has_mask_mod;
-    job.row_stage = mods->info.row_values > 0;
-    job.col_stage = mods->info.col_values > 0;
-    job.tile_stage = mods->info.tile_values > 0;
-    job.params = params.data();
-    job.state_bytes = mods->info.state_bytes;
-    job.need_d_score = !bs.d_score_is_one;
-    job.num_scatters = static_cast<int>(scatter_target.size());
-    job.scatter_target = scatter_target.data();
-  }
-  BlockSparsity sparsity;
-  sparsity.ir = &bs.ir;
-  sparsity.values = &values;
-  sparsity.uses_b = bs.mask_uses_b;
-  sparsity.uses_h = bs.mask_uses_h;
-  DriverOptions driver;
-  driver.threads = cfg.threads;
-  driver.isa = choose_isa(cfg.isa);
-  run_backward(job, sparsity, driver, grads);
+  launch.run({job});
 }
 
 }  // namespace flexjit::cpu

@@ -21,6 +21,8 @@ struct BackwardJob {
   // A shard of a longer sequence (context parallelism): the global positions of query row 0 and
   // KV row 0, where the mods see them; the KV tiles lie on the global grid (kv_tiles.h).
   int64_t q_offset = 0, kv_offset = 0;
+  // Added to b where the mods see it: a ragged batch runs one sequence per job (B = 1), whose b is its index.
+  int64_t b_offset = 0;
   float scale = 1;
   ElemType dtype = ElemType::F32;  // of q, k, v, o, d_o, dq, dk, dv
   Operand q, k, v, o, d_o;

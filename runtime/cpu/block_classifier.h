@@ -42,4 +42,16 @@ class BlockClassifier {
   std::unique_ptr<std::atomic<uint8_t>[]> table_;
 };
 
+// A classifier of `job`'s tiles set as its ClassifyFn when the launch has a mask_mod (else null, and every tile is
+// full); it must outlive the job's run. Job: AttentionJob or BackwardJob.
+template <class Job>
+std::unique_ptr<BlockClassifier> attach_classifier(const BlockSparsity& s, Job& job) {
+  if (!s.ir || !s.ir->mask_mod || !s.values) return nullptr;
+  auto c = std::make_unique<BlockClassifier>(
+      s, BlockGrid{job.B, job.H, job.Hkv, job.Sq, job.Skv, job.block_m, job.block_n, job.b_offset, job.q_offset, job.kv_offset});
+  job.classify = &BlockClassifier::classify;
+  job.classify_ctx = c.get();
+  return c;
+}
+
 }  // namespace flexjit::cpu

@@ -94,6 +94,7 @@ class Executor : public CpuExecutor {
   void decode(const SpecIR& ir, const DecodePlanOptions& plan, const DecodeArgs& a) override { launch_decode(*state_for(ir), ir, plan, a); }
 
   void backward(const SpecIR& ir, const BackwardArgs& a) override { launch_backward(ir, *backward_spec_for(ir), a); }
+  void backward_varlen(const SpecIR& ir, const VarlenBackwardArgs& a) override { launch_backward_varlen(ir, *backward_spec_for(ir), a); }
 
  private:
   std::shared_ptr<const BackwardSpec> backward_spec_for(const SpecIR& ir) {

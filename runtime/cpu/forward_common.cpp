@@ -72,22 +72,19 @@ std::shared_ptr<const CompiledMods> attach_mods(const SpecState& st, const Bound
       compile_mods(st.ir, ranges, options,
                    queries_at_kv_end ? (st.canonical.empty() ? canonical_ir_text(st.ir) : st.canonical) + "\nqueries at the end of their KV"
                                      : st.canonical);
+  params = mod_params(*mods, buffers, values);
+  set_mod_fields(job, *mods, params);
+  return mods;
+}
+
+std::vector<uint64_t> mod_params(const CompiledMods& mods, const std::vector<Tensor>& buffers, const BoundValues& values) {
   // A buffer with an empty dimension is read (clamped to index 0, flagged) from zeros.
   alignas(64) static const uint64_t zeros[8] = {};
   std::vector<Tensor> safe = buffers;
   for (Tensor& t : safe)
     for (int64_t d : t.shape)
       if (d <= 0) t.data = const_cast<uint64_t*>(zeros);
-  params = runtime::fill_variant_params(mods->info.params, safe, values, nullptr);
-  job.mods = &mods->fns;
-  job.has_score_mod = mods->info.has_score_mod;
-  job.has_mask_mod = mods->info.has_mask_mod;
-  job.row_stage = mods->info.row_values > 0;
-  job.col_stage = mods->info.col_values > 0;
-  job.tile_stage = mods->info.tile_values > 0;
-  job.params = params.data();
-  job.state_bytes = mods->info.state_bytes;
-  return mods;
+  return runtime::fill_variant_params(mods.info.params, safe, values, nullptr);
 }
 
 BlockSparsity sparsity_of(const SpecState& st, const BoundValues& values) {

@@ -1,5 +1,6 @@
 // What the CPU forward launches (dense, ragged, decode) share: the per-spec state, the
-// operand dtype, attaching the JIT-compiled mods to an attention job, and error messages.
+// operand dtype, attaching the JIT-compiled mods to an attention job (the mods' parameters and job
+// fields the backward takes too), and error messages.
 #pragma once
 #include <memory>
 #include <string>
@@ -36,6 +37,23 @@ ElemType elem_type(dsl::DType t);
 std::shared_ptr<const CompiledMods> attach_mods(const SpecState& st, const BoundValues& values, const std::vector<Tensor>& buffers,
                                                 const CpuSettings& cfg, AttentionJob& job, std::vector<uint64_t>& params,
                                                 bool queries_at_kv_end = false);
+
+// The parameter slots of `mods` for a launch's buffers and values (a buffer with an empty dimension reads zeros).
+std::vector<uint64_t> mod_params(const CompiledMods& mods, const std::vector<Tensor>& buffers, const BoundValues& values);
+
+// The fields a forward or backward job takes from its compiled mods; `params` is mod_params' result, which the job
+// points into.
+template <class Job>
+void set_mod_fields(Job& job, const CompiledMods& mods, const std::vector<uint64_t>& params) {
+  job.mods = &mods.fns;
+  job.has_score_mod = mods.info.has_score_mod;
+  job.has_mask_mod = mods.info.has_mask_mod;
+  job.row_stage = mods.info.row_values > 0;
+  job.col_stage = mods.info.col_values > 0;
+  job.tile_stage = mods.info.tile_values > 0;
+  job.params = params.data();
+  job.state_bytes = mods.info.state_bytes;
+}
 
 // The block classification inputs for a launch of `st` at `values`.
 BlockSparsity sparsity_of(const SpecState& st, const BoundValues& values);

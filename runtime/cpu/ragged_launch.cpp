@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "dsl/error.h"
+#include "runtime/cpu/backward_launch.h"
 #include "runtime/forward_launch.h"
 #include "runtime/npy.h"
 
@@ -132,6 +133,38 @@ float scale_for(const std::string& what, float scale, int64_t D) {
   return scale > 0 ? scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
 }
 
+// The sequences of a ragged batch: cu_seqlens_q and cu_seqlens_kv read and checked (i32 [B + 1],
+// starting at 0, non-decreasing, every length within its bound, the last entry within the packed
+// rows). A sequence outside them is an error on the CPU, which checks on the host before any work.
+struct RaggedBatch {
+  int64_t B = 0;
+  std::vector<int64_t> cq, ck;
+};
+
+RaggedBatch ragged_batch(const std::string& what, const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_kv, int64_t total_q, int64_t total_kv,
+                         int max_seqlen_q, int max_seqlen_kv) {
+  check_tensor(what, cu_seqlens_q, "cu_seqlens_q", 1, dsl::DType::I32);
+  check_tensor(what, cu_seqlens_kv, "cu_seqlens_kv", 1, dsl::DType::I32);
+  const int64_t B = cu_seqlens_q.shape[0] - 1;
+  require(B >= 0 && cu_seqlens_kv.shape[0] == B + 1, what,
+          fmt::format("cu_seqlens_q has {} entries and cu_seqlens_kv {}: both must be [B + 1]", cu_seqlens_q.shape[0], cu_seqlens_kv.shape[0]));
+  RaggedBatch rb{B, read_i32(cu_seqlens_q, B + 1), read_i32(cu_seqlens_kv, B + 1)};
+  for (auto [name, cu, total, bound] : {std::tuple{"cu_seqlens_q", &rb.cq, total_q, int64_t{max_seqlen_q}},
+                                        std::tuple{"cu_seqlens_kv", &rb.ck, total_kv, int64_t{max_seqlen_kv}}}) {
+    require((*cu)[0] == 0, what, fmt::format("{}[0] is {} but must be 0", name, (*cu)[0]));
+    for (int64_t b = 0; b < B; ++b) {
+      int64_t len = (*cu)[static_cast<size_t>(b + 1)] - (*cu)[static_cast<size_t>(b)];
+      require(len >= 0, what, fmt::format("{} decreases at sequence {} ({} then {}); it must be non-decreasing", name, b, (*cu)[static_cast<size_t>(b)],
+                                          (*cu)[static_cast<size_t>(b + 1)]));
+      require(len <= bound, what,
+              fmt::format("sequence {} has {} rows in {} but the bound (max_seqlen_{}) is {}; raise it", b, len, name, name[11] == 'q' ? "q" : "kv", bound));
+    }
+    require((*cu)[static_cast<size_t>(B)] <= total, what,
+            fmt::format("{}[B] = {} exceeds the {} rows of the packed tensor", name, (*cu)[static_cast<size_t>(B)], total));
+  }
+  return rb;
+}
+
 // Runs one sequence's job per entry, in order; throws the mods' errors at the end.
 class SequenceRunner {
  public:
@@ -161,6 +194,16 @@ class SequenceRunner {
   DriverOptions driver_;
   uint32_t errors_ = 0;
 };
+
+// Rows [row0, ...) of a packed [rows, heads, d] tensor as a [1, heads, rows, d] operand.
+Operand packed_rows(const Tensor& t, int64_t row0) {
+  const std::vector<int64_t> s = t.effective_strides();
+  return Operand{byte_at(t.data, row0 * s[0], t.dtype), {0, s[1], s[0], s[2]}};
+}
+OutOperand packed_out_rows(const Tensor& t, int64_t row0) {
+  Operand o = packed_rows(t, row0);
+  return OutOperand{const_cast<void*>(o.data), {o.stride[0], o.stride[1], o.stride[2], o.stride[3]}};
+}
 
 AttentionArgs binding_args(const std::vector<std::pair<std::string, Tensor>>& buffers, const std::vector<std::pair<std::string, double>>& params) {
   AttentionArgs fa;
@@ -202,25 +245,9 @@ void launch_varlen(const SpecState& st, const SpecIR& ir, const VarlenArgs& a) {
     check_tensor(what, a.lse, "lse", 2, dsl::DType::F32);
     expect_shape(what, a.lse, "lse", {H, total_q}, "[H, total_q]");
   }
-  check_tensor(what, a.cu_seqlens_q, "cu_seqlens_q", 1, dsl::DType::I32);
-  check_tensor(what, a.cu_seqlens_kv, "cu_seqlens_kv", 1, dsl::DType::I32);
-  const int64_t B = a.cu_seqlens_q.shape[0] - 1;
-  require(B >= 0 && a.cu_seqlens_kv.shape[0] == B + 1, what,
-          fmt::format("cu_seqlens_q has {} entries and cu_seqlens_kv {}: both must be [B + 1]", a.cu_seqlens_q.shape[0], a.cu_seqlens_kv.shape[0]));
-  std::vector<int64_t> cq = read_i32(a.cu_seqlens_q, B + 1), ck = read_i32(a.cu_seqlens_kv, B + 1);
-  for (auto [name, cu, total, bound] : {std::tuple{"cu_seqlens_q", &cq, total_q, int64_t{a.max_seqlen_q}},
-                                        std::tuple{"cu_seqlens_kv", &ck, total_kv, int64_t{a.max_seqlen_kv}}}) {
-    require((*cu)[0] == 0, what, fmt::format("{}[0] is {} but must be 0", name, (*cu)[0]));
-    for (int64_t b = 0; b < B; ++b) {
-      int64_t len = (*cu)[static_cast<size_t>(b + 1)] - (*cu)[static_cast<size_t>(b)];
-      require(len >= 0, what, fmt::format("{} decreases at sequence {} ({} then {}); it must be non-decreasing", name, b, (*cu)[static_cast<size_t>(b)],
-                                          (*cu)[static_cast<size_t>(b + 1)]));
-      require(len <= bound, what,
-              fmt::format("sequence {} has {} rows in {} but the bound (max_seqlen_{}) is {}; raise it", b, len, name, name[11] == 'q' ? "q" : "kv", bound));
-    }
-    require((*cu)[static_cast<size_t>(B)] <= total, what,
-            fmt::format("{}[B] = {} exceeds the {} rows of the packed tensor", name, (*cu)[static_cast<size_t>(B)], total));
-  }
+  const RaggedBatch rb = ragged_batch(what, a.cu_seqlens_q, a.cu_seqlens_kv, total_q, total_kv, a.max_seqlen_q, a.max_seqlen_kv);
+  const int64_t B = rb.B;
+  const std::vector<int64_t>&cq = rb.cq, &ck = rb.ck;
   if (a.queries_at_kv_end)
     for (int64_t b = 0; b < B; ++b) {
       const int64_t lq = cq[static_cast<size_t>(b + 1)] - cq[static_cast<size_t>(b)], lkv = ck[static_cast<size_t>(b + 1)] - ck[static_cast<size_t>(b)];
@@ -235,7 +262,7 @@ void launch_varlen(const SpecState& st, const SpecIR& ir, const VarlenArgs& a) {
   std::vector<Tensor> buffers = runtime::collect_buffers(spec, binding, {});
   SequenceRunner runner(st, ir, shape, buffers, binding, a.queries_at_kv_end);
   const float scale = scale_for(what, a.scale, D);
-  std::vector<int64_t> qs = a.q.effective_strides(), ks = a.k.effective_strides(), vs = a.v.effective_strides(), os = a.o.effective_strides();
+  std::vector<int64_t> ks = a.k.effective_strides(), vs = a.v.effective_strides();
   std::vector<int64_t> ls = a.lse.data ? a.lse.effective_strides() : std::vector<int64_t>{0, 0};
   const KvFormat kv_format(kv_dtype);
   std::vector<char> k_copy, v_copy;  // an FP8 sequence's K and V dequantised, as dense f32 [Hkv, len, d]
@@ -254,8 +281,7 @@ void launch_varlen(const SpecState& st, const SpecIR& ir, const VarlenArgs& a) {
     job.scale = scale;
     job.dtype = et;
     if (job.Sq == 0) continue;
-    // [rows, heads, d] slices as [1, heads, rows, d] operands.
-    job.q = Operand{byte_at(a.q.data, q0 * qs[0], spec.dtype), {0, qs[1], qs[0], qs[2]}};
+    job.q = packed_rows(a.q, q0);
     if (fp8) {
       gather_rows(kv_format, a.k, kv_scale.k, Hkv, job.Skv, D, ks[2], [&](int64_t p, int64_t h) { return (k0 + p) * ks[0] + h * ks[1]; }, k_copy);
       gather_rows(kv_format, a.v, kv_scale.v, Hkv, job.Skv, Dv, vs[2], [&](int64_t p, int64_t h) { return (k0 + p) * vs[0] + h * vs[1]; }, v_copy);
@@ -263,10 +289,10 @@ void launch_varlen(const SpecState& st, const SpecIR& ir, const VarlenArgs& a) {
       job.k = Operand{k_copy.data(), {0, job.Skv * D, D, 1}};
       job.v = Operand{v_copy.data(), {0, job.Skv * Dv, Dv, 1}};
     } else {
-      job.k = Operand{byte_at(a.k.data, k0 * ks[0], spec.dtype), {0, ks[1], ks[0], ks[2]}};
-      job.v = Operand{byte_at(a.v.data, k0 * vs[0], spec.dtype), {0, vs[1], vs[0], vs[2]}};
+      job.k = packed_rows(a.k, k0);
+      job.v = packed_rows(a.v, k0);
     }
-    job.o = OutOperand{const_cast<char*>(byte_at(a.o.data, q0 * os[0], spec.dtype)), {0, os[1], os[0], os[2]}};
+    job.o = packed_out_rows(a.o, q0);
     if (a.lse.data) {
       job.lse = static_cast<float*>(a.lse.data) + q0 * ls[1];
       job.lse_stride[0] = 0;
@@ -276,6 +302,64 @@ void launch_varlen(const SpecState& st, const SpecIR& ir, const VarlenArgs& a) {
     runner.run(job);
   }
   runner.finish();
+}
+
+void launch_backward_varlen(const SpecIR& ir, const BackwardSpec& bs, const VarlenBackwardArgs& a) {
+  const std::string what = "ragged backward";
+  const dsl::Spec& spec = ir.spec();
+  elem_type(spec.dtype);
+  for (auto [t, name] : {std::pair{&a.q, "q"}, std::pair{&a.k, "k"}, std::pair{&a.v, "v"}, std::pair{&a.o, "o"}, std::pair{&a.d_o, "d_o"},
+                         std::pair{&a.dq, "dq"}, std::pair{&a.dk, "dk"}, std::pair{&a.dv, "dv"}})
+    check_tensor(what, *t, name, 3, spec.dtype);
+  const int64_t total_q = a.q.shape[0], H = a.q.shape[1], D = a.q.shape[2], total_kv = a.k.shape[0], Hkv = a.k.shape[1], Dv = a.v.shape[2];
+  check_head_dims(what, spec, H, Hkv, D, Dv);
+  expect_shape(what, a.k, "k", {total_kv, Hkv, D}, "[total_kv, Hkv, D]");
+  expect_shape(what, a.v, "v", {total_kv, Hkv, Dv}, "[total_kv, Hkv, Dv]");
+  expect_shape(what, a.o, "o", {total_q, H, Dv}, "[total_q, H, Dv]");
+  expect_shape(what, a.d_o, "d_o", {total_q, H, Dv}, "[total_q, H, Dv] (the shape of o)");
+  expect_shape(what, a.dq, "dq", {total_q, H, D}, "[total_q, H, D] (the shape of q)");
+  expect_shape(what, a.dk, "dk", {total_kv, Hkv, D}, "[total_kv, Hkv, D] (the shape of k)");
+  expect_shape(what, a.dv, "dv", {total_kv, Hkv, Dv}, "[total_kv, Hkv, Dv] (the shape of v)");
+  require(a.lse.data != nullptr, what,
+          fmt::format("`lse` is required: pass the [H, total_q] = [{}, {}] f32 LSE the forward wrote (set VarlenArgs::lse on forward_varlen)", H,
+                      total_q));
+  check_tensor(what, a.lse, "lse", 2, dsl::DType::F32);
+  expect_shape(what, a.lse, "lse", {H, total_q}, "[H, total_q]");
+  require(a.max_seqlen_q >= 1 && a.max_seqlen_kv >= 1, what,
+          fmt::format("max_seqlen_q is {} and max_seqlen_kv {}: both must be >= 1 (the bounds of the per-sequence lengths, as the forward's)",
+                      a.max_seqlen_q, a.max_seqlen_kv));
+  const RaggedBatch rb = ragged_batch(what, a.cu_seqlens_q, a.cu_seqlens_kv, total_q, total_kv, a.max_seqlen_q, a.max_seqlen_kv);
+
+  // The mods see the bounds as Sq and Skv, as in the forward.
+  const runtime::LaunchShape shape{rb.B, H, Hkv, a.max_seqlen_q, a.max_seqlen_kv, D, Dv};
+  AttentionArgs binding = binding_args(a.buffers, a.params);
+  binding.scale = scale_for(what, a.scale, D);
+  BackwardLaunch launch(ir, bs, shape, binding, a.grads);
+  const std::vector<int64_t> ls = a.lse.effective_strides();
+  std::vector<BackwardJob> jobs;
+  for (int64_t b = 0; b < rb.B; ++b) {
+    const int64_t q0 = rb.cq[static_cast<size_t>(b)], k0 = rb.ck[static_cast<size_t>(b)];
+    BackwardJob job = launch.job();
+    job.B = 1;
+    job.Sq = rb.cq[static_cast<size_t>(b + 1)] - q0;
+    job.Skv = rb.ck[static_cast<size_t>(b + 1)] - k0;
+    job.b_offset = b;
+    if (job.Sq == 0 && job.Skv == 0) continue;  // no rows to write (with KV rows and no queries, dk and dv are zeros)
+    job.q = packed_rows(a.q, q0);
+    job.o = packed_rows(a.o, q0);
+    job.d_o = packed_rows(a.d_o, q0);
+    job.dq = packed_out_rows(a.dq, q0);
+    job.k = packed_rows(a.k, k0);
+    job.v = packed_rows(a.v, k0);
+    job.dk = packed_out_rows(a.dk, k0);
+    job.dv = packed_out_rows(a.dv, k0);
+    job.lse = static_cast<const float*>(a.lse.data) + q0 * ls[1];
+    job.lse_stride[0] = 0;
+    job.lse_stride[1] = ls[0];
+    job.lse_stride[2] = ls[1];
+    jobs.push_back(job);
+  }
+  launch.run(jobs);
 }
 
 void launch_decode(const SpecState& st, const SpecIR& ir, const DecodePlanOptions& plan, const DecodeArgs& a) {

@@ -1,6 +1,6 @@
 /* The C API from C: status codes and error text for bad specs and bad launches, and a
  * forward launch on the CPU backend when this build has it (a GPU launch when a device is
- * present), decode with FP8 KV caches. Exits non-zero on failure; prints "N passed, N failed". */
+ * present), the dense and ragged backward, decode with FP8 KV caches. Exits non-zero on failure; prints "N passed, N failed". */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,6 +79,60 @@ static void test_backward(flexjit_runtime* rt) {
   flexjit_args_destroy(a);
   flexjit_kernel_destroy(k);
   free(q), free(kk), free(v), free(o), free(d_o), free(lse), free(dq), free(dk), free(dv);
+}
+
+/* The ragged backward on the CPU backend equals a dense backward per sequence (one head, so a packed [T, 1, D]
+ * sequence is a dense [1, 1, S, D] one), the slope's gradient the sum of the sequences'. */
+static void test_backward_varlen(flexjit_runtime* rt) {
+  enum { T = 12, D = 16 };
+  flexjit_kernel* k = NULL;
+  CHECK(flexjit_compile(rt, "{\"score_mod\": \"score + slope[h] * (kv - q)\", \"mask_mod\": \"q >= kv\", \"buffers\": [\"slope: f32[H]\"], "
+                            "\"grad\": [\"slope\"], \"dtype\": \"f32\", \"head_dim\": 16}",
+                        &k) == FLEXJIT_OK);
+  const int32_t cu[3] = {0, 5, 12};
+  float *q = filled(T * D, 11), *kk = filled(T * D, 12), *v = filled(T * D, 13), *d_o = filled(T * D, 14), *o = filled(T * D, 15);
+  float *lse = filled(T, 16), *dq = filled(T * D, 17), *dk = filled(T * D, 18), *dv = filled(T * D, 19);
+  float *dq1 = filled(T * D, 20), *dk1 = filled(T * D, 21), *dv1 = filled(T * D, 22);
+  float slope[1] = {0.3f}, gslope[1] = {NAN}, gsum[1] = {0}, gseq[1] = {NAN};
+  int64_t slope_shape[1] = {1};
+  flexjit_args* a = NULL;
+  CHECK(flexjit_args_create(&a) == FLEXJIT_OK);
+  CHECK(flexjit_args_set_varlen(a, q, kk, v, o, FLEXJIT_F32, T, T, 1, 1, D, 2, cu, cu, 7, 7) == FLEXJIT_OK);
+  CHECK(flexjit_args_set_buffer(a, "slope", slope, FLEXJIT_F32, 1, slope_shape, NULL) == FLEXJIT_OK);
+  CHECK(flexjit_args_set_lse(a, lse) == FLEXJIT_OK);
+  CHECK(flexjit_args_set_stream(a, NULL, -2) == FLEXJIT_OK);
+  CHECK(flexjit_forward_varlen(k, a) == FLEXJIT_OK);
+  CHECK(flexjit_backward_varlen(k, a) == FLEXJIT_ERROR_USER); /* no dO, dq, dk, dv yet */
+  CHECK(strstr(flexjit_last_error(), "flexjit_args_set_backward") != NULL);
+  CHECK(flexjit_args_set_backward(a, d_o, dq, dk, dv) == FLEXJIT_OK);
+  CHECK(flexjit_args_set_grad(a, "slope", gslope) == FLEXJIT_OK);
+  CHECK(flexjit_backward_varlen(k, a) == FLEXJIT_OK);
+  for (int b = 0; b < 2; ++b) {
+    const int r0 = cu[b], S = cu[b + 1] - cu[b];
+    flexjit_args* s = NULL;
+    CHECK(flexjit_args_create(&s) == FLEXJIT_OK);
+    CHECK(flexjit_args_set_qkvo(s, q + r0 * D, kk + r0 * D, v + r0 * D, o + r0 * D, FLEXJIT_F32, 1, 1, 1, S, S, D) == FLEXJIT_OK);
+    CHECK(flexjit_args_set_buffer(s, "slope", slope, FLEXJIT_F32, 1, slope_shape, NULL) == FLEXJIT_OK);
+    CHECK(flexjit_args_set_lse(s, lse + r0) == FLEXJIT_OK);
+    CHECK(flexjit_args_set_stream(s, NULL, -2) == FLEXJIT_OK);
+    CHECK(flexjit_args_set_backward(s, d_o + r0 * D, dq1 + r0 * D, dk1 + r0 * D, dv1 + r0 * D) == FLEXJIT_OK);
+    CHECK(flexjit_args_set_grad(s, "slope", gseq) == FLEXJIT_OK);
+    CHECK(flexjit_backward(k, s) == FLEXJIT_OK);
+    gsum[0] += gseq[0];
+    flexjit_args_destroy(s);
+  }
+  CHECK(max_abs_diff(dq, dq1, T * D) < 1e-5f);
+  CHECK(max_abs_diff(dk, dk1, T * D) < 1e-5f);
+  CHECK(max_abs_diff(dv, dv1, T * D) < 1e-5f);
+  CHECK(max_abs_diff(gslope, gsum, 1) < 1e-5f);
+  /* Bounds below a sequence's length are reported, not skipped, on the CPU. */
+  CHECK(flexjit_args_set_varlen(a, q, kk, v, o, FLEXJIT_F32, T, T, 1, 1, D, 2, cu, cu, 6, 7) == FLEXJIT_OK);
+  CHECK(flexjit_backward_varlen(k, a) == FLEXJIT_ERROR_USER);
+  CHECK(strstr(flexjit_last_error(), "max_seqlen_q") != NULL);
+  CHECK(flexjit_backward_varlen(NULL, a) == FLEXJIT_ERROR_INVALID_ARGUMENT);
+  flexjit_args_destroy(a);
+  flexjit_kernel_destroy(k);
+  free(q), free(kk), free(v), free(d_o), free(o), free(lse), free(dq), free(dk), free(dv), free(dq1), free(dk1), free(dv1);
 }
 
 /* Decode and ragged prefill on the CPU backend agree with plain forward launches: a decode
@@ -418,6 +472,7 @@ int main(void) {
   flexjit_args_destroy(a);
 #ifdef FLEXJIT_HAVE_CPU_BACKEND
   test_backward(rt);
+  test_backward_varlen(rt);
   test_decode_and_varlen(rt);
   test_decode_fp8(rt);
   test_ring(rt);

@@ -55,20 +55,21 @@ Block recompute_block(const BackwardJob& J, void* scratch, double* const* grads,
   auto lse_of = [&](int64_t r) { return J.lse[b * J.lse_stride[0] + h * J.lse_stride[1] + (q0 + r) * J.lse_stride[2]]; };
   const int64_t lead = t.lead, n = t.n, w = lead + n;  // the mods' columns: padding, then the tile's rows
   const int64_t mq0 = q0 + J.q_offset;                 // the first row's q as the mods see it
+  const int64_t mb = b + J.b_offset;                   // and b
 
   const bool masked = F && cls == kTilePartial && J.has_mask_mod;
   if (F) {
     for (int64_t r = 0; r < m; ++r) {
-      if (J.row_stage) F->row(J.params, b, h, hkv, mq0 + r, state(r));
-      if (J.col_stage) F->col(J.params, b, h, hkv, mq0 + r, kv_tile_columns(J.kv_offset, J.Skv, N), state(r));
-      if (J.tile_stage) F->tile(J.params, b, h, hkv, mq0 + r, t.k0, state(r));
+      if (J.row_stage) F->row(J.params, mb, h, hkv, mq0 + r, state(r));
+      if (J.col_stage) F->col(J.params, mb, h, hkv, mq0 + r, kv_tile_columns(J.kv_offset, J.Skv, N), state(r));
+      if (J.tile_stage) F->tile(J.params, mb, h, hkv, mq0 + r, t.k0, state(r));
     }
   }
   bool any = false;
   for (int64_t r = 0; r < m; ++r) {
     if (lse_of(r) == kNegInf) continue;  // a fully masked row: P = 0
     if (masked) {
-      F->mask(J.params, b, h, hkv, mq0 + r, t.k0, w, keep + r * N, state(r));
+      F->mask(J.params, mb, h, hkv, mq0 + r, t.k0, w, keep + r * N, state(r));
       std::memset(keep + r * N, 0, static_cast<size_t>(lead));  // the padding is no part of this launch
       if (std::memchr(keep + r * N + lead, 1, static_cast<size_t>(n))) any = true;
     } else {
@@ -91,7 +92,7 @@ Block recompute_block(const BackwardJob& J, void* scratch, double* const* grads,
     std::fill(sr, sr + lead, kNegInf);  // P = 0 on the padding, with or without mods
     if (need_grad_fn) std::memcpy(pre + r * N, sr, static_cast<size_t>(w) * 4);
     if (F && (J.has_score_mod || masked))
-      F->score(J.params, b, h, hkv, mq0 + r, t.k0, w, sr, masked ? keep + r * N : ones + N - lead, state(r));  // N zeros, N ones
+      F->score(J.params, mb, h, hkv, mq0 + r, t.k0, w, sr, masked ? keep + r * N : ones + N - lead, state(r));  // N zeros, N ones
     exp_shifted(sr, w, lse);  // P = exp(S - LSE): exactly 0 where masked
   }
 
@@ -115,7 +116,7 @@ Block recompute_block(const BackwardJob& J, void* scratch, double* const* grads,
       std::fill(gr, gr + w, 0.0f);
       continue;
     }
-    F->grad(J.params, b, h, hkv, mq0 + r, t.k0, w, pre + r * N, state(r), gr, coef, offset);
+    F->grad(J.params, mb, h, hkv, mq0 + r, t.k0, w, pre + r * N, state(r), gr, coef, offset);
     if (grads) {
       for (int sc = 0; sc < J.num_scatters; ++sc) {
         double* g = J.scatter_target[sc] >= 0 ? grads[J.scatter_target[sc]] : nullptr;

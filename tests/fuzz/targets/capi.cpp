@@ -1,6 +1,6 @@
 // The C API's argument validation (what a server passes on its hot path), on the CPU
 // backend: each input is one scenario - a kernel, a launch kind (forward, backward, ragged
-// prefill, decode), shapes, strides, dtypes, buffers, parameters, devices, null pointers and
+// prefill and its backward, decode), shapes, strides, dtypes, buffers, parameters, devices, null pointers and
 // index arrays (cu_seqlens, page tables, lengths) with any contents - then the calls. Every
 // tensor the harness passes is backed by exactly the memory its shape and strides describe
 // (ASan poisons the rest), so an accepted launch that reads or writes anything else is caught;
@@ -388,6 +388,12 @@ struct Scenario {
     set_buffers_and_params(args, spec, dims, in, arena, check, go, nullptr);
     const double work = double(total_q) * double(dims[1]) * double(std::max(0, max_kv)) * double(D);
     launch(flexjit_forward_varlen, "flexjit_forward_varlen", work);
+    if (!in.flag()) return;
+    // Its backward: dO like o, dq / dk / dv like q / k / v.
+    Tensor d_o = o, dq = q, dk = k, dv = v;
+    back_operands({&d_o, &dq, &dk, &dv}, {"dO", "dq", "dk", "dv"});
+    check.call(flexjit_args_set_backward(args, d_o.data, dq.data, dk.data, dv.data), "flexjit_args_set_backward");
+    launch(flexjit_backward_varlen, "flexjit_backward_varlen", work * 3);
   }
 
   void decode() {

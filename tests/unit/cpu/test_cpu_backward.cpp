@@ -20,71 +20,17 @@
 #include "support/attention_reference.h"
 #include "support/attention_reference_backward.h"
 #include "support/spec_loading.h"
+#include "unit/cpu/backward_operands.h"
 #include "unit/cpu/gallery_inputs.h"
 
 using namespace flexjit;
+using test::Operands;
 using test::Sizes;
+using test::bf16_round;
+using test::expect_close;
+using test::kNanF;
 
 namespace {
-
-const float kNanF = std::numeric_limits<float>::quiet_NaN();
-
-float bf16_round(float f) {
-  uint32_t u = static_cast<uint32_t>(test::float_to_bf16_bits(f)) << 16;
-  float r;
-  std::memcpy(&r, &u, 4);
-  return r;
-}
-
-// fp16 bits of a value that is zero or a normal half (the test's inputs are multiples of 1/64).
-uint16_t exact_half_bits(float f) {
-  if (f == 0) return 0;
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<uint16_t>(((u >> 16) & 0x8000u) | ((((u >> 23) & 0xffu) - 112) << 10) | ((u >> 13) & 0x3ffu));
-}
-
-float half_bits_to_float(uint16_t h) {
-  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, ex = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
-  if (ex == 0x1f) u = sign | 0x7f800000u | (man << 13);
-  else if (ex != 0) u = sign | ((ex + 112) << 23) | (man << 13);
-  else return (sign ? -1.0f : 1.0f) * static_cast<float>(man) * 5.9604644775390625e-08f;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-// Operands in the launch's dtype: fp32 values (already exact in it) and their storage.
-struct Operands {
-  DType dtype = DType::F32;
-  std::vector<float> f32;
-  std::vector<uint16_t> half;
-  explicit Operands(DType dt, const std::vector<float>& values) : dtype(dt), f32(values) {
-    for (float x : values) {
-      if (dt == DType::BF16) half.push_back(test::float_to_bf16_bits(x));
-      if (dt == DType::F16) half.push_back(exact_half_bits(x));
-    }
-  }
-  Operands(DType dt, size_t n) : dtype(dt), f32(n, kNanF), half(dt == DType::F32 ? 0 : n, dt == DType::BF16 ? 0x7fc0 : 0x7e00) {}
-  void* data() { return dtype == DType::F32 ? static_cast<void*>(f32.data()) : static_cast<void*>(half.data()); }
-  Tensor tensor(std::vector<int64_t> shape) { return Tensor::contiguous(data(), dtype, std::move(shape)); }
-  // The stored values as fp32.
-  std::vector<float> values() const {
-    if (dtype == DType::F32) return f32;
-    std::vector<float> out;
-    for (uint16_t h : half) {
-      if (dtype == DType::F16) {
-        out.push_back(half_bits_to_float(h));
-        continue;
-      }
-      uint32_t u = static_cast<uint32_t>(h) << 16;
-      float f;
-      std::memcpy(&f, &u, 4);
-      out.push_back(f);
-    }
-    return out;
-  }
-};
 
 // One backward problem: a spec (with its `grad` buffers marked), sizes, inputs rounded to the
 // operands' dtype, captured buffers and parameters.
@@ -187,15 +133,7 @@ Result run_cpu(const Problem& p, const std::vector<float>* o_in = nullptr, const
   ba.buffers = a.buffers;
   ba.params = p.params;
   ba.device = Device::cpu();
-  r.grads.resize(p.spec.buffers.size());
-  for (size_t i = 0; i < p.spec.buffers.size(); ++i) {
-    if (!p.spec.buffers[i].requires_grad) continue;
-    if (std::find(p.no_grad_entry.begin(), p.no_grad_entry.end(), buffers[i].name) != p.no_grad_entry.end()) continue;
-    int64_t n = 1;
-    for (int64_t e : buffers[i].shape) n *= e;
-    r.grads[i].assign(static_cast<size_t>(n), kNanF);
-    ba.grads.push_back({buffers[i].name, Tensor::contiguous(r.grads[i].data(), DType::F32, buffers[i].shape)});
-  }
+  r.grads = test::poisoned_grads(p.spec, buffers, p.no_grad_entry, ba.grads);
   kernel->backward(ba);
   r.dq = dq.values();
   r.dk = dk.values();
@@ -210,25 +148,6 @@ test::RefBackward reference(const Problem& p, const Result& r) {
   test::RefShape shape{s.B, s.H, s.Hkv, s.Sq, s.Skv, s.D, p.Dv};
   std::vector<double> o(r.o.begin(), r.o.end()), lse(r.lse.begin(), r.lse.end());
   return test::reference_backward(ir, shape, p.q, p.k, p.v, p.d_o, o, lse, env, scale_of(p));
-}
-
-// ||out - ref|| <= rel * ||ref|| + abs * sqrt(n); never NaN.
-void expect_close(const std::vector<float>& out, const std::vector<double>& ref, double rel, double abs, const std::string& what) {
-  REQUIRE(out.size() == ref.size());
-  double num = 0, den = 0;
-  int64_t nan = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (!std::isfinite(out[i])) {
-      ++nan;
-      continue;
-    }
-    num += (out[i] - ref[i]) * (out[i] - ref[i]);
-    den += ref[i] * ref[i];
-  }
-  double err = std::sqrt(num), bound = rel * std::sqrt(den) + abs * std::sqrt(static_cast<double>(ref.size()));
-  INFO(what << ": |out - ref| = " << err << ", |ref| = " << std::sqrt(den) << ", bound " << bound << ", non-finite " << nan);
-  CHECK(nan == 0);
-  CHECK(err <= bound);
 }
 
 void check(const Problem& p, const Result& r, const test::RefBackward& ref, const std::string& what) {

@@ -75,23 +75,7 @@ Problem make_problem(const dsl::Spec& spec_in, const BwdCase& c) {
 }
 
 EvalEnv make_env(const SpecIR& ir, const Problem& pr) {
-  EvalEnv env;
-  env.symbols.resize(ir.checked.symbols.size());
-  for (size_t i = 0; i < ir.checked.symbols.size(); ++i)
-    env.symbols[i] = pr.sym.count(ir.checked.symbols[i]) ? pr.sym.at(ir.checked.symbols[i]) : 1;
-  env.params.resize(pr.spec.params.size());
-  for (size_t i = 0; i < pr.spec.params.size(); ++i) {
-    const dsl::ParamDecl& p = pr.spec.params[i];
-    Value val;
-    val.type = p.type == dsl::ValueType::Float ? ir::Type::Float : p.type == dsl::ValueType::Bool ? ir::Type::Bool : ir::Type::Int;
-    double x = p.type == dsl::ValueType::Float ? p.float_value : p.type == dsl::ValueType::Bool ? double(p.bool_value) : double(p.int_value);
-    for (auto& [n, pv] : pr.c.params)
-      if (n == p.name) x = pv;
-    val.i = static_cast<int64_t>(x);
-    val.f = static_cast<float>(x);
-    val.b = x != 0;
-    env.params[i] = val;
-  }
+  EvalEnv env = reference_env(ir, pr.sym, pr.c.params);
   for (const HostDeviceBuffer& b : pr.bufs)
     env.buffers.push_back(BufferView{b.host.dtype, b.host.data.data(), b.host.shape, contiguous_strides(b.host.shape)});
   return env;

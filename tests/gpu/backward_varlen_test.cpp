@@ -207,19 +207,7 @@ struct RaggedProblem {
   RefBackward reference() const {
     SpecIR ir = build_spec_ir(spec);
     std::map<std::string, int64_t> sym = {{"B", B}, {"H", c.H}, {"Hkv", c.Hkv}, {"Sq", max_q}, {"Skv", max_kv}, {"D", D}, {"L", 2 * max_kv - 1}};
-    EvalEnv env;
-    env.symbols.resize(ir.checked.symbols.size());
-    for (size_t i = 0; i < ir.checked.symbols.size(); ++i) env.symbols[i] = sym.count(ir.checked.symbols[i]) ? sym[ir.checked.symbols[i]] : 1;
-    env.params.resize(spec.params.size());
-    for (size_t i = 0; i < spec.params.size(); ++i) {
-      const dsl::ParamDecl& p = spec.params[i];
-      Value val;
-      val.type = p.type == dsl::ValueType::Float ? ir::Type::Float : p.type == dsl::ValueType::Bool ? ir::Type::Bool : ir::Type::Int;
-      val.i = p.int_value;
-      val.f = static_cast<float>(p.float_value);
-      val.b = p.bool_value;
-      env.params[i] = val;
-    }
+    EvalEnv env = reference_env(ir, sym, {});
     for (const NpyArray& a : bufs) env.buffers.push_back(BufferView{a.dtype, a.data.data(), a.shape, contiguous_strides(a.shape)});
     RefBackward out;
     out.dq.assign(size_t(tq) * c.H * D, 0.0);

@@ -101,22 +101,7 @@ CaseResult run_case(const dsl::Spec& spec_in, const CaseOptions& c, std::map<std
   dlse.download(lse.data(), lse.size() * 4);
 
   SpecIR ir = build_spec_ir(spec);
-  EvalEnv env;
-  env.symbols.resize(ir.checked.symbols.size());
-  for (size_t i = 0; i < ir.checked.symbols.size(); ++i) env.symbols[i] = sym.count(ir.checked.symbols[i]) ? sym[ir.checked.symbols[i]] : 1;
-  env.params.resize(spec.params.size());
-  for (size_t i = 0; i < spec.params.size(); ++i) {
-    const dsl::ParamDecl& p = spec.params[i];
-    Value val;
-    val.type = p.type == dsl::ValueType::Float ? ir::Type::Float : p.type == dsl::ValueType::Bool ? ir::Type::Bool : ir::Type::Int;
-    double x = p.type == dsl::ValueType::Float ? p.float_value : p.type == dsl::ValueType::Bool ? double(p.bool_value) : double(p.int_value);
-    for (auto& [n, pv] : c.params)
-      if (n == p.name) x = pv;
-    val.i = static_cast<int64_t>(x);
-    val.f = static_cast<float>(x);
-    val.b = x != 0;
-    env.params[i] = val;
-  }
+  EvalEnv env = reference_env(ir, sym, c.params);
   for (const HostDeviceBuffer& b : bufs) env.buffers.push_back(BufferView{b.host.dtype, b.host.data.data(), b.host.shape, contiguous_strides(b.host.shape)});
   const double scale = c.scale > 0 ? static_cast<double>(static_cast<float>(c.scale)) : 1.0 / std::sqrt(double(D));
   const RefShape shape{c.B, c.H, c.Hkv, c.Sq, c.Skv, D, Dv};

@@ -4,6 +4,7 @@
 #pragma once
 #include <catch2/catch.hpp>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -40,6 +41,32 @@ inline std::vector<float> random_rounded(size_t n, dsl::DType dt, std::mt19937& 
     f[i] = dt == dsl::DType::BF16 ? bf16_to_float(bits[i]) : half_to_float(bits[i]);
   }
   return f;
+}
+
+// The float64 reference's environment: the spec's symbols from `sym` (1 where absent) and its parameters at their
+// declared values or those `params` names (as the launches get them); the caller adds the buffers.
+inline EvalEnv reference_env(const SpecIR& ir, const std::map<std::string, int64_t>& sym, const std::vector<std::pair<std::string, double>>& params) {
+  const dsl::Spec& spec = ir.spec();
+  EvalEnv env;
+  env.symbols.resize(ir.checked.symbols.size());
+  for (size_t i = 0; i < ir.checked.symbols.size(); ++i) {
+    auto it = sym.find(ir.checked.symbols[i]);
+    env.symbols[i] = it != sym.end() ? it->second : 1;
+  }
+  env.params.resize(spec.params.size());
+  for (size_t i = 0; i < spec.params.size(); ++i) {
+    const dsl::ParamDecl& p = spec.params[i];
+    Value val;
+    val.type = p.type == dsl::ValueType::Float ? ir::Type::Float : p.type == dsl::ValueType::Bool ? ir::Type::Bool : ir::Type::Int;
+    double x = p.type == dsl::ValueType::Float ? p.float_value : p.type == dsl::ValueType::Bool ? double(p.bool_value) : double(p.int_value);
+    for (auto& [n, pv] : params)
+      if (n == p.name) x = pv;
+    val.i = static_cast<int64_t>(x);
+    val.f = static_cast<float>(x);
+    val.b = x != 0;
+    env.params[i] = val;
+  }
+  return env;
 }
 
 // A [B, X, S, D] tensor on the device in the requested layout: BHSD (contiguous) or BSHD

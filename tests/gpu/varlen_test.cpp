@@ -116,22 +116,7 @@ void run_varlen(const dsl::Spec& spec, int H, int Hkv, const std::vector<int>& l
 
   SpecIR ir = build_spec_ir(spec);
   std::map<std::string, int64_t> sym = {{"B", B}, {"H", H}, {"Hkv", Hkv}, {"Sq", max_q}, {"Skv", max_kv}, {"D", D}};
-  EvalEnv env;
-  env.symbols.resize(ir.checked.symbols.size());
-  for (size_t i = 0; i < ir.checked.symbols.size(); ++i) env.symbols[i] = sym.count(ir.checked.symbols[i]) ? sym[ir.checked.symbols[i]] : 1;
-  env.params.resize(spec.params.size());
-  for (size_t i = 0; i < spec.params.size(); ++i) {
-    const dsl::ParamDecl& p = spec.params[i];
-    Value val;
-    val.type = p.type == dsl::ValueType::Float ? ir::Type::Float : p.type == dsl::ValueType::Bool ? ir::Type::Bool : ir::Type::Int;
-    double x = p.type == dsl::ValueType::Float ? p.float_value : p.type == dsl::ValueType::Bool ? double(p.bool_value) : double(p.int_value);
-    for (auto& [n, pv] : params)
-      if (n == p.name) x = pv;
-    val.i = static_cast<int64_t>(x);
-    val.f = static_cast<float>(x);
-    val.b = x != 0;
-    env.params[i] = val;
-  }
+  EvalEnv env = reference_env(ir, sym, params);
   if (!doc.empty()) env.buffers.push_back(BufferView{dsl::DType::I32, doc.data(), {B, max_kv}, {max_kv, 1}});
   std::vector<float> got_o, got_l;
   std::vector<double> ref_o, ref_l;

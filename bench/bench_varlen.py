@@ -167,8 +167,9 @@ def main():
         rows.append(row)
     json.dump(rows, open(f"{args.out}/bench.json", "w"), indent=1)
     lines = [table_heading("Ragged backward" if args.backward else "Ragged prefill"),
-             f"H{H} Hkv{HKV} D{D} bf16, B sequences packed (chunked: Sq new tokens at the end of Skv). ms · TFLOP/s; ratio = FlashAttention-4's time over "
-             "flexjit's (above 1: flexjit is faster).\n",
+             f"H{H} Hkv{HKV} D{D} bf16, B sequences packed " + ("(the backward alone; FLOPs 2.5 forwards)" if args.backward else
+                                                                "(chunked: Sq new tokens at the end of Skv)") +
+             ". ms · TFLOP/s; ratio = FlashAttention-4's time over flexjit's (above 1: flexjit is faster).\n",
              "| case | density | flexjit | FlashAttention-4 varlen | ratio | Flex FLASH | Flex Triton | SDPA varlen flash | SDPA varlen cuDNN |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
 

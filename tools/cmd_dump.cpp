@@ -31,6 +31,7 @@ struct DumpOptions {
   bool no_tma = false;
   bool shard = false;
   bool ragged = false;
+  bool varlen = false;
 };
 
 // The backward module a launch of the spec compiles (with the gradients the spec marks), as the runtime builds it:
@@ -104,7 +105,7 @@ int run_dump(const DumpOptions& o) {
     fo.arch = o.arch;
     fo.tma_describable = !o.no_tma;
     fo.shard_positions = o.shard;
-    ks = forward_kernel_source(ir, analyze_ir_ranges(ir), fo);
+    ks = o.varlen ? forward_varlen_kernel_source(ir, analyze_ir_ranges(ir), fo) : forward_kernel_source(ir, analyze_ir_ranges(ir), fo);
   }
   if (o.emit == "cuda") {
     fmt::print("{}", ks.source);
@@ -140,6 +141,7 @@ void add_dump_command(CLI::App& app, Action& action) {
   cmd->add_flag("--shard", o->shard,
                 "With --emit=cuda or ptx: the module of a launch that is a shard of a longer sequence (q_offset / kv_offset: the "
                 "mods see global positions)");
+  cmd->add_flag("--varlen", o->varlen, "With --emit=cuda or ptx: the ragged-prefill forward module (Kernel::forward_varlen)");
   cmd->add_flag("--ragged", o->ragged,
                 "With --backward: the module of a ragged batch's backward (Kernel::backward_varlen: each kernel on its sequence's rows)");
   cmd->callback([o, &action] { action = [o] { return run_dump(*o); }; });

@@ -97,6 +97,17 @@ TEST_CASE("dump: ast, ir with analyses, cuda and ptx", "[cli]") {
   CHECK(notma.out.find("FlexBackwardTmaMaps") == std::string::npos);
   Result bcuda = sh(fj() + " dump " + gallery("causal.json") + " --backward --emit=cuda --arch sm_90a");
   CHECK(bcuda.out.find("FlexBackwardTmaMaps") != std::string::npos);
+  // A ragged batch's backward: every kernel on its sequence's view; tile classes by the mask's intervals.
+  Result ragged = sh(fj() + " dump " + gallery("causal.json") + " --backward --ragged --emit=cuda --arch sm_90a");
+  CHECK(ragged.status == 0);
+  CHECK(ragged.out.find("flex_bwd::ragged_sequence") != std::string::npos);
+  CHECK(ragged.out.find("FlexRaggedTileStateParams") != std::string::npos);
+  CHECK(bcuda.out.find("ragged_sequence") == std::string::npos);
+  CHECK(sh(fj() + " dump " + gallery("causal.json") + " --backward --ragged --dq qmajor --emit=cuda").status == 1);
+  // The ragged-prefill forward module.
+  Result varlen = sh(fj() + " dump " + gallery("causal.json") + " --varlen --emit=cuda --arch sm_90a");
+  CHECK(varlen.status == 0);
+  CHECK(varlen.out.find("flexjit_forward_varlen") != std::string::npos);
 }
 
 TEST_CASE("eval: Python arithmetic, round-trip floats, errors", "[cli]") {

@@ -277,21 +277,29 @@ struct WorkQueue {
       atomicExch(p.tile_counter + 1, 0);
     }
   }
-  // Consumer warp: the next work index and, with kRanges, its tile ranges (each warp reads them, then releases the
-  // slot).
+  // Consumer warp: the next work index and, with kRanges, its tile ranges. Lane 0 reads the slot, releases it and
+  // hands the values to the warp by shuffles, so every read of the slot precedes the release in one thread's program
+  // order (with each lane reading and lane 0 arriving after __syncwarp, compute-sanitizer's racecheck reported the
+  // other lanes' reads against the producer's next publish).
   template <bool kRanges>
   __device__ __forceinline__ int next(int lane, TileRanges& r) {
     mbarrier_wait(full(slot), phase);
     const unsigned a = slot_addr();
-    int t;
-    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(t) : "r"(a) : "memory");
-    if constexpr (kRanges) {
-      int* v = reinterpret_cast<int*>(&r);
+    int t = 0;
+    int* v = reinterpret_cast<int*>(&r);
+    if (lane == 0) {
+      asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(t) : "r"(a) : "memory");
+      if constexpr (kRanges) {
 #pragma unroll
-      for (int i = 0; i < kRangeInts; ++i) asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v[i]) : "r"(a + 4u * (i + 1)) : "memory");
+        for (int i = 0; i < kRangeInts; ++i) asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v[i]) : "r"(a + 4u * (i + 1)) : "memory");
+      }
+      mbarrier_arrive(empty(slot));
     }
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(empty(slot));
+    t = __shfl_sync(0xffffffffu, t, 0);
+    if constexpr (kRanges) {
+#pragma unroll
+      for (int i = 0; i < kRangeInts; ++i) v[i] = __shfl_sync(0xffffffffu, v[i], 0);
+    }
     advance();
     return t;
   }

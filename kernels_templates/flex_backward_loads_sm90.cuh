@@ -14,7 +14,8 @@ namespace flex_bwd_sm90 {
 // have read dS^T (it may be written again); kBarDq, dS^T complete before the dQ GEMM. The bulk dQ rows pass between
 // the consumers and the writer warp through two mbarriers (dq_full: rows and slot written, one arrival per consumer
 // thread; dq_empty: rows and slot read, one per writer lane): a named barrier that one side only arrives at orders the
-// memory as well, but compute-sanitizer's racecheck reports it as a race.
+// memory as well, but compute-sanitizer's racecheck reports it as a race. Named barrier 3 is the scatters'
+// (flex_bwd::kBarReduce).
 constexpr int kBarDsFree = 1;
 constexpr int kBarDq = 2;
 constexpr int kConsumerThreads = 256;

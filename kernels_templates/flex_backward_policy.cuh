@@ -24,7 +24,6 @@ struct FlexBackwardFeatures {
   bool staged_grad;       //   a gradient of either,
   bool tile_term_grad;    //   a gradient of the kv // 64 term,
   bool spread_rows;       //   and CTAs that own 16 kv % 64 columns of eight kv // 64 blocks
-  bool scatters;          // any buffer gradient (scatter) at all
   bool tma_operands;      // the launch's q, k, v and d_o can be described by TMA tensor maps (runtime/tensor_maps.h)
 };
 
@@ -91,7 +90,8 @@ constexpr int flex_backward_smem_bytes(const FlexBackwardPolicy& p, const FlexBa
 //     hidden; deterministic, in 64-bit fixed point at every head dim, where they replace one 64-bit atomic per element;
 //   - warp specialisation (a producer warpgroup with 24 registers streams Q, dO by TMA and lse2, delta by its lanes; a
 //     writer warp sends the bulk dQ rows; the two consumer warpgroups get 240 registers and meet only at named
-//     barriers) wherever the operands have tensor maps and no scatter or staged term needs CTA-wide barriers;
+//     barriers, the scatters' reductions included) wherever the operands have tensor maps and no staged term needs
+//     the 256-thread form's loads and CTA-wide barriers;
 //   - selector GEMMs for spread rows' staged gradients when dS^T is their gradient (bf16, d_score = 1; fp16 would lose
 //     small dS bits the fp32 slabs keep) and the kv // 64 term has one, so each warpgroup runs one selector GEMM
 //     (with rel_w's gradient alone warpgroup 0 would do all of it while the slabs use all eight warps).
@@ -112,7 +112,7 @@ constexpr FlexBackwardPolicy flex_backward_policy(int kind, int head_dim, FlexBa
   p.qmajor_stages = big ? 1 : 2;
   const bool wgmma = kind == kFlexBackwardWgmma;
   p.grad_gemm = wgmma && f.spread_rows && f.tile_term_grad && f.bf16 && f.d_score_is_one;
-  p.producer = wgmma && !f.query_major && !f.scatters && !f.staged_col && !f.staged_tile && f.tma_operands;
+  p.producer = wgmma && !f.query_major && !f.staged_col && !f.staged_tile && f.tma_operands;
   constexpr int kDqBulkMinHeadDim = 96;
   constexpr int kSm90MaxDynamicShared = 227 * 1024;  // the opt-in limit per block
   const bool bulk_pays = f.deterministic || (head_dim >= kDqBulkMinHeadDim && !f.diagonal_scatter);

@@ -19,6 +19,16 @@ enum : int {
   kScatterStaged = 6,    // a staged term's (flex_backward_staged.cuh), reduced by the Hopper kernel itself: skipped here
 };
 
+// The barrier around a tile's shared-memory reductions: __syncthreads, or with kConsumersOnly (the warp-specialised
+// Hopper kernel, whose producer warpgroup never reaches the reductions) named barrier kBarReduce of the
+// Traits::kNThreads consumer threads (flex_backward_loads_sm90.cuh holds the kernel's other named barriers).
+constexpr int kBarReduce = 3;
+template <class Traits, bool kConsumersOnly>
+__device__ __forceinline__ void reduction_barrier() {
+  if constexpr (kConsumersOnly) asm volatile("bar.sync %0, %1;\n" ::"n"(kBarReduce), "n"(Traits::kNThreads) : "memory");
+  else __syncthreads();
+}
+
 __device__ __forceinline__ unsigned long long to_fixed(float x) {
   return (unsigned long long)__float2ll_rn(x * 4294967296.0f);
 }
@@ -202,9 +212,9 @@ struct TileScatter {
 };
 
 // The scatters of one S^T tile (dS in ds_v, the thread's KV rows kv_r0 and kv_r0 + 8, query columns
-// m0 + nt * 8 + 2 * t4 + e % 2). Every thread of the CTA calls it (it synchronises for the shared-memory
-// reductions); `active` is false for the second warp of a KV row group under kDSplit = 2 (same values).
-template <class Traits, class Variant, bool kDeterministic, int I>
+// m0 + nt * 8 + 2 * t4 + e % 2). Every thread of the CTA (kConsumersOnly: every consumer thread) calls it (it
+// synchronises for the shared-memory reductions); `active` is false for the second warp of a KV row group under kDSplit = 2 (same values).
+template <class Traits, class Variant, bool kDeterministic, int I, bool kConsumersOnly = false>
 __device__ __forceinline__ void scatter_one(const FlexBackwardParams& p, const typename Variant::Params& vp,
                                             const float (&ds_v)[Traits::kBlockM / 8][4], const float (&score_v)[Traits::kBlockM / 8][4],
                                             float* acc_uniform, float (*acc_kvrow)[2], float* sh_red, int b, int h, int hkv, int m0,
@@ -235,17 +245,17 @@ __device__ __forceinline__ void scatter_one(const FlexBackwardParams& p, const t
     TileScatter<Traits, Variant, kDeterministic, I> ts;
     ts.thread_sum(vp, ds_v, score_v, b, h, hkv, m0, kv_r0, t4, active);
     ts.warp_sum(sh_red, warp, lane);
-    __syncthreads();
+    reduction_barrier<Traits, kConsumersOnly>();
     TileScatter<Traits, Variant, kDeterministic, I>::cta_sum(p, vp, sh_red, b, h, hkv, m0, n0, tid);
-    __syncthreads();
+    reduction_barrier<Traits, kConsumersOnly>();
   }
   if constexpr (I + 1 < Variant::kNumScatters)
-    scatter_one<Traits, Variant, kDeterministic, I + 1>(p, vp, ds_v, score_v, acc_uniform, acc_kvrow, sh_red, b, h, hkv, m0, n0, kv_r0,
+    scatter_one<Traits, Variant, kDeterministic, I + 1, kConsumersOnly>(p, vp, ds_v, score_v, acc_uniform, acc_kvrow, sh_red, b, h, hkv, m0, n0, kv_r0,
                                                         warp, lane, active);
 }
 
 // End of a head of the group: the uniform scatters (one atomic per CTA) and the kv-only ones (one per KV row).
-template <class Traits, class Variant, bool kDeterministic, int I>
+template <class Traits, class Variant, bool kDeterministic, int I, bool kConsumersOnly = false>
 __device__ __forceinline__ void flush_one(const FlexBackwardParams& p, const typename Variant::Params& vp, float* acc_uniform,
                                           float (*acc_kvrow)[2], float* sh_red, int b, int h, int hkv, int kv_r0, int warp, int lane,
                                           bool active) {
@@ -256,7 +266,7 @@ __device__ __forceinline__ void flush_one(const FlexBackwardParams& p, const typ
 #pragma unroll
     for (int x = 16; x > 0; x /= 2) s += __shfl_xor_sync(0xffffffffu, s, x);
     if (lane == 0) sh_red[warp] = s;
-    __syncthreads();
+    reduction_barrier<Traits, kConsumersOnly>();
     if (threadIdx.x == 0) {
       float tot = 0.f;
       for (int w = 0; w < Traits::kNWarps; ++w) tot += sh_red[w];
@@ -267,7 +277,7 @@ __device__ __forceinline__ void flush_one(const FlexBackwardParams& p, const typ
         accumulate<kDeterministic>(grad, off, tot);
       }
     }
-    __syncthreads();
+    reduction_barrier<Traits, kConsumersOnly>();
     acc_uniform[I] = 0.f;
   } else if constexpr (kClass == kScatterKvOnly) {
 #pragma unroll
@@ -286,7 +296,7 @@ __device__ __forceinline__ void flush_one(const FlexBackwardParams& p, const typ
     }
   }
   if constexpr (I + 1 < Variant::kNumScatters)
-    flush_one<Traits, Variant, kDeterministic, I + 1>(p, vp, acc_uniform, acc_kvrow, sh_red, b, h, hkv, kv_r0, warp, lane, active);
+    flush_one<Traits, Variant, kDeterministic, I + 1, kConsumersOnly>(p, vp, acc_uniform, acc_kvrow, sh_red, b, h, hkv, kv_r0, warp, lane, active);
 }
 
 }  // namespace flex_bwd

@@ -67,6 +67,13 @@ struct Smem {
   // Planes of a diagonal scatter's warp reduction (flex_bwd::TileScatter::warp_sum_planes): [warp][4][kBlockM + 16] floats.
   static constexpr int kOffPlanes = kOffRed + Traits::kNWarps * kBlockM * 8;
   static constexpr int kOffSched = kOffPlanes + Traits::kNWarps * 4 * (kBlockM + 16) * 4;  // tile classes of the CTA's column
+  // kProducer: the mbarriers of the Q / dO / lse2 / delta ring (full, then empty, per stage), of K and V, and the dQ
+  // rows' slot (flex_bwd_sm90::DqRowsSlot), in the last kBarBytes of the tile-class cache, which then holds that many
+  // fewer positions: the reduction slots stay free for the scatters, and D128's deterministic rows, which leave no
+  // byte of the 227 KB free, keep fitting.
+  static constexpr int kBarBytes = kProducer ? 128 : 0;
+  static constexpr int kSchedBytes = Traits::kMaxSched - kBarBytes;
+  static constexpr int kOffBars = kOffSched + kSchedBytes;
   static constexpr int kOffStCol = kOffSched + Traits::kMaxSched;                               // [stages] Col tiles
   static constexpr int kOffStGrad = kOffStCol + (Staged::kCol ? kStages * flex_bwd_staged::kColBytes : 0);  // dS^T planes / slabs
   // kGradGemm: no slabs; the selector tiles (1 KB aligned) unless they live in K's spare regions.
@@ -83,10 +90,6 @@ struct Smem {
   static constexpr int kDqRowValues = kHeadDim + (kDqFixed ? 2 : 8);
   static constexpr int kDqRowBytes = kDqRowValues * (int)sizeof(DqValue);
   static constexpr int kBytes = kOffDqBuf + (kDqBulk ? kBlockM * kDqRowBytes : 0);
-  // kProducer: the mbarriers of the Q / dO / lse2 / delta ring (full, then empty, per stage), of K and V, and the dQ
-  // rows' slot (flex_bwd_sm90::DqRowsSlot), in the reduction slots, which only scatters use (a warp-specialised
-  // module has none): D128's deterministic rows leave no byte of the 227 KB free.
-  static constexpr int kOffBars = kOffRed;
   // What the launch must give: 1 KB of slack, so the tiles can start on a 1024-byte boundary (the swizzle
   // XOR acts on absolute address bits) whatever the base of dynamic shared memory.
   static constexpr int kAllocBytes = kBytes + 1024;
@@ -98,6 +101,7 @@ struct Smem {
                 "flex_backward_main_sm90: every tile must keep the next one 1024-byte aligned");
   static_assert(kDqN1 > 0 && kDqN0 % TileKV::kRegionCols == 0, "flex_backward_main_sm90: dQ split must land on a region boundary");
   static_assert(kOffStCol % 16 == 0 && kBlockM == flex_bwd_staged::kRows, "flex_backward_main_sm90: staged tiles need 16-byte rows of 64 queries");
+  static_assert(!kProducer || (kOffBars % 16 == 0 && 16 * kStages + 48 <= kBarBytes), "flex_backward_main_sm90: the mbarriers' region");
   static_assert(kOffDqBuf % 16 == 0, "flex_backward_main_sm90: the dQ rows must be 16-byte aligned for the bulk reduction");
   static_assert(!kGradGemm || (Staged::kSpread && Staged::kGrad), "flex_backward_main_sm90: selector GEMMs reduce spread rows' staged gradients");
   static_assert(!kGradGemm || kSelectorsInK || kOffSelectors + 2 * flex_bwd_staged::SelectorTile::kBytes <= kOffStTile,
@@ -175,8 +179,9 @@ __device__ __forceinline__ void store_dk_dv(const FlexBackwardParams& p, const f
 // kProducer: warp-specialised, block = 384. Warpgroups 0 and 1 compute as above; warpgroup 2 gives its registers
 // to them (setmaxnreg) and holds the producer warp (flex_bwd_sm90::load: K, V, Q, dO by TMA from `tma`, lse2 and
 // delta by its lanes, through a two-slot mbarrier ring) and, with kDqBulk, the dQ writer warp (write_dq). The
-// consumers then never issue a load or wait at a CTA-wide barrier: they meet at named barriers for dS^T only.
-// Modules without scatters or staged terms (those reduce through CTA-wide barriers).
+// consumers then never issue a load or wait at a CTA-wide barrier: they meet at named barriers for dS^T and the
+// scatters' reductions.
+// Modules without staged terms (their loads and reductions go through CTA-wide barriers).
 template <class Traits, class Variant, bool kDeterministic, bool kDq = true, bool kDqBulk = false, bool kGradGemm = false,
           bool kProducer = false>
 __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams& p, const typename Variant::Params& vp,
@@ -213,8 +218,8 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   static_assert(kDq || !Staged::kAny, "flex_backward_main_sm90: staged terms need kDq");
   // The scatter code assumes contiguous KV rows: spread rows only when every scatter is a staged term's.
   static_assert(!Staged::kSpread || flex_bwd_staged::all_scatters_staged<Variant>(), "flex_backward_main_sm90: spread rows with other scatters");
-  static_assert(!kProducer || (kDq && kNumScatters == 0 && !Staged::kAny && !kGradGemm),
-                "flex_backward_main_sm90: the warp-specialised form has no scatters or staged terms (their reductions use CTA barriers)");
+  static_assert(!kProducer || (kDq && !Staged::kAny && !kGradGemm),
+                "flex_backward_main_sm90: the warp-specialised form has no staged terms (their loads and reductions use CTA barriers)");
 
   extern __shared__ __align__(1024) unsigned char flex_smem_sm90[];
   const unsigned raw_base = flex::smem_addr(flex_smem_sm90);
@@ -247,7 +252,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
 
   // The schedule merges the block mask over the KV range the rows span (512 rows when spread).
   const int range0 = kSpread ? 64 * spread_j0 : n0;
-  const flex_bwd::ColumnSchedule<kBlockM, kBlockN, kNThreads, Traits::kMaxSched> sched(
+  const flex_bwd::ColumnSchedule<kBlockM, kBlockN, kNThreads, S::kSchedBytes> sched(
       p, b, hkv, range0, smem + S::kOffSched, tid < kNThreads ? tid : 1 << 30, range0 + (kSpread ? flex_bwd_staged::kSpreadRange : kBlockN) - 1);
   const int total = sched.total;
   if constexpr (S::kSelectorsInK) flex_bwd_staged::build_selectors<TileK, Element>(smem + S::kOffK, tid, kNThreads);
@@ -379,8 +384,8 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
       if (check_elements) split_scatter.template thread_sum<true>(vp, acc_dp, score_v, b, h, hkv, m0, kv_r0, t4, true);
       else split_scatter.template thread_sum<false>(vp, acc_dp, score_v, b, h, hkv, m0, kv_r0, t4, true);
     } else if constexpr (kNumScatters > 0)
-      flex_bwd::scatter_one<Traits, Variant, kDeterministic, 0>(p, vp, acc_dp, score_v, acc_uniform, acc_kvrow, sh_red, b, h, hkv, m0, n0,
-                                                                kv_r0, warp, lane, true);
+      flex_bwd::scatter_one<Traits, Variant, kDeterministic, 0, kProducer>(p, vp, acc_dp, score_v, acc_uniform, acc_kvrow, sh_red, b, h, hkv,
+                                                                           m0, n0, kv_r0, warp, lane, true);
     if constexpr (!kFoldDScore) Mods::ds_pre(vp, b, h, hkv, flex_bwd::KvMajorFragment{m0, kv_r0, t4}, acc_dp, score_v);
 
     // dK += dS^T Q (A = dS^T from registers, B = Q MN-major); dS^T into shared memory for dQ.
@@ -490,7 +495,9 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     // End of a head: flush the per-head scatter accumulators.
     if constexpr (kNumScatters > 0) {
       const bool head_done = pos_next >= total || head_next != head_in_group;
-      if (head_done) flex_bwd::flush_one<Traits, Variant, kDeterministic, 0>(p, vp, acc_uniform, acc_kvrow, sh_red, b, h, hkv, kv_r0, warp, lane, true);
+      if (head_done)
+        flex_bwd::flush_one<Traits, Variant, kDeterministic, 0, kProducer>(p, vp, acc_uniform, acc_kvrow, sh_red, b, h, hkv, kv_r0, warp, lane,
+                                                                           true);
     }
     pos = pos_next;
     head_in_group = head_next;

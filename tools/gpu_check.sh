@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over binaries staged by tools/build_for_gpu.sh: the GPU tests,
-# compute-sanitizer on three representative launches, the PyTorch cross-check and the
+# compute-sanitizer on five representative launches, the PyTorch cross-check and the
 # benchmarks. Logs and result tables go to $OUT (or ./gpu-out).
 #   tools/gpu_check.sh [tests] [sanitize] [sanitize_bwd] [torch] [bench] [backward] [multi_gpu]   (default: tests sanitize torch bench)
-#   sanitize_bwd: compute-sanitizer memcheck and racecheck on `flexjit run --backward` of causal, document, SAM and the
-#   learnable relative bias (its gradient: the diagonal scatter)
+#   sanitize_bwd: compute-sanitizer memcheck and racecheck on `flexjit run --backward` of causal, document, SAM, the
+#   learnable relative bias (its gradient: the diagonal scatter) and learnable ALiBi slopes (a per-head scatter)
 #   backward: the [backward] GPU tests, then bench/bench_backward.py (table in $OUT/backward_table.md)
 #   decode: the [decode] and [varlen] GPU tests, then bench/bench_decode.py and bench/bench_varlen.py ($OUT/varlen)
 #   multi_gpu: the two-GPU tests (one spec on both devices, replicas, wrong-device errors); needs 2 GPUs
@@ -22,14 +22,14 @@ steps=${*:-tests sanitize torch bench}
 status=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 
-# compute-sanitizer memcheck and racecheck on `flexjit run` of causal, document, SAM and the relative bias (small
-# random inputs); $1 = forward, or backward (adds --backward, and the rel_h / rel_w and bias gradients).
+# compute-sanitizer memcheck and racecheck on `flexjit run` of causal, document, SAM, the relative bias and ALiBi
+# (small random inputs); $1 = forward, or backward (adds --backward, and the rel_h / rel_w, bias and slope gradients).
 sanitize_launches() {
   local pass=$1
   echo "== compute-sanitizer on $pass launches (memcheck, racecheck)"
   python3 tests/gpu/sanitize_inputs.py "$OUT/san" || status=1
   for tool in memcheck racecheck; do
-    for spec in causal document sam_relpos relative_bias; do
+    for spec in causal document sam_relpos relative_bias alibi_causal; do
       local san="$OUT/san"
       local args=(run "examples/gallery/$spec.json" --q "$san/q.npy" --k "$san/k.npy" --v "$san/v.npy" --out "$san/o.npy" --device cuda:0)
       [ "$pass" = backward ] && args+=(--backward --do "$san/q.npy" --dq "$san/dq.npy" --dk "$san/dk.npy" --dv "$san/dv.npy")
@@ -38,6 +38,8 @@ sanitize_launches() {
       [ "$spec" = sam_relpos ] && [ "$pass" = backward ] && args+=(--grad "rel_h=$san/drh.npy" --grad "rel_w=$san/drw.npy")
       [ "$spec" = relative_bias ] && args+=(--load "bias=$san/bias.npy")
       [ "$spec" = relative_bias ] && [ "$pass" = backward ] && args+=(--grad "bias=$san/dbias.npy")
+      [ "$spec" = alibi_causal ] && args+=(--load "slope=$san/slope.npy")
+      [ "$spec" = alibi_causal ] && [ "$pass" = backward ] && args+=(--grad "slope=$san/dslope.npy")
       local log="$OUT/san_${pass}_${tool}_${spec}.log"
       compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/flexjit" "${args[@]}" > "$log" 2>&1
       local rc=$?

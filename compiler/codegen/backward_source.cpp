@@ -84,7 +84,6 @@ FlexBackwardFeatures backward_features(const ScoreModGradient& grad, const Stage
   f.tile_term_grad = tile_term && tile_term->scatter >= 0;
   for (const StagedTerm& t : staged.terms) f.staged_grad = f.staged_grad || t.scatter >= 0;
   f.spread_rows = staged.spreads_rows(grad.scatters.size());
-  f.scatters = !grad.scatters.empty();
   f.tma_operands = options.tma_operands;
   return f;
 }

@@ -21,3 +21,4 @@ for name in "qkv":
 np.save(f"{out}/doc.npy", np.sort(rng.integers(0, 5, S)).astype(np.int32))
 np.save(f"{out}/rel.npy", bf16(rng.standard_normal((B, H, S, 64))))
 np.save(f"{out}/bias.npy", rng.standard_normal((H, 2 * S - 1)).astype(np.float32))  # relative_bias: f32[H, 2 Skv - 1]
+np.save(f"{out}/slope.npy", rng.uniform(0.01, 0.5, H).astype(np.float32))  # alibi_causal: f32[H]

@@ -14,7 +14,10 @@
 # (SAM with a runtime width W), causal64, sw64 / swrt64 / swrt (a sliding window of 1024, constant or a runtime int),
 # sinks64 / sinksrt64 / sinks / sinks64odd (4 attention sinks + that window; odd: S 4000), causal96, full80, full96,
 # full192, full256 (forward); causal, full, causal96, causal64, causal80, causaldet (deterministic), alibi (slopes from a
-# buffer, no gradient), sam, samrt (SAM with a runtime width W; backward).
+# buffer, no gradient), relbias / relbiasdet / relbias64 (the learnable bias[h, q - kv + Skv - 1] + causal, with its
+# gradient; deterministic; D64; relbiasng: without the gradient), kvbsoftcap (a softcap of score + a learnable per-KV
+# bias, full attention), slope / slopedet (learnable ALiBi slopes + causal), sam, samrt (SAM with a runtime
+# width W; backward).
 set -uo pipefail
 builds=$1
 rounds=$2
@@ -43,6 +46,8 @@ forward_args() {
     relh64) echo "--name relh_d64 --score score+rel_h[b,h,q,kv//64] --buffer rel_h:bf16[B,H,Sq,64] --shape 8,12,12,4096,4096,64" ;;
     relw64) echo "--name relw_d64 --score score+rel_w[b,h,q,kv%64] --buffer rel_w:bf16[B,H,Sq,64] --shape 8,12,12,4096,4096,64" ;;
     scale64) echo "--name scale_d64 --score score*c --param c:float --set c=0.5 --shape 8,12,12,4096,4096,64" ;;
+    relbiasng) echo "--name relbias_nograd --score score+bias[h,q-kv+Skv-1] --buffer bias:f32[H,8191] --mask q>=kv --shape 4,16,16,4096,4096,128" ;;
+    kvbsoftcap) echo "--name kvb_softcap --score 30.0*tanh((score+kvb[kv])/30.0) --buffer kvb:f32[Skv] --grad kvb --shape 4,16,16,4096,4096,128" ;;
     relbias64) echo "--name relbias_d64 --score score+bias[h,q-kv+Skv-1] --buffer bias:f32[H,8191] --shape 8,12,12,4096,4096,64" ;;
     samrt64) echo "--name samrt_d64 --score score+rel_h[b,h,q,kv//W]+rel_w[b,h,q,kv%W] --buffer rel_h:bf16[B,H,Sq,64] --buffer rel_w:bf16[B,H,Sq,64] --param W:int --set W=64 --shape 8,12,12,4096,4096,64" ;;
     causal64) echo "--name causal_d64 --mask q>=kv --shape 8,12,12,4096,4096,64" ;;
@@ -71,6 +76,13 @@ backward_args() {
     causal80) echo "--name causal --mask q>=kv --shape 4,16,16,4096,4096,80" ;;
     causaldet) echo "--name causal --mask q>=kv --deterministic --shape 4,16,16,4096,4096,128" ;;
     alibi) echo "--name alibi --score score+slope[h]*(kv-q) --buffer slope:f32[H] --mask q>=kv --shape 4,16,16,4096,4096,128" ;;
+    relbias) echo "--name relbias --score score+bias[h,q-kv+Skv-1] --buffer bias:f32[H,8191] --grad bias --mask q>=kv --shape 4,16,16,4096,4096,128" ;;
+    relbiasdet) echo "--name relbias --score score+bias[h,q-kv+Skv-1] --buffer bias:f32[H,8191] --grad bias --mask q>=kv --deterministic --shape 4,16,16,4096,4096,128" ;;
+    slope) echo "--name slope --score score+slope[h]*(kv-q) --buffer slope:f32[H] --grad slope --mask q>=kv --shape 4,16,16,4096,4096,128" ;;
+    slopedet) echo "--name slope --score score+slope[h]*(kv-q) --buffer slope:f32[H] --grad slope --mask q>=kv --deterministic --shape 4,16,16,4096,4096,128" ;;
+    relbiasng) echo "--name relbias_nograd --score score+bias[h,q-kv+Skv-1] --buffer bias:f32[H,8191] --mask q>=kv --shape 4,16,16,4096,4096,128" ;;
+    kvbsoftcap) echo "--name kvb_softcap --score 30.0*tanh((score+kvb[kv])/30.0) --buffer kvb:f32[Skv] --grad kvb --shape 4,16,16,4096,4096,128" ;;
+    relbias64) echo "--name relbias --score score+bias[h,q-kv+Skv-1] --buffer bias:f32[H,8191] --grad bias --mask q>=kv --shape 8,12,12,4096,4096,64" ;;
     sam) echo "--name sam_vitb --score score+rel_h[b,h,q,kv//64]+rel_w[b,h,q,kv%64] --buffer rel_h:bf16[B,H,Sq,64] --buffer rel_w:bf16[B,H,Sq,64] --grad rel_h --grad rel_w --shape 8,12,12,4096,4096,64" ;;
     samrt) echo "--name samrt_vitb --score score+rel_h[b,h,q,kv//W]+rel_w[b,h,q,kv%W] --buffer rel_h:bf16[B,H,Sq,64] --buffer rel_w:bf16[B,H,Sq,64] --param W:int --set W=64 --grad rel_h --grad rel_w --shape 8,12,12,4096,4096,64" ;;
     *) echo "unknown backward case $1" >&2; return 1 ;;

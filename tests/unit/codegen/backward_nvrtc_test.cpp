@@ -249,7 +249,7 @@ TEST_CASE("the sm_90a backward of a module without buffer gradients is warp-spec
       CHECK((ptx.find("cp.reduce.async.bulk") != std::string::npos) == (deterministic || d == 128));
     }
   }
-  // Operands no tensor map describes, a buffer gradient, sm_80 and the query-major pass keep the 256-thread kernels.
+  // Operands no tensor map describes, sm_80 and the query-major pass keep the 256-thread kernels.
   BackwardKernelOptions bo;
   ScoreModGradient grad = differentiate_score_mod(ir);
   RangeInfo ranges = analyze_ranges(backward_roots(grad), ir.checked, VarDomains::forward(ir.checked));
@@ -259,8 +259,28 @@ TEST_CASE("the sm_90a backward of a module without buffer gradients is warp-spec
   CHECK(backward_kernel_source(ir, grad, ranges, bo).config.threads() == 256);
   CHECK_FALSE(make_source(ir, false, 128, false, "sm_80").config.warp_specialized);
   CHECK_FALSE(make_source(ir, false, 128, true, "sm_90a").config.warp_specialized);
-  dsl::Spec bias = test::load_spec(backward_data_dir() / "learnable_bias.json");
-  CHECK_FALSE(make_source(build_spec_ir(bias), false, 128, false, "sm_90a").config.warp_specialized);
+  // Staged terms (SAM's rel_h / rel_w) load and reduce through the 256-thread form's CTA barriers.
+  dsl::Spec sam = test::load_spec(backward_data_dir() / "sam_learnable.json");
+  CHECK_FALSE(make_source(build_spec_ir(sam), false, 64, false, "sm_90a").config.warp_specialized);
+}
+
+TEST_CASE("buffer gradients in the warp-specialised sm_90a backward: their reductions meet at the consumers' named barrier", "[nvrtc][backward]") {
+  // A diagonal scatter (the learnable bias: split around the GEMMs, its cross-warp sums behind the dQ barrier), a
+  // uniform one (ALiBi's slope per head: summed over the warps at the end of each head, at the reduction barrier) and
+  // a kv-only one beside a d_score that is not 1 (softcap of a per-KV bias: summed in registers).
+  for (const std::string name : {"learnable_bias.json", "alibi_learnable.json", "softcap_bias_learnable.json"}) {
+    const SpecIR ir = build_spec_ir(test::load_spec(backward_data_dir() / name));
+    for (bool deterministic : {false, true}) {
+      for (int d : {64, 96, 128}) {
+        INFO(name << ", deterministic " << deterministic << ", head dim " << d);
+        BackwardKernelSource bs = make_source(ir, deterministic, d, false, "sm_90a");
+        REQUIRE(bs.config.warp_specialized);
+        CHECK(bs.config.threads() == 384);
+        const std::string ptx = test::check_warp_specialized_ptx(bs.module);
+        CHECK((ptx.find("bar.sync 3, 256") != std::string::npos) == (name == "alibi_learnable.json"));
+      }
+    }
+  }
 }
 
 TEST_CASE("shard backward modules (context parallelism) compile: global positions through ShardPositions, nothing staged", "[nvrtc][backward]") {

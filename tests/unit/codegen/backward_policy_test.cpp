@@ -118,7 +118,7 @@ TEST_CASE("the backward policy's dQ choices: bulk rows from head dim 96, fixed-p
   CHECK_FALSE(flex_backward_policy(kFlexBackwardWgmma, 64, sam).grad_gemm);
 }
 
-TEST_CASE("the backward policy's warp specialisation: Hopper modules without scatters or staged terms whose operands have tensor maps",
+TEST_CASE("the backward policy's warp specialisation: Hopper modules without staged terms whose operands have tensor maps",
           "[codegen][policy]") {
   FlexBackwardFeatures plain{};
   plain.bf16 = true;
@@ -131,7 +131,7 @@ TEST_CASE("the backward policy's warp specialisation: Hopper modules without sca
       f.deterministic = det;
       const FlexBackwardPolicy p = flex_backward_policy(kFlexBackwardWgmma, d, f);
       CHECK(p.producer);
-      // The mbarriers live in the scatters' reduction slots: warp specialisation costs no shared memory, so the
+      // The mbarriers live in the tile-class cache: warp specialisation costs no shared memory, so the
       // deterministic rows keep fitting at D128.
       f.tma_operands = false;
       CHECK(flex_backward_policy(kFlexBackwardWgmma, d, f).smem_bytes == p.smem_bytes);
@@ -142,8 +142,8 @@ TEST_CASE("the backward policy's warp specialisation: Hopper modules without sca
   f.tma_operands = false;
   CHECK_FALSE(flex_backward_policy(kFlexBackwardWgmma, 128, f).producer);
   f = plain;
-  f.scatters = true;  // a learnable buffer: its reductions use CTA-wide barriers
-  CHECK_FALSE(flex_backward_policy(kFlexBackwardWgmma, 128, f).producer);
+  f.diagonal_scatter = true;  // a learnable bias: its reductions meet at the consumers' named barrier
+  CHECK(flex_backward_policy(kFlexBackwardWgmma, 128, f).producer);
   f = plain;
   f.staged_col = true;
   CHECK_FALSE(flex_backward_policy(kFlexBackwardWgmma, 64, f).producer);

@@ -84,7 +84,7 @@ struct RaggedProblem {
     dck = runtime::DeviceBuffer(0, ck.size() * 4);
     dcq.upload(cq.data(), cq.size() * 4);
     dck.upload(ck.data(), ck.size() * 4);
-    // Buffers: documents of 1 to 120 positions per sequence, a learnable bias over q - kv, learnable slopes.
+    // Buffers: documents of 1 to 120 positions per sequence, a learnable bias over q - kv, learnable slopes, others random.
     std::normal_distribution<float> nd(0.f, 0.5f);
     for (const dsl::BufferDecl& bd : spec.buffers) {
       NpyArray a;
@@ -100,8 +100,12 @@ struct RaggedProblem {
           }
         a.data.resize(doc.size() * 4);
         std::memcpy(a.data.data(), doc.data(), a.data.size());
+      } else if (bd.name != "bias" && bd.name != "slope") {
+        // Any other buffer (SAM's rel_h, rel_w): the harness's random contents, its shape over the batch's symbols.
+        dsl::Spec one = spec;
+        one.buffers = {bd};
+        a = make_buffers(one, {{"B", B}, {"H", c.H}, {"Hkv", c.Hkv}, {"Sq", max_q}, {"Skv", max_kv}}, 0, rng, 2)[0].host;
       } else {
-        REQUIRE((bd.name == "bias" || bd.name == "slope"));
         a.dtype = dsl::DType::F32;
         a.shape = bd.name == "bias" ? std::vector<int64_t>{c.H, 2 * max_kv - 1} : std::vector<int64_t>{c.H};
         std::vector<float> x(size_t(a.numel()));
@@ -313,6 +317,8 @@ TEST_CASE("ragged backward: learnable buffers' gradients summed over the sequenc
   FLEXJIT_REQUIRE_GPU();
   check_ragged(load_spec(backward_data("learnable_bias.json")), {.H = 4, .Hkv = 2, .lq = kLq, .lkv = kLkv, .seed = 6});
   check_ragged(with_dim(load_spec(backward_data("alibi_learnable.json")), 64), {.H = 4, .Hkv = 4, .lq = kLq, .lkv = kLkv, .seed = 7});
+  // SAM's rel_h, rel_w: unstaged in a ragged module, so the Hopper kernel is the warp-specialised one.
+  check_ragged(load_spec(backward_data("sam_learnable.json")), {.H = 2, .Hkv = 2, .lq = kLq, .lkv = kLkv, .seed = 9});
 }
 
 TEST_CASE("ragged backward: deterministic mode is bitwise reproducible", "[gpu][varlen][backward]") {

@@ -351,8 +351,10 @@ TEST_CASE("ragged backward modules compile: sequence views in every kernel, tile
         CHECK(ragged.module.key_text != dense.module.key_text);
         CHECK_FALSE(ragged.config.staged_col);
         CHECK_FALSE(ragged.config.staged_tile);
-        // The warp-specialised kernel's producer addresses the sequence's rows through the maps' row coordinates.
-        CHECK(ragged.config.warp_specialized == dense.config.warp_specialized);
+        // The warp-specialised kernel's producer addresses the sequence's rows through the maps' row coordinates. A
+        // ragged module stages nothing, so with tensor maps it is warp-specialised even where the dense one stages
+        // SAM's terms in the 256-thread kernel.
+        CHECK(ragged.config.warp_specialized == (tma && std::string_view(arch) == "sm_90a"));
         runtime::CacheLookup r = runtime::compile_kernel(ragged.module, canonical_ir_text(ir), arch);
         REQUIRE(r.artefact);
         CHECK(r.artefact->binary.size() > 1000);

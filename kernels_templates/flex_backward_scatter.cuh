@@ -5,6 +5,7 @@
 #pragma once
 #include "flex_backward_mods.cuh"
 #include "flex_backward_params.cuh"
+#include "flex_named_barrier.cuh"
 
 namespace flex_bwd {
 
@@ -25,7 +26,7 @@ enum : int {
 constexpr int kBarReduce = 3;
 template <class Traits, bool kConsumersOnly>
 __device__ __forceinline__ void reduction_barrier() {
-  if constexpr (kConsumersOnly) asm volatile("bar.sync %0, %1;\n" ::"n"(kBarReduce), "n"(Traits::kNThreads) : "memory");
+  if constexpr (kConsumersOnly) flex::named_barrier_sync(kBarReduce, Traits::kNThreads);
   else __syncthreads();
 }
 
@@ -213,7 +214,8 @@ struct TileScatter {
 
 // The scatters of one S^T tile (dS in ds_v, the thread's KV rows kv_r0 and kv_r0 + 8, query columns
 // m0 + nt * 8 + 2 * t4 + e % 2). Every thread of the CTA (kConsumersOnly: every consumer thread) calls it (it
-// synchronises for the shared-memory reductions); `active` is false for the second warp of a KV row group under kDSplit = 2 (same values).
+// synchronises for the shared-memory reductions); `active` is false for the second warp of a KV row group under
+// kDSplit = 2 (same values).
 template <class Traits, class Variant, bool kDeterministic, int I, bool kConsumersOnly = false>
 __device__ __forceinline__ void scatter_one(const FlexBackwardParams& p, const typename Variant::Params& vp,
                                             const float (&ds_v)[Traits::kBlockM / 8][4], const float (&score_v)[Traits::kBlockM / 8][4],
@@ -250,8 +252,8 @@ __device__ __forceinline__ void scatter_one(const FlexBackwardParams& p, const t
     reduction_barrier<Traits, kConsumersOnly>();
   }
   if constexpr (I + 1 < Variant::kNumScatters)
-    scatter_one<Traits, Variant, kDeterministic, I + 1, kConsumersOnly>(p, vp, ds_v, score_v, acc_uniform, acc_kvrow, sh_red, b, h, hkv, m0, n0, kv_r0,
-                                                        warp, lane, active);
+    scatter_one<Traits, Variant, kDeterministic, I + 1, kConsumersOnly>(p, vp, ds_v, score_v, acc_uniform, acc_kvrow, sh_red, b, h,
+                                                                        hkv, m0, n0, kv_r0, warp, lane, active);
 }
 
 // End of a head of the group: the uniform scatters (one atomic per CTA) and the kv-only ones (one per KV row).

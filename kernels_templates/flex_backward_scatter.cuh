@@ -5,7 +5,6 @@
 #pragma once
 #include "flex_backward_mods.cuh"
 #include "flex_backward_params.cuh"
-#include "flex_named_barrier.cuh"
 
 namespace flex_bwd {
 
@@ -22,11 +21,13 @@ enum : int {
 
 // The barrier around a tile's shared-memory reductions: __syncthreads, or with kConsumersOnly (the warp-specialised
 // Hopper kernel, whose producer warpgroup never reaches the reductions) named barrier kBarReduce of the
-// Traits::kNThreads consumer threads (flex_backward_loads_sm90.cuh holds the kernel's other named barriers).
+// Traits::kNThreads consumer threads (flex_backward_loads_sm90.cuh holds the kernel's other named barriers). Its
+// operands are immediates, unlike flex::named_barrier_sync's registers (flex_sm90_pipeline.cuh, not for sm_80), so
+// the PTX names the barrier and its thread count.
 constexpr int kBarReduce = 3;
 template <class Traits, bool kConsumersOnly>
 __device__ __forceinline__ void reduction_barrier() {
-  if constexpr (kConsumersOnly) flex::named_barrier_sync(kBarReduce, Traits::kNThreads);
+  if constexpr (kConsumersOnly) asm volatile("bar.sync %0, %1;\n" ::"n"(kBarReduce), "n"(Traits::kNThreads) : "memory");
   else __syncthreads();
 }
 

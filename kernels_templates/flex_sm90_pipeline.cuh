@@ -1,7 +1,6 @@
 // Hopper (sm_90a) warp-specialisation primitives: mbarrier pipelines between a producer warp and consumer warpgroups,
-// register reallocation and lane election (named barriers: flex_named_barrier.cuh).
+// named barriers, register reallocation and lane election.
 #pragma once
-#include "flex_named_barrier.cuh"
 #include "flex_tma.cuh"
 
 namespace flex {
@@ -9,6 +8,15 @@ namespace flex {
 // One plain arrival (no transaction bytes) on an mbarrier.
 __device__ __forceinline__ void mbarrier_arrive(unsigned bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Named barriers 1..15 (0 is __syncthreads): `threads` threads (a multiple of 32) take part. sync waits for all of
+// them; arrive counts this warp in and goes on.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 // Register reallocation between warpgroups: every warp of a warpgroup executes the same one. The kernel must be

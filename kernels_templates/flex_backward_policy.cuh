@@ -85,9 +85,10 @@ constexpr int flex_backward_smem_bytes(const FlexBackwardPolicy& p, const FlexBa
 //   - launch groups of 8 (KV head, batch) pairs: heavy low KV blocks of causal masks start first, while the Q / dO
 //     tiles streamed at once stay within L2 (all heads at once overflow it);
 //   - bulk dQ reductions (with dQ in this kernel, when the rows fit the 227 KB of shared memory): in fp32 from head
-//     dim 96, where one bulk operation per query row of D * 4 bytes outweighs its issue cost, and not with a diagonal
-//     scatter, whose split reduction runs its cross-warp sums while dQ runs and leaves the float4 atomics' latency
-//     hidden; deterministic, in 64-bit fixed point at every head dim, where they replace one 64-bit atomic per element;
+//     dim 96, where one bulk operation per query row of D * 4 bytes outweighs its issue cost, and with a diagonal
+//     scatter only in the warp-specialised kernel (its writer warp sends the rows; in the 256-thread kernel the split
+//     reduction's cross-warp sums run while dQ runs and hide the float4 atomics' latency); deterministic, in 64-bit
+//     fixed point at every head dim, where they replace one 64-bit atomic per element;
 //   - warp specialisation (a producer warpgroup with 24 registers streams Q, dO by TMA and lse2, delta by its lanes; a
 //     writer warp sends the bulk dQ rows; the two consumer warpgroups get 240 registers and meet only at named
 //     barriers, the scatters' reductions included) wherever the operands have tensor maps and no staged term needs
@@ -115,7 +116,7 @@ constexpr FlexBackwardPolicy flex_backward_policy(int kind, int head_dim, FlexBa
   p.producer = wgmma && !f.query_major && !f.staged_col && !f.staged_tile && f.tma_operands;
   constexpr int kDqBulkMinHeadDim = 96;
   constexpr int kSm90MaxDynamicShared = 227 * 1024;  // the opt-in limit per block
-  const bool bulk_pays = f.deterministic || (head_dim >= kDqBulkMinHeadDim && !f.diagonal_scatter);
+  const bool bulk_pays = f.deterministic || (head_dim >= kDqBulkMinHeadDim && (!f.diagonal_scatter || p.producer));
   p.dq_bulk = wgmma && !f.query_major && bulk_pays && flex_backward_smem_bytes(p, f, true, p.grad_gemm) <= kSm90MaxDynamicShared;
   p.smem_bytes = flex_backward_smem_bytes(p, f, p.dq_bulk, p.grad_gemm);
   return p;

@@ -185,7 +185,7 @@ TEST_CASE("the staged Hopper backward modules compile: SAM deterministic, fp16 a
   }
 }
 
-TEST_CASE("bulk dQ reductions: the Hopper kernel in fp32 from head dim 96 without a diagonal scatter, deterministic in fixed point at every head dim, where the rows fit", "[backward]") {
+TEST_CASE("bulk dQ reductions: the Hopper kernel in fp32 from head dim 96 (with a diagonal scatter when warp-specialised), deterministic in fixed point at every head dim, where the rows fit", "[backward]") {
   auto config = [](const char* score_mod, const char* mask, std::vector<std::string> buffers, std::vector<std::string> grads, int head_dim,
                    bool deterministic, const char* arch) {
     dsl::Spec spec;
@@ -212,8 +212,9 @@ TEST_CASE("bulk dQ reductions: the Hopper kernel in fp32 from head dim 96 withou
   CHECK(!config(nullptr, "q >= kv", {}, {}, 64, false, "sm_90a").config.dq_bulk);  // slower than the atomics there
   CHECK(config(nullptr, "q >= kv", {}, {}, 64, true, "sm_90a").config.dq_bulk);    // faster than 64-bit atomics
   CHECK(!config(nullptr, "q >= kv", {}, {}, 128, false, "sm_80").config.dq_bulk);
-  // A diagonal scatter (learnable relative bias) keeps the float4 atomics; a uniform one (learnable slope) takes the rows.
-  CHECK(!config("score + bias[h, q - kv + Skv - 1]", "q >= kv", {"bias: f32[H, L]"}, {"bias"}, 128, false, "sm_90a").config.dq_bulk);
+  // A diagonal scatter (learnable relative bias) takes the rows in the warp-specialised kernel (these modules have
+  // tensor maps), as a uniform one (learnable slope) does.
+  CHECK(config("score + bias[h, q - kv + Skv - 1]", "q >= kv", {"bias: f32[H, L]"}, {"bias"}, 128, false, "sm_90a").config.dq_bulk);
   CHECK(config("score + slope[h] * (kv - q)", "q >= kv", {"slope: f32[H]"}, {"slope"}, 128, false, "sm_90a").config.dq_bulk);
   // SAM with both gradients at head dim 128: the selectors take two 16 KB spare regions of K (bf16) and leave no
   // room for the rows (the selector columns in the dQ GEMM with atomics still beat separate selector GEMMs with the

@@ -87,7 +87,13 @@ TEST_CASE("the backward policy's dQ choices: bulk rows from head dim 96, fixed-p
   CHECK_FALSE(flex_backward_policy(kFlexBackwardWgmma, 64, plain).dq_bulk);
   FlexBackwardFeatures bias = plain;
   bias.diagonal_scatter = true;
+  // A diagonal scatter keeps the float4 atomics in the 256-thread kernel (no tensor maps) and takes the rows in the
+  // warp-specialised one.
   CHECK_FALSE(flex_backward_policy(kFlexBackwardWgmma, 128, bias).dq_bulk);
+  FlexBackwardFeatures bias_ws = bias;
+  bias_ws.tma_operands = true;
+  CHECK(flex_backward_policy(kFlexBackwardWgmma, 128, bias_ws).producer);
+  CHECK(flex_backward_policy(kFlexBackwardWgmma, 128, bias_ws).dq_bulk);
   // Deterministic: fixed-point rows at every head dim, with a diagonal scatter too, and they keep dQ KV-major.
   FlexBackwardFeatures det = plain;
   det.deterministic = true;

@@ -102,9 +102,7 @@ struct RaggedProblem {
         std::memcpy(a.data.data(), doc.data(), a.data.size());
       } else if (bd.name != "bias" && bd.name != "slope") {
         // Any other buffer (SAM's rel_h, rel_w): the harness's random contents, its shape over the batch's symbols.
-        dsl::Spec one = spec;
-        one.buffers = {bd};
-        a = make_buffers(one, {{"B", B}, {"H", c.H}, {"Hkv", c.Hkv}, {"Sq", max_q}, {"Skv", max_kv}}, 0, rng, 2)[0].host;
+        a = random_buffer(bd, {{"B", B}, {"H", c.H}, {"Hkv", c.Hkv}, {"Sq", max_q}, {"Skv", max_kv}}, rng, 2);
       } else {
         a.dtype = dsl::DType::F32;
         a.shape = bd.name == "bias" ? std::vector<int64_t>{c.H, 2 * max_kv - 1} : std::vector<int64_t>{c.H};

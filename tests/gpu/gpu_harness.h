@@ -144,33 +144,39 @@ struct CaseResult {
   Comparison o, lse;
 };
 
-// Fills captured buffers with valid random contents: float buffers normal, integer buffers
-// uniform in [0, int_hi) (sorted for 1-d ones, like document ids).
+// Valid random contents for one captured buffer: float buffers normal, integer buffers uniform in [0, int_hi)
+// (sorted for 1-d ones, like document ids); its shape from the launch's symbols.
+inline NpyArray random_buffer(const dsl::BufferDecl& b, const std::map<std::string, int64_t>& sym, std::mt19937& rng, int64_t int_hi) {
+  NpyArray a;
+  a.dtype = b.dtype;
+  for (const dsl::Dim& d : b.shape) a.shape.push_back(d.is_symbol ? sym.at(d.symbol) : d.value);
+  int64_t n = a.numel();
+  a.data.resize(static_cast<size_t>(n) * dsl::dtype_size(b.dtype));
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_int_distribution<int64_t> ui(0, int_hi - 1);
+  for (int64_t i = 0; i < n; ++i) {
+    switch (b.dtype) {
+      case dsl::DType::F32: a.as<float>()[i] = nd(rng); break;
+      case dsl::DType::BF16: a.as<uint16_t>()[i] = float_to_bf16(nd(rng)); break;
+      case dsl::DType::F16: a.as<uint16_t>()[i] = float_to_half(nd(rng)); break;
+      case dsl::DType::I32: a.as<int32_t>()[i] = static_cast<int32_t>(ui(rng)); break;
+      case dsl::DType::I64: a.as<int64_t>()[i] = ui(rng); break;
+      case dsl::DType::U8: a.as<uint8_t>()[i] = static_cast<uint8_t>(ui(rng)); break;
+      case dsl::DType::Bool: a.as<uint8_t>()[i] = static_cast<uint8_t>(ui(rng) & 1); break;
+      case dsl::DType::F8E4M3:
+      case dsl::DType::F8E5M2: a.as<uint8_t>()[i] = float_to_fp8(nd(rng), b.dtype); break;
+    }
+  }
+  if (b.shape.size() == 1 && b.dtype == dsl::DType::I32) std::sort(a.as<int32_t>(), a.as<int32_t>() + n);
+  return a;
+}
+
+// Every captured buffer of the spec with random_buffer's contents, uploaded to `device`.
 inline std::vector<HostDeviceBuffer> make_buffers(const dsl::Spec& spec, const std::map<std::string, int64_t>& sym, int device,
                                                   std::mt19937& rng, int64_t int_hi) {
   std::vector<HostDeviceBuffer> out;
   for (const dsl::BufferDecl& b : spec.buffers) {
-    NpyArray a;
-    a.dtype = b.dtype;
-    for (const dsl::Dim& d : b.shape) a.shape.push_back(d.is_symbol ? sym.at(d.symbol) : d.value);
-    int64_t n = a.numel();
-    a.data.resize(static_cast<size_t>(n) * dsl::dtype_size(b.dtype));
-    std::normal_distribution<float> nd(0.f, 1.f);
-    std::uniform_int_distribution<int64_t> ui(0, int_hi - 1);
-    for (int64_t i = 0; i < n; ++i) {
-      switch (b.dtype) {
-        case dsl::DType::F32: a.as<float>()[i] = nd(rng); break;
-        case dsl::DType::BF16: a.as<uint16_t>()[i] = float_to_bf16(nd(rng)); break;
-        case dsl::DType::F16: a.as<uint16_t>()[i] = float_to_half(nd(rng)); break;
-        case dsl::DType::I32: a.as<int32_t>()[i] = static_cast<int32_t>(ui(rng)); break;
-        case dsl::DType::I64: a.as<int64_t>()[i] = ui(rng); break;
-        case dsl::DType::U8: a.as<uint8_t>()[i] = static_cast<uint8_t>(ui(rng)); break;
-        case dsl::DType::Bool: a.as<uint8_t>()[i] = static_cast<uint8_t>(ui(rng) & 1); break;
-        case dsl::DType::F8E4M3:
-        case dsl::DType::F8E5M2: a.as<uint8_t>()[i] = float_to_fp8(nd(rng), b.dtype); break;
-      }
-    }
-    if (b.shape.size() == 1 && b.dtype == dsl::DType::I32) std::sort(a.as<int32_t>(), a.as<int32_t>() + n);
+    NpyArray a = random_buffer(b, sym, rng, int_hi);
     HostDeviceBuffer hb{a, runtime::DeviceBuffer(device, a.data.size())};
     hb.mem.upload(a.data.data(), a.data.size());
     out.push_back(std::move(hb));

@@ -31,9 +31,9 @@
 //   kDScoreIsOne, d_score(vp, b, h, hkv, q, kv, score),
 //   kNumScatters, kScatterClass[i], scatter<I>(vp, b, h, hkv, q, kv, score, off, coef):
 //   offset of the target element in its contiguous gradient and the coefficient dS is multiplied by;
-//   kStagedCol, kStagedTile, kStagedColScatter, kStagedTileScatter (terms only the Hopper kernel stages,
-//   flex_backward_staged.cuh: false / -1 here), with StagedColElement / staged_col(vp, b, h, hkv) and the
-//   Tile counterparts where a term is staged.
+//   kStagedCol, kStagedTile, kStagedColScatter, kStagedTileScatter, kStagedDiag (terms only the Hopper kernel
+//   stages, flex_backward_staged.cuh: false / -1 here), with StagedColElement / staged_col(vp, b, h, hkv), the
+//   Tile counterparts and staged_diag(vp, b, h, hkv, d) where a term is staged.
 
 namespace flex_bwd {
 
@@ -271,7 +271,7 @@ struct BoolTag {
 // kDq = false when the query-major pass computes dq: no dS^T staging, no dQ GEMM, no dQ atomics here.
 template <class Traits, class Variant, bool kDeterministic, bool kDq = true>
 __device__ __forceinline__ void flex_backward_main(const FlexBackwardParams& p, const typename Variant::Params& vp) {
-  static_assert(!Variant::kStagedCol && !Variant::kStagedTile, "flex_backward_main: staged terms are the Hopper kernel's (flex_backward_sm90.cuh)");
+  static_assert(!Variant::kStagedCol && !Variant::kStagedTile && !Variant::kStagedDiag, "flex_backward_main: staged terms are the Hopper kernel's (flex_backward_sm90.cuh)");
   using Element = typename Traits::Element;
   using Mma = flex::Mma16816<Element>;
   using L = flex_bwd::Loader<Traits>;

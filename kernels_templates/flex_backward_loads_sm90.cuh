@@ -24,8 +24,10 @@ constexpr int kConsumerThreads = 256;
 constexpr int kProducerRegs = 24;
 constexpr int kConsumerRegs = 240;
 // The Q / dO / lse2 / delta ring's full barrier: the producer's expect-tx arrival (the TMA copies' bytes) and one
-// arrival per producer lane after its stores of lse2 and delta (each arrival releases that lane's stores).
-constexpr int kFullArrivals = 1 + 32;
+// arrival per producer lane after its stores of lse2 and delta (each arrival releases that lane's stores), and with a
+// staged diagonal band one per lane of the band warp (load_bands).
+template <class S>
+constexpr int kFullArrivals = 1 + 32 + (S::Staged::kDiag ? 32 : 0);
 
 template <class S>
 __device__ __forceinline__ flex::TmaPipeline<S::kStages> ring(unsigned s_base) {
@@ -52,7 +54,7 @@ __device__ __forceinline__ void init_barriers(unsigned s_base) {
   const auto pipe = ring<S>(s_base);
 #pragma unroll
   for (int s = 0; s < S::kStages; ++s) {
-    flex::mbarrier_init(pipe.full(s), kFullArrivals);
+    flex::mbarrier_init(pipe.full(s), kFullArrivals<S>);
     flex::mbarrier_init(pipe.empty(s), kConsumerThreads);
   }
   flex::mbarrier_init(kv_barrier<S>(s_base), 1);
@@ -115,6 +117,26 @@ __device__ __forceinline__ void load(const FlexBackwardParams& p, const FlexBack
       asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(s_base + S::kOffDelta + (st.index * kBlockM + r) * 4), "f"(delta[i]) : "memory");
     }
     flex::mbarrier_arrive(full);
+    st.advance();
+  }
+}
+
+// The band warp (a staged diagonal term, flex_backward_staged.cuh): for every (head, query tile) of the schedule, in
+// the consumers' order, the tile's band into the ring slot the producer fills, once both consumer warpgroups released
+// it. A warp of its own rather than more work for the producer's lanes: at 24 registers the band's loads beside
+// lse2 and delta cost the producer 68 bytes of spills.
+template <class S, class Variant, class Sched>
+__device__ __forceinline__ void load_bands(const typename Variant::Params& vp, const Sched& sched, unsigned s_base, int b, int hkv, int n0,
+                                           int group, int lane) {
+  const auto pipe = ring<S>(s_base);
+  flex::PipelineState<S::kStages> st;
+  for (int pos = sched.next_pos(0); pos < sched.total; pos = sched.next_pos(pos + 1)) {
+    int head_in_group, m_block;
+    sched.split(pos, head_in_group, m_block);
+    flex::mbarrier_wait(pipe.empty(st.index), st.phase ^ 1u);
+    flex_bwd_staged::load_diag<Variant>(vp, s_base + S::kOffStDiag + st.index * flex_bwd_staged::kDiagBytes, b, hkv * group + head_in_group,
+                                        hkv, m_block * S::kBlockM - n0 - (S::kBlockN - 1), lane);
+    flex::mbarrier_arrive(pipe.full(st.index));
     st.advance();
   }
 }

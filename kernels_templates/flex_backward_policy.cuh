@@ -24,6 +24,7 @@ struct FlexBackwardFeatures {
   bool staged_grad;       //   a gradient of either,
   bool tile_term_grad;    //   a gradient of the kv // 64 term,
   bool spread_rows;       //   and CTAs that own 16 kv % 64 columns of eight kv // 64 blocks
+  bool staged_diag;       // a staged diagonal band (a term buf[..., f(q - kv)], flex_backward_staged.cuh)
   bool tma_operands;      // the launch's q, k, v and d_o can be described by TMA tensor maps (runtime/tensor_maps.h)
 };
 
@@ -66,6 +67,7 @@ constexpr int flex_backward_smem_bytes(const FlexBackwardPolicy& p, const FlexBa
   bytes += 2 * p.stages * m * 4 + p.warps * m * 8 + p.warps * 4 * (m + 16) * 4 + 2048;
   if (f.staged_col) bytes += p.stages * m * 64 * 2;
   if (f.staged_tile) bytes += p.stages * m * (f.spread_rows ? 8 : 2) * 2;
+  if (f.staged_diag) bytes += p.stages * (m + n) * 4;  // a band of m + n - 1 floats per stage, padded to 16 bytes
   // Selectors: two spare swizzle regions of K ([block_n][swizzle bytes]) where both warpgroups take as many dQ
   // columns (half of D rounded up to whole regions: head dims 32, 64, 128), else two [128][16] tiles and 1 KB to
   // align them.
@@ -120,6 +122,17 @@ constexpr FlexBackwardPolicy flex_backward_policy(int kind, int head_dim, FlexBa
   p.dq_bulk = wgmma && !f.query_major && bulk_pays && flex_backward_smem_bytes(p, f, true, p.grad_gemm) <= kSm90MaxDynamicShared;
   p.smem_bytes = flex_backward_smem_bytes(p, f, p.dq_bulk, p.grad_gemm);
   return p;
+}
+
+// Whether a module with a diagonal term stages its band: only the warp-specialised kernel's producer loads it, and only
+// where its (block_m + block_n) * 4 bytes per stage leave the bulk dQ rows their place (deterministic rows at D128
+// fill the 227 KB: there the per-element loads cost less than fixed-point atomics per element).
+constexpr bool flex_backward_stages_diag(int kind, int head_dim, FlexBackwardFeatures f) {
+  f.staged_diag = false;
+  const FlexBackwardPolicy without = flex_backward_policy(kind, head_dim, f);
+  f.staged_diag = true;
+  const FlexBackwardPolicy with = flex_backward_policy(kind, head_dim, f);
+  return with.producer && with.dq_bulk == without.dq_bulk;
 }
 
 // The tiles alone, which depend on the head dim only: what the kernels' traits read.

@@ -80,7 +80,8 @@ struct Smem {
   static constexpr int kGradBytes = kGradGemm ? (kSelectorsInK ? 0 : flex_bwd_staged::kSelectorRegionBytes) : Staged::kGradRegionBytes;
   static constexpr int kOffSelectors = (kOffStGrad + 1023) / 1024 * 1024;
   static constexpr int kOffStTile = kOffStGrad + (Staged::kGrad ? kGradBytes : 0);  // [stages] Tile values
-  static constexpr int kOffDqBuf = kOffStTile + (Staged::kTile ? kStages * Staged::kTileStageBytes : 0);  // dQ partial rows
+  static constexpr int kOffStDiag = kOffStTile + (Staged::kTile ? kStages * Staged::kTileStageBytes : 0);  // [stages] Diag bands
+  static constexpr int kOffDqBuf = kOffStDiag + (Staged::kDiag ? kStages * flex_bwd_staged::kDiagBytes : 0);  // dQ partial rows
   // kDqBulk: the CTA's dQ partial of a query tile, sent to dq_accum by one bulk reduction per row: [64 q][D + 8] fp32
   // (rows 16-byte aligned; the 8 floats of padding make the accumulator-layout float2 stores conflict-free), or with
   // kDqFixed (deterministic launches) [64 q][D + 2] 64-bit fixed point, whose integer sums do not depend on the order
@@ -220,6 +221,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   static_assert(!Staged::kSpread || flex_bwd_staged::all_scatters_staged<Variant>(), "flex_backward_main_sm90: spread rows with other scatters");
   static_assert(!kProducer || (kDq && !Staged::kAny && !kGradGemm),
                 "flex_backward_main_sm90: the warp-specialised form has no staged terms (their loads and reductions use CTA barriers)");
+  static_assert(!Staged::kDiag || kProducer, "flex_backward_main_sm90: a diagonal band is the producer warp's load");
 
   extern __shared__ __align__(1024) unsigned char flex_smem_sm90[];
   const unsigned raw_base = flex::smem_addr(flex_smem_sm90);
@@ -270,6 +272,9 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
       flex::setmaxnreg_dec<flex_bwd_sm90::kProducerRegs>();
       if (warp == kNThreads / 32) flex_bwd_sm90::load<S>(p, *tma, sched, s_base, b, hkv, n0, lane);
       else if (kDqBulk && warp == kNThreads / 32 + 1 && pos < total) flex_bwd_sm90::write_dq<S, kDeterministic>(p.dq_accum, s_base, lane);
+      else if constexpr (Staged::kDiag) {
+        if (warp == kNThreads / 32 + 2) flex_bwd_sm90::load_bands<S, Variant>(vp, sched, s_base, b, hkv, n0, group, lane);
+      }
       return;
     }
     flex::setmaxnreg_inc<flex_bwd_sm90::kConsumerRegs>();
@@ -356,10 +361,12 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     if constexpr (Staged::kCol)
       flex_bwd_staged::read_col(st_col, s_base + S::kOffStCol + stage * flex_bwd_staged::kColBytes, kSpread ? spread_col0 / 8 : 2 * (warp % 4), ln);
     const unsigned char* st_tile = smem + S::kOffStTile + stage * Staged::kTileStageBytes;
+    // The Diag band's entry of the thread's query column 2 t4 and KV row 16 warp + g (flex_backward_staged.cuh).
+    const float* st_diag = reinterpret_cast<const float*>(smem + S::kOffStDiag + stage * flex_bwd_staged::kDiagBytes) + (kBlockN - 1) + 2 * t4 - (warp * 16 + g);
     if (check_elements)
-      flex_bwd_sm90::recompute_p<true, Variant, Element, kFoldDScore>(p, vp, at, scale_log2, lse_st, st_col, st_tile, acc_s, score_v, pa);
+      flex_bwd_sm90::recompute_p<true, Variant, Element, kFoldDScore>(p, vp, at, scale_log2, lse_st, st_col, st_tile, st_diag, acc_s, score_v, pa);
     else
-      flex_bwd_sm90::recompute_p<false, Variant, Element, kFoldDScore>(p, vp, at, scale_log2, lse_st, st_col, st_tile, acc_s, score_v, pa);
+      flex_bwd_sm90::recompute_p<false, Variant, Element, kFoldDScore>(p, vp, at, scale_log2, lse_st, st_col, st_tile, st_diag, acc_s, score_v, pa);
 
     // dV += P^T dO (A = P^T from registers, B = dO MN-major), running while dS is computed.
     flex::wgmma_fence();

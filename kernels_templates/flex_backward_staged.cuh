@@ -8,6 +8,10 @@
 //         S^T accumulator layout: thread (g, t4) of warp w gets rows 16 (w % 4) + g (+ 8) and query columns
 //         (2 t4, 2 t4 + 1) of each n8 block, packed in one register.
 //   Tile: buf[m0 + i][n0 / 64 + {0, 1}] for the CTA's two warpgroups (two 2-byte values per query row).
+//   Diag: buf[lead..., f(q - kv)] on the tile's diagonals d = q - kv from m0 - n0 - 127 on: 191 floats (a band of
+//         192) per ring slot, loaded by a band warp of the warp-specialised kernel (flex_bwd_sm90::load_bands:
+//         Variant::staged_diag, 0 past the buffer) and read per element at a constant offset from one base per thread (diag_base). Its gradient is
+//         the generic diagonal scatter.
 // Gradients: every warpgroup writes its dS^T (fp32) into a [64 q][68] plane; after the CTA barrier before dQ,
 // each thread sums 16 columns of one query row (four runs of 4, 16 apart) over both planes (Col: one vector
 // atomic per run) and over each plane (Tile: the warpgroups' two J, one 8-byte atomic per row; no other CTA
@@ -70,6 +74,8 @@ struct Flags {
   static constexpr bool kTile = Variant::kStagedTile;
   static constexpr bool kGrad = Variant::kStagedColScatter >= 0 || Variant::kStagedTileScatter >= 0;
   static constexpr bool kAny = kCol || kTile;
+  static constexpr bool kDiag = Variant::kStagedDiag;
+  static_assert(!(kDiag && kAny), "flex_bwd_staged: a diagonal band with Col or Tile terms");
   static constexpr bool kSpread = Variant::kStagedSpread;
   static_assert(!kSpread || (kCol && Variant::kStagedColScatter >= 0), "flex_bwd_staged: spread rows need a Col term with a gradient");
   static constexpr int kTileStageBytes = kSpread ? kSpreadTileBytes : kTileBytes;
@@ -77,9 +83,25 @@ struct Flags {
 };
 template <>
 struct Flags<void> {
-  static constexpr bool kCol = false, kTile = false, kGrad = false, kAny = false, kSpread = false;
+  static constexpr bool kCol = false, kTile = false, kGrad = false, kAny = false, kDiag = false, kSpread = false;
   static constexpr int kTileStageBytes = kTileBytes, kGradRegionBytes = kGradBytes;
 };
+
+// Diag: floats per ring slot, the 64 + 128 - 1 diagonals of a tile padded to 16 bytes. Entry i is diagonal
+// m0 - n0 - 127 + i, so the element (query column c, local KV row r) reads entry c - r + 127.
+constexpr int kDiagBand = kRows + 128;
+constexpr int kDiagBytes = kDiagBand * 4;
+
+// A lane's part of a slot's band: entries lane, lane + 32, ... (0 past the 191 a tile reaches).
+template <class Variant>
+__device__ __forceinline__ void load_diag(const typename Variant::Params& vp, unsigned s_band, int b, int h, int hkv, int d0, int lane) {
+#pragma unroll 2
+  for (int i = 0; i < kDiagBand / 32; ++i) {
+    const int e = lane + 32 * i;
+    const float v = e < kDiagBand - 1 ? Variant::staged_diag(vp, b, h, hkv, d0 + e) : 0.f;
+    asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(s_band + 4 * e), "f"(v) : "memory");
+  }
+}
 
 // Whether every scatter of the variant is a staged term's (kScatterStaged), the condition for spread rows.
 template <class Variant>

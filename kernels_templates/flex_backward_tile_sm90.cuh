@@ -40,11 +40,12 @@ struct ElementCoords {
 // a2 / a3 the same 8 columns on); score_v keeps the scores for the scatters and a late d_score. kChecked: the tile may
 // hold masked or out-of-range elements (partial tiles, tiles crossing Sq or Skv), which are tested one by one.
 // Staged terms (flex_backward_staged.cuh) join the logit: Col values per element from st_col, the Tile term per query
-// column from st_tile.
+// column from st_tile; a Diag term per element from st_diag, the band entry of the thread's query column 2 t4 and first
+// KV row (the element's entry is a constant offset from it).
 template <bool kChecked, class Variant, class Element, bool kFoldDScore, int kMT>
 __device__ __forceinline__ void recompute_p(const FlexBackwardParams& p, const typename Variant::Params& vp, const ElementCoords& at, float scale_log2,
                                             const float* lse_st, const unsigned (&st_col)[kMT][2], const unsigned char* st_tile,
-                                            float (&acc_s)[kMT][4], float (&score_v)[kMT][4], unsigned (&pa)[kMT / 2][4]) {
+                                            const float* st_diag, float (&acc_s)[kMT][4], float (&score_v)[kMT][4], unsigned (&pa)[kMT / 2][4]) {
   using Mma = flex::Mma16816<Element>;
   using Mods = flex_bwd::BackwardMods<Variant>;
   using Staged = flex_bwd_staged::Flags<Variant>;
@@ -85,7 +86,12 @@ __device__ __forceinline__ void recompute_p(const FlexBackwardParams& p, const t
         }
       }
       float x;  // the exponent of P
-      if constexpr (Staged::kAny) {
+      if constexpr (Staged::kDiag) {
+        // Column 8 nt + e % 2 further, KV row 8 (e / 2) further: an immediate offset from the thread's entry.
+        const float dg = st_diag[8 * nt + (e % 2) - 8 * (e / 2)];
+        if constexpr (Variant::kHasScoreMod) x = (z + dg) * kLog2e - (e % 2 ? lse2.y : lse2.x);
+        else x = fmaf(acc_s[nt][e], scale_log2, fmaf(dg, kLog2e, e % 2 ? -lse2.y : -lse2.x));
+      } else if constexpr (Staged::kAny) {
         // The staged terms join the logit: with no score_mod left, scale and log2(e) still fold into one
         // FFMA on the raw q.k, the terms into its addend.
         float col = 0.f;

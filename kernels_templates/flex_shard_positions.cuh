@@ -16,7 +16,7 @@ namespace flex {
 // Params: V's, then the two offsets in two more 8-byte slots, which the host appends to V's ParamsLayout.
 template <class V>
 struct ShardPositions : V {
-  static_assert(!V::kStagedCol && !V::kStagedTile && !V::kStagedSpread,
+  static_assert(!V::kStagedCol && !V::kStagedTile && !V::kStagedDiag && !V::kStagedSpread,
                 "ShardPositions: staged terms are loaded by launch row; a shard module must not stage them");
   struct Params : V::Params {
     long long shard_q_offset;   // the position of the launch's query row 0 in the whole sequence

@@ -13,9 +13,9 @@ namespace flexjit {
 
 std::string BackwardConfig::str() const {
   std::string staged;
-  if (staged_col || staged_tile)
-    staged = fmt::format("_st{}{}{}{}{}", staged_col ? "c" : "", staged_tile ? "t" : "", staged_grad ? "g" : "", spread_rows ? "s" : "",
-                         grad_gemm ? "m" : "");
+  if (staged_col || staged_tile || staged_diag)
+    staged = fmt::format("_st{}{}{}{}{}{}", staged_col ? "c" : "", staged_tile ? "t" : "", staged_diag ? "d" : "", staged_grad ? "g" : "",
+                         spread_rows ? "s" : "", grad_gemm ? "m" : "");
   return fmt::format("d{}_m{}_n{}_w{}_s{}{}{}{}{}", head_dim, block_m, block_n, warps, stages, hopper ? "_sm90" : "", staged, dq_bulk ? "_qb" : "",
                      warp_specialized ? "_ws" : "");
 }
@@ -24,6 +24,7 @@ FlexBackwardFeatures BackwardConfig::features() const {
   FlexBackwardFeatures f{};
   f.staged_col = staged_col;
   f.staged_tile = staged_tile;
+  f.staged_diag = staged_diag;
   f.staged_grad = staged_grad;
   f.spread_rows = spread_rows;
   f.deterministic = deterministic;
@@ -63,8 +64,19 @@ QueryMajorConfig query_major_config(int head_dim) {
   return c;
 }
 
+namespace {
+
+FlexBackwardFeatures backward_features(const ScoreModGradient& grad, const StagedTerms& staged, const BackwardKernelOptions& options);
+int backward_kind(const BackwardKernelOptions& options);
+
+}  // namespace
+
 StagedTerms backward_staged_terms(const ScoreModGradient& grad, const RangeInfo& ranges, const BackwardKernelOptions& options) {
   if (options.query_major || options.shard_positions || options.ragged || !backward_config(options.head_dim, options.arch).hopper) return {};
+  StagedTerms with_diag = find_staged_terms(grad, ranges, options.variant, /*diagonal=*/true);
+  if (!with_diag.find(StagedKind::Diag) ||
+      flex_backward_stages_diag(backward_kind(options), options.head_dim, backward_features(grad, with_diag, options)))
+    return with_diag;
   return find_staged_terms(grad, ranges, options.variant);
 }
 
@@ -81,6 +93,7 @@ FlexBackwardFeatures backward_features(const ScoreModGradient& grad, const Stage
   f.staged_col = staged.find(StagedKind::Col) != nullptr;
   const StagedTerm* tile_term = staged.find(StagedKind::Tile);
   f.staged_tile = tile_term != nullptr;
+  f.staged_diag = staged.find(StagedKind::Diag) != nullptr;
   f.tile_term_grad = tile_term && tile_term->scatter >= 0;
   for (const StagedTerm& t : staged.terms) f.staged_grad = f.staged_grad || t.scatter >= 0;
   f.spread_rows = staged.spreads_rows(grad.scatters.size());
@@ -116,6 +129,7 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
   const FlexBackwardPolicy policy = flex_backward_policy(backward_kind(options), options.head_dim, features);
   out.config.staged_col = features.staged_col;
   out.config.staged_tile = features.staged_tile;
+  out.config.staged_diag = features.staged_diag;
   out.config.staged_grad = features.staged_grad;
   out.config.spread_rows = features.spread_rows;
   out.config.grad_gemm = policy.grad_gemm;

@@ -36,6 +36,9 @@ struct BackwardConfig {
   bool staged_col = false;
   bool staged_tile = false;
   bool staged_grad = false;
+  // A Diag term (buf[..., f(q - kv)]): its band of 191 floats per (query tile, KV block) in each ring slot, loaded by
+  // the warp-specialised kernel's producer warp.
+  bool staged_diag = false;
   // Spread rows (flex_backward_staged.cuh): each CTA owns 16 kv % 64 columns of eight kv // 64 blocks instead of
   // 128 contiguous KV rows; the Tile values are [stages][64][8] and the gradients go through [8][64][20] slabs.
   bool spread_rows = false;

@@ -16,16 +16,6 @@ using namespace ir;
 
 namespace {
 
-// True when q and kv occur in e only inside `q - kv` subtrees.
-bool only_through_difference(const Expr& e) {
-  if (const Binary* b = e.as<Binary>(); b && b->op == BinaryOp::Sub && is_var(b->a, dsl::VarId::Q) && is_var(b->b, dsl::VarId::KV))
-    return true;
-  if (is_var(e, dsl::VarId::Q) || is_var(e, dsl::VarId::KV)) return false;
-  for (const Expr& c : children(e))
-    if (!only_through_difference(c)) return false;
-  return true;
-}
-
 // Whether a scatter's target is computed from the score (t[int(score)]).
 bool uses_score(const GradScatter& s) {
   DependenceInfo deps(s.indices);
@@ -185,7 +175,10 @@ std::string staged_block(const SpecIR& ir, const RangeInfo& ranges, const Varian
         fmt::arg("elem", decl.dtype == dsl::DType::F16 ? "__half" : "__nv_bfloat16"));
     code += staged_rows_function(ir, ranges, vo, *t, "staged_" + name);
   }
-  return code;
+  const StagedTerm* diag = staged ? staged->find(StagedKind::Diag) : nullptr;
+  if (!diag) return code + "  static constexpr bool kStagedDiag = false;\n";
+  code += fmt::format("  static constexpr bool kStagedDiag = true;  // {}\n", print_inline(diag->load));
+  return code + staged_diag_function(ir, ranges, vo, *diag);
 }
 
 }  // namespace

@@ -70,9 +70,33 @@ bool emitted_unchecked(const RangeInfo& ranges, const VariantOptions& options, c
   return false;
 }
 
+// Whether the lead indices of l (all but the last `tail`) name neither position, the score nor another buffer.
+bool lead_indices_ok(const Load* l, size_t tail) {
+  DependenceInfo deps(l->indices);
+  for (size_t d = 0; d + tail < l->indices.size(); ++d) {
+    const Dependence& dep = deps.of(l->indices[d]);
+    if (dep.uses(dsl::VarId::Q) || dep.uses(dsl::VarId::KV) || dep.uses(dsl::VarId::Score) || dep.has_load) return false;
+  }
+  return true;
+}
+
+// A Diag term's last index: a function of q - kv that uses it (and no other load or the score).
+bool diagonal_index(const Expr& e) {
+  DependenceInfo deps({e});
+  const Dependence& dep = deps.of(e);
+  return dep.uses(dsl::VarId::Q) && !dep.uses(dsl::VarId::Score) && !dep.has_load && only_through_difference(e);
+}
+
 }  // namespace
 
-const char* staged_kind_name(StagedKind k) { return k == StagedKind::Col ? "col" : "tile"; }
+const char* staged_kind_name(StagedKind k) {
+  switch (k) {
+    case StagedKind::Col: return "col";
+    case StagedKind::Tile: return "tile";
+    case StagedKind::Diag: return "diag";
+  }
+  return "?";
+}
 
 const StagedTerm* StagedTerms::find(StagedKind k) const {
   for (const StagedTerm& t : terms)
@@ -94,7 +118,7 @@ bool StagedTerms::spreads_rows(size_t num_scatters) const {
   return true;
 }
 
-StagedTerms find_staged_terms(const ScoreModGradient& grad, const RangeInfo& ranges, const VariantOptions& options) {
+StagedTerms find_staged_terms(const ScoreModGradient& grad, const RangeInfo& ranges, const VariantOptions& options, bool diagonal) {
   StagedTerms out;
   out.residual = grad.score_mod;
   if (!grad.score_mod) return out;
@@ -104,18 +128,19 @@ StagedTerms find_staged_terms(const ScoreModGradient& grad, const RangeInfo& ran
   if (grad.mask_mod) roots.push_back(grad.mask_mod);
 
   std::vector<bool> staged(parts.size(), false);
+  int diag_part = -1;
   for (size_t i = 0; i < parts.size(); ++i) {
     const Load* l = parts[i].as<Load>();
-    if (!l || (l->dtype != DType::BF16 && l->dtype != DType::F16) || l->indices.size() < 2) continue;
+    if (!l || l->indices.empty()) continue;
+    const bool single = loads_of(roots, l->buffer) == 1 && emitted_unchecked(ranges, options, parts[i]);
+    if (diagonal && diag_part < 0 && (l->dtype == DType::F32 || l->dtype == DType::BF16 || l->dtype == DType::F16) && diagonal_index(l->indices.back()) && lead_indices_ok(l, 1) && single) {
+      diag_part = static_cast<int>(i);
+      continue;
+    }
+    if ((l->dtype != DType::BF16 && l->dtype != DType::F16) || l->indices.size() < 2) continue;
     const std::optional<StagedKind> kind = last_index_kind(l->indices.back());
     if (!kind || out.find(*kind) || !is_var(l->indices[l->indices.size() - 2], dsl::VarId::Q)) continue;
-    DependenceInfo deps(l->indices);
-    bool lead_ok = true;
-    for (size_t d = 0; d + 2 < l->indices.size(); ++d) {
-      const Dependence& dep = deps.of(l->indices[d]);
-      lead_ok = lead_ok && !dep.uses(dsl::VarId::Q) && !dep.uses(dsl::VarId::KV) && !dep.uses(dsl::VarId::Score) && !dep.has_load;
-    }
-    if (!lead_ok || loads_of(roots, l->buffer) != 1 || !emitted_unchecked(ranges, options, parts[i])) continue;
+    if (!lead_indices_ok(l, 2) || !single) continue;
     StagedTerm t{*kind, l->buffer, parts[i], -1};
     bool grad_ok = true;
     for (size_t s = 0; s < grad.scatters.size(); ++s) {
@@ -129,6 +154,10 @@ StagedTerms find_staged_terms(const ScoreModGradient& grad, const RangeInfo& ran
     if (!grad_ok) continue;
     staged[i] = true;
     out.terms.push_back(t);
+  }
+  if (out.terms.empty() && diag_part >= 0) {  // a Col or Tile term takes the kernel form without the band
+    staged[diag_part] = true;
+    out.terms.push_back(StagedTerm{StagedKind::Diag, parts[diag_part].as<Load>()->buffer, parts[diag_part], -1});
   }
   if (out.terms.empty()) return out;
 

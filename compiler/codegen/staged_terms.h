@@ -8,6 +8,12 @@
 // query-major pass. A query tile's rel_w[q0 .. q0 + 63][0 .. 63] is a contiguous 8 KB block and its rel_h
 // values are two per row: both are copied asynchronously next to Q and dO, and the gradients leave the CTA as
 // one block of vector atomics (rel_w) and one plain sum per row (rel_h, owned by one warpgroup).
+//
+// A learnable relative bias `bias[h, q - kv + Skv - 1]` is a third kind, Diag: a (query tile, KV block) pair
+// touches only the 191 entries of its diagonals, which the warp-specialised kernel's producer warp copies into the
+// tile's ring slot next to lse2 and delta, so each element reads shared memory at a constant offset from one base
+// instead of computing its index and gathering from global memory (18 loads per thread and tile after CSE). Its
+// gradient stays the generic diagonal scatter.
 #pragma once
 #include <optional>
 #include <vector>
@@ -24,6 +30,7 @@ inline constexpr int kStagedTermTile = 64;
 enum class StagedKind {
   Col,   // buf[lead..., q, kv % 64]: one [64 q][64] block per query tile
   Tile,  // buf[lead..., q, kv // 64]: one value per query row and warpgroup
+  Diag,  // buf[lead..., f(q - kv)]: one band of 191 values per (query tile, KV block)
 };
 const char* staged_kind_name(StagedKind k);
 
@@ -32,6 +39,7 @@ struct StagedTerm {
   int buffer;           // spec buffer index
   ir::Expr load;        // the Load node (a summand of the score_mod)
   int scatter = -1;     // index into ScoreModGradient::scatters of its gradient, -1 when none is required
+                        // (Diag: always -1, its gradient is the generic diagonal scatter's)
 };
 
 struct StagedTerms {
@@ -50,8 +58,10 @@ struct StagedTerms {
 // f16), lead indices that use neither q nor kv nor the score, a load emitted unchecked (indices proven in
 // range, or proven by a launch-time obligation that held), no other load of the buffer (the same load in
 // mask_mod is fine: the mask keeps its own read),
-// and, when the buffer requires a gradient, its single scatter is that load with coefficient 1. Anything
-// else stays in the residual and goes through the generic code.
-StagedTerms find_staged_terms(const ScoreModGradient& grad, const RangeInfo& ranges, const VariantOptions& options);
+// and, when the buffer requires a gradient, its single scatter is that load with coefficient 1. With `diagonal`, a
+// summand `+ buf[lead..., f(q - kv)]` of any float buffer (q and kv only through q - kv, the same lead-index and
+// single-load rules) qualifies as Diag, unless a Col or Tile term is found too (the kernels stage one or the
+// other). Anything else stays in the residual and goes through the generic code.
+StagedTerms find_staged_terms(const ScoreModGradient& grad, const RangeInfo& ranges, const VariantOptions& options, bool diagonal = false);
 
 }  // namespace flexjit

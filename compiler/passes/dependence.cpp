@@ -79,4 +79,14 @@ const Dependence& DependenceInfo::of(const Expr& e) const {
   return it->second;
 }
 
+bool only_through_difference(const ir::Expr& e) {
+  using namespace ir;
+  if (const Binary* b = e.as<Binary>(); b && b->op == BinaryOp::Sub && is_var(b->a, dsl::VarId::Q) && is_var(b->b, dsl::VarId::KV))
+    return true;
+  if (is_var(e, dsl::VarId::Q) || is_var(e, dsl::VarId::KV)) return false;
+  for (const Expr& c : children(e))
+    if (!only_through_difference(c)) return false;
+  return true;
+}
+
 }  // namespace flexjit

@@ -37,4 +37,9 @@ class DependenceInfo {
   std::unordered_map<const ir::Node*, Dependence> deps_;
 };
 
+// True when q and kv occur in e only inside `q - kv` subtrees (e is then a function of the diagonal q - kv and of
+// neither position alone): a buffer gradient indexed so is a diagonal scatter, an additive term so a staged
+// diagonal band of the Hopper backward (compiler/codegen/staged_terms.h).
+bool only_through_difference(const ir::Expr& e);
+
 }  // namespace flexjit

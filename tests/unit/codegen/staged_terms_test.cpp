@@ -220,3 +220,78 @@ TEST_CASE("staged terms: spread KV rows only for a Col gradient and no other sca
   CHECK(plain.module.source.find("static constexpr bool kStagedSpread = false;") != std::string::npos);
   CHECK(plain.config.main_grid_x(4097) == 33);
 }
+
+namespace {
+
+std::vector<std::string> staged_diag(const std::string& score_mod, const std::vector<std::string>& buffers,
+                                     const std::vector<std::string>& grads = {}, const std::string& mask = "") {
+  Built b = build(score_mod, buffers, grads, mask);
+  return describe(b, find_staged_terms(b.grad, b.ranges, VariantOptions{}, /*diagonal=*/true));
+}
+
+const char* kRelBias = "score + bias[h, q - kv + Skv - 1]";
+const std::vector<std::string> kRelBiasBufs = {"bias: f32[H, 8191]"};
+
+}  // namespace
+
+TEST_CASE("staged terms: a learnable relative bias is a diagonal band", "[backward][codegen]") {
+  // Only when asked (the warp-specialised kernel's band), any float type, its gradient left to the diagonal scatter.
+  CHECK(staged(kRelBias, kRelBiasBufs, {"bias"}).empty());
+  CHECK(staged_diag(kRelBias, kRelBiasBufs, {"bias"}) == V{"diag:bias:-1"});
+  CHECK(staged_diag(kRelBias, {"bias: bf16[H, 8191]"}) == V{"diag:bias:-1"});
+  CHECK(staged_diag("score + bias[b, h, q - kv + 4095]", {"bias: f16[B, H, 8191]"}) == V{"diag:bias:-1"});
+  CHECK(staged_diag("score + bias[h, min(max(q - kv, -64), 64) + 64]", {"bias: f32[H, 129]"}) == V{"diag:bias:-1"});
+  Built b = build(kRelBias, kRelBiasBufs, {"bias"}, "q >= kv");
+  StagedTerms t = find_staged_terms(b.grad, b.ranges, VariantOptions{}, true);
+  CHECK(!t.residual);
+  CHECK(!t.covers_scatter(0));
+  // Not a function of q - kv alone, another load of it, a lead index on a position, or beside a Col / Tile term.
+  CHECK(staged_diag("score + bias[h, q + kv]", {"bias: f32[H, 8192]"}).empty());
+  CHECK(staged_diag("score + bias[h, q]", {"bias: f32[H, 4096]"}).empty());
+  CHECK(staged_diag("score + bias[h, q - kv + Skv - 1] + bias[h, 0]", kRelBiasBufs).empty());
+  CHECK(staged_diag("score + bias[q % 4, q - kv + Skv - 1]", {"bias: f32[4, 8191]"}).empty());
+  CHECK(staged_diag("score + t[b, q - kv + 4095]", {"t: i32[B, 8191]"}).empty());
+  CHECK(staged_diag(std::string(kRelBias) + " + rel_w[b, h, q, kv % 64]", {"bias: f32[H, 8191]", "rel_w: bf16[B, H, Sq, 64]"}) ==
+        V{"col:rel_w:-1"});
+  // A load the launch cannot prove in range stays generic.
+  VariantOptions checked;
+  checked.checked_loads = ~0ull;
+  CHECK(find_staged_terms(b.grad, b.ranges, checked, true).terms.empty());
+}
+
+TEST_CASE("staged terms: the band goes with the warp-specialised kernel where its bytes fit", "[backward][codegen]") {
+  Built b = build(kRelBias, kRelBiasBufs, {"bias"}, "q >= kv");
+  BackwardKernelOptions bo;
+  bo.head_dim = 128;
+  bo.arch = "sm_90a";
+  BackwardKernelSource src = backward_kernel_source(b.ir, b.grad, b.ranges, bo);
+  CHECK(src.config.staged_diag);
+  CHECK(src.config.warp_specialized);
+  CHECK(src.module.key_text.find("_std_qb_ws") != std::string::npos);
+  CHECK(src.module.source.find("static constexpr bool kStagedDiag = true;") != std::string::npos);
+  CHECK(src.module.source.find("float staged_diag(const Params& p, int b, int h, int hkv, int d)") != std::string::npos);
+  CHECK(src.module.source.find("kScatterClass[1] = {3 /* diagonal */}") != std::string::npos);
+  // Two 192-float bands beside the module without it (no tensor maps: the 256-thread kernel, nothing staged).
+  BackwardKernelOptions no_tma = bo;
+  no_tma.tma_operands = false;
+  BackwardKernelSource plain = backward_kernel_source(b.ir, b.grad, b.ranges, no_tma);
+  CHECK(!plain.config.staged_diag);
+  CHECK(!plain.config.warp_specialized);
+  CHECK(plain.module.source.find("static constexpr bool kStagedDiag = false;") != std::string::npos);
+  BackwardConfig unstaged = src.config;
+  unstaged.staged_diag = false;
+  CHECK(src.config.shared_bytes() == unstaged.shared_bytes() + 2 * 192 * 4);
+  // Deterministic at D128: the fixed-point rows fill shared memory, so no band; at D64 it fits.
+  BackwardKernelOptions det = bo;
+  det.deterministic = true;
+  CHECK(backward_staged_terms(b.grad, b.ranges, det).terms.empty());
+  CHECK(backward_kernel_source(b.ir, b.grad, b.ranges, det).config.dq_bulk);
+  det.head_dim = 64;
+  CHECK(backward_kernel_source(b.ir, b.grad, b.ranges, det).config.staged_diag);
+  // sm_80 and query-major modules stage nothing.
+  BackwardKernelOptions a80 = bo, qm = bo;
+  a80.arch = "sm_80";
+  qm.query_major = true;
+  CHECK(backward_staged_terms(b.grad, b.ranges, a80).terms.empty());
+  CHECK(backward_staged_terms(b.grad, b.ranges, qm).terms.empty());
+}

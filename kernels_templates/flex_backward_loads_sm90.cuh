@@ -25,7 +25,7 @@ constexpr int kProducerRegs = 24;
 constexpr int kConsumerRegs = 240;
 // The Q / dO / lse2 / delta ring's full barrier: the producer's expect-tx arrival (the TMA copies' bytes) and one
 // arrival per producer lane after its stores of lse2 and delta (each arrival releases that lane's stores), and with a
-// staged diagonal band one per lane of the band warp (load_bands).
+// diagonal band one per lane of the band warp (load_bands).
 template <class S>
 constexpr int kFullArrivals = 1 + 32 + (S::Staged::kDiag ? 32 : 0);
 
@@ -82,10 +82,12 @@ __device__ __forceinline__ void load(const FlexBackwardParams& p, const FlexBack
   if (leader) {
     flex::prefetch_tensor_map(&tma.q);
     flex::prefetch_tensor_map(&tma.d_o);
-    const unsigned kv_bar = kv_barrier<S>(s_base);
-    flex::mbarrier_arrive_expect_tx(kv_bar, 2 * TileKV::kBytes);
-    flex::tma_load_tile<TileKV>(s_base + S::kOffK, &tma.k, kv_bar, p.tma_kv_row0 + n0, hkv, b * p.tma_b_scale);
-    flex::tma_load_tile<TileKV>(s_base + S::kOffV, &tma.v, kv_bar, p.tma_kv_row0 + n0, hkv, b * p.tma_b_scale);
+    if constexpr (S::kKvByTma) {
+      const unsigned kv_bar = kv_barrier<S>(s_base);
+      flex::mbarrier_arrive_expect_tx(kv_bar, 2 * TileKV::kBytes);
+      flex::tma_load_tile<TileKV>(s_base + S::kOffK, &tma.k, kv_bar, p.tma_kv_row0 + n0, hkv, b * p.tma_b_scale);
+      flex::tma_load_tile<TileKV>(s_base + S::kOffV, &tma.v, kv_bar, p.tma_kv_row0 + n0, hkv, b * p.tma_b_scale);
+    }
   }
   const int group = p.heads / p.kv_heads;
   flex::PipelineState<S::kStages> st;
@@ -124,7 +126,9 @@ __device__ __forceinline__ void load(const FlexBackwardParams& p, const FlexBack
 // The band warp (a staged diagonal term, flex_backward_staged.cuh): for every (head, query tile) of the schedule, in
 // the consumers' order, the tile's band into the ring slot the producer fills, once both consumer warpgroups released
 // it. A warp of its own rather than more work for the producer's lanes: at 24 registers the band's loads beside
-// lse2 and delta cost the producer 68 bytes of spills.
+// lse2 and delta cost the producer 68 bytes of spills. (SAM's Col / Tile blocks went this way too and made its
+// backward 12-37% slower: one warp's cp.async copies and their latency per tile; the consumers issue them instead,
+// CpAsyncLoads::load_staged.)
 template <class S, class Variant, class Sched>
 __device__ __forceinline__ void load_bands(const typename Variant::Params& vp, const Sched& sched, unsigned s_base, int b, int hkv, int n0,
                                            int group, int lane) {
@@ -231,6 +235,20 @@ struct CpAsyncLoads {
     const Element* g_do = static_cast<const Element*>(p.d_o) + b * p.do_stride_b + h * p.do_stride_h;
     flex::load_swizzled_rows<TileQ, kBlockM, kNThreads>(s_q0 + stage * TileQ::kBytes, g_q, p.q_stride_s, m0, seqlen_q, tid);
     flex::load_swizzled_rows<TileQ, kBlockM, kNThreads>(s_do0 + stage * TileQ::kBytes, g_do, p.do_stride_s, m0, seqlen_q, tid);
+    load_staged(h, m0, stage);
+    if (tid < kBlockM) {
+      // Rows past Sq: lse2 = +inf (P = 0) by a plain store, delta zero-filled.
+      const long long row = ((long long)b * p.heads + h) * seqlen_q + m0 + tid;
+      const bool valid = m0 + tid < seqlen_q;
+      if (valid) flex_bwd::cp_async_4(flex::smem_addr(sh_lse + stage * kBlockM + tid), p.lse2 + row, true);
+      else sh_lse[stage * kBlockM + tid] = flex_bwd::pos_inf();
+      flex_bwd::cp_async_4(flex::smem_addr(sh_delta + stage * kBlockM + tid), valid ? p.delta + row : p.delta, valid);
+    }
+  }
+
+  // The staged terms' values of query tile m0 of head h (the warp-specialised form's consumers issue them for the next
+  // tile and complete them before its dQ barrier).
+  __device__ __forceinline__ void load_staged(int h, int m0, int stage) const {
     if constexpr (Staged::kCol) {
       const int off = S::kOffStCol + stage * flex_bwd_staged::kColBytes;
       // Spread rows read only their 16 columns (2 of the 8 chunks).
@@ -250,14 +268,6 @@ struct CpAsyncLoads {
           flex_bwd_staged::load_tile(smem + off, s_base + off, Variant::staged_tile(vp, b, h, hkv), m0, seqlen_q, n0 / 64, seqlen_kv,
                                      tid - kBlockM);
       }
-    }
-    if (tid < kBlockM) {
-      // Rows past Sq: lse2 = +inf (P = 0) by a plain store, delta zero-filled.
-      const long long row = ((long long)b * p.heads + h) * seqlen_q + m0 + tid;
-      const bool valid = m0 + tid < seqlen_q;
-      if (valid) flex_bwd::cp_async_4(flex::smem_addr(sh_lse + stage * kBlockM + tid), p.lse2 + row, true);
-      else sh_lse[stage * kBlockM + tid] = flex_bwd::pos_inf();
-      flex_bwd::cp_async_4(flex::smem_addr(sh_delta + stage * kBlockM + tid), valid ? p.delta + row : p.delta, valid);
     }
   }
 };

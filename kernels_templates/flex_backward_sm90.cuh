@@ -72,6 +72,9 @@ struct Smem {
   // fewer positions: the reduction slots stay free for the scatters, and D128's deterministic rows, which leave no
   // byte of the 227 KB free, keep fitting.
   static constexpr int kBarBytes = kProducer ? 128 : 0;
+  // kProducer: K and V by TMA, unless staged terms are present (spread rows, or K with the selectors' spare regions:
+  // the consumers copy them by cp.async once per CTA).
+  static constexpr bool kKvByTma = !Staged::kAny;
   static constexpr int kSchedBytes = Traits::kMaxSched - kBarBytes;
   static constexpr int kOffBars = kOffSched + kSchedBytes;
   static constexpr int kOffStCol = kOffSched + Traits::kMaxSched;                               // [stages] Col tiles
@@ -179,10 +182,12 @@ __device__ __forceinline__ void store_dk_dv(const FlexBackwardParams& p, const f
 // and d_score = 1, where that tile holds the terms' gradient, and a gradient of both terms (one GEMM per warpgroup).
 // kProducer: warp-specialised, block = 384. Warpgroups 0 and 1 compute as above; warpgroup 2 gives its registers
 // to them (setmaxnreg) and holds the producer warp (flex_bwd_sm90::load: K, V, Q, dO by TMA from `tma`, lse2 and
-// delta by its lanes, through a two-slot mbarrier ring) and, with kDqBulk, the dQ writer warp (write_dq). The
-// consumers then never issue a load or wait at a CTA-wide barrier: they meet at named barriers for dS^T and the
-// scatters' reductions.
-// Modules without staged terms (their loads and reductions go through CTA-wide barriers).
+// delta by its lanes, through a two-slot mbarrier ring), with kDqBulk the dQ writer warp (write_dq) and with staged
+// diagonal band the band warp (load_bands, into the same ring slots). The consumers then wait at no CTA-wide barrier
+// inside the loop: they meet at named barriers for dS^T and the scatters' reductions. Col / Tile staged terms are
+// the consumers' own cp.async copies, a tile ahead (and K and V once, as no single TMA box describes spread rows or
+// K's selector regions); their gradients only by selector GEMMs (kGradGemm): the planes' and slabs' reductions rely on
+// the 256-thread form's loop-top barrier.
 template <class Traits, class Variant, bool kDeterministic, bool kDq = true, bool kDqBulk = false, bool kGradGemm = false,
           bool kProducer = false>
 __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams& p, const typename Variant::Params& vp,
@@ -219,8 +224,10 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   static_assert(kDq || !Staged::kAny, "flex_backward_main_sm90: staged terms need kDq");
   // The scatter code assumes contiguous KV rows: spread rows only when every scatter is a staged term's.
   static_assert(!Staged::kSpread || flex_bwd_staged::all_scatters_staged<Variant>(), "flex_backward_main_sm90: spread rows with other scatters");
-  static_assert(!kProducer || (kDq && !Staged::kAny && !kGradGemm),
-                "flex_backward_main_sm90: the warp-specialised form has no staged terms (their loads and reductions use CTA barriers)");
+  // Warp-specialised staged terms: their gradients by selector GEMMs only (the planes' and slabs' reductions are ordered by
+  // the 256-thread form's loop-top barrier).
+  static_assert(!kProducer || (kDq && (!Staged::kGrad || kGradGemm)),
+                "flex_backward_main_sm90: the warp-specialised form reduces staged gradients by selector GEMMs only");
   static_assert(!Staged::kDiag || kProducer, "flex_backward_main_sm90: a diagonal band is the producer warp's load");
 
   extern __shared__ __align__(1024) unsigned char flex_smem_sm90[];
@@ -257,8 +264,11 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   const flex_bwd::ColumnSchedule<kBlockM, kBlockN, kNThreads, S::kSchedBytes> sched(
       p, b, hkv, range0, smem + S::kOffSched, tid < kNThreads ? tid : 1 << 30, range0 + (kSpread ? flex_bwd_staged::kSpreadRange : kBlockN) - 1);
   const int total = sched.total;
-  if constexpr (S::kSelectorsInK) flex_bwd_staged::build_selectors<TileK, Element>(smem + S::kOffK, tid, kNThreads);
-  else if constexpr (kGradGemm) flex_bwd_staged::build_selectors<flex_bwd_staged::SelectorTiles, Element>(smem + S::kOffSelectors, tid, kNThreads);
+  // The selectors, by the consumer threads only (warp-specialised: their fence before the dQ barrier publishes them).
+  if (!kProducer || tid < kNThreads) {
+    if constexpr (S::kSelectorsInK) flex_bwd_staged::build_selectors<TileK, Element>(smem + S::kOffK, tid, kNThreads);
+    else if constexpr (kGradGemm) flex_bwd_staged::build_selectors<flex_bwd_staged::SelectorTiles, Element>(smem + S::kOffSelectors, tid, kNThreads);
+  }
 
   int pos = sched.next_pos(0);
   int head_in_group, m_block;  // of pos
@@ -267,6 +277,18 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   if constexpr (kProducer) {
     static_assert(kNThreads == flex_bwd_sm90::kConsumerThreads, "flex_backward_main_sm90: two consumer warpgroups");
     if (tid == 0) flex_bwd_sm90::init_barriers<S>(s_base);
+    if constexpr (!S::kKvByTma) {
+      // K and V once per CTA by the consumers' cp.async (spread rows, or K with spare regions for the selectors, which
+      // one TMA box does not describe), complete and fenced for the tensor cores before the barrier; the first
+      // tile's staged values with them.
+      if (tid < kNThreads) {
+        loads.load_kv();
+        if (pos < total) loads.load_staged(hkv * group + head_in_group, m_block * kBlockM, 0);
+      }
+      flex::cp_async_commit();
+      flex::cp_async_wait<0>();
+      flex::fence_proxy_async();
+    }
     __syncthreads();
     if (tid >= kNThreads) {
       flex::setmaxnreg_dec<flex_bwd_sm90::kProducerRegs>();
@@ -278,7 +300,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
       return;
     }
     flex::setmaxnreg_inc<flex_bwd_sm90::kConsumerRegs>();
-    if (pos < total) flex::mbarrier_wait(flex_bwd_sm90::kv_barrier<S>(s_base), 0);
+    if (S::kKvByTma && pos < total) flex::mbarrier_wait(flex_bwd_sm90::kv_barrier<S>(s_base), 0);
   } else {
     loads.load_kv();
     if (pos < total) loads.load_q_tile(head_in_group, m_block, 0);
@@ -314,6 +336,12 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     if constexpr (kProducer) {
       stage = st.index;
       ring.consumer_wait(st);  // the producer's Q, dO, lse2 and delta of this tile have landed
+      // The next tile's staged values into the other slot's regions (whose last readers, the previous tile's P step,
+      // all passed that tile's dQ barrier before this thread did), completed before this tile's dQ barrier publishes them.
+      if constexpr (Staged::kAny) {
+        if (pos_next < total) loads.load_staged(hkv * group + head_next, m_next * kBlockM, stage ^ 1);
+        flex::cp_async_commit();
+      }
     } else {
       // This stage's cp.async data visible to the tensor cores (async proxy) of every warp.
       flex::cp_async_wait<0>();
@@ -428,6 +456,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
         flex::fence_proxy_async();
         // With bulk rows, the writer warp must have read the previous tile's (a fresh barrier reads as released).
         if constexpr (kDqBulk) flex::mbarrier_wait(flex_bwd_sm90::dq_empty_barrier<S>(s_base), dq_phase ^ 1u);
+        if constexpr (Staged::kAny) flex::cp_async_wait<0>();  // the next tile's staged values, for every consumer
         flex::named_barrier_sync(flex_bwd_sm90::kBarDq, kNThreads);
       } else {
         if constexpr (kDqBulk) {

@@ -10,7 +10,7 @@
 //   Tile: buf[m0 + i][n0 / 64 + {0, 1}] for the CTA's two warpgroups (two 2-byte values per query row).
 //   Diag: buf[lead..., f(q - kv)] on the tile's diagonals d = q - kv from m0 - n0 - 127 on: 191 floats (a band of
 //         192) per ring slot, loaded by a band warp of the warp-specialised kernel (flex_bwd_sm90::load_bands:
-//         Variant::staged_diag, 0 past the buffer) and read per element at a constant offset from one base per thread (diag_base). Its gradient is
+//         Variant::staged_diag, 0 past the buffer) and read per element at a constant offset from one base per thread (st_diag in the kernel). Its gradient is
 //         the generic diagonal scatter.
 // Gradients: every warpgroup writes its dS^T (fp32) into a [64 q][68] plane; after the CTA barrier before dQ,
 // each thread sums 16 columns of one query row (four runs of 4, 16 apart) over both planes (Col: one vector

@@ -16,8 +16,9 @@
 # full192, full256 (forward); causal, full, causal96, causal64, causal80, causaldet (deterministic), alibi (slopes from a
 # buffer, no gradient), relbias / relbiasdet / relbias64 (the learnable bias[h, q - kv + Skv - 1] + causal, with its
 # gradient; deterministic; D64; relbiasng: without the gradient), kvbsoftcap (a softcap of score + a learnable per-KV
-# bias, full attention), slope / slopedet (learnable ALiBi slopes + causal), sam, samrt (SAM with a runtime
-# width W; backward).
+# bias, full attention), slope / slopedet (learnable ALiBi slopes + causal), sam / samdet / samng (SAM ViT-B with
+# rel_h / rel_w gradients; deterministic; without them), sam32 / sam80 / sam96 / sam128 (the same at other head dims:
+# B8 H12, B8 H16, B4 H16, B4 H16), samrt (SAM with a runtime width W; backward).
 set -uo pipefail
 builds=$1
 rounds=$2
@@ -84,6 +85,13 @@ backward_args() {
     kvbsoftcap) echo "--name kvb_softcap --score 30.0*tanh((score+kvb[kv])/30.0) --buffer kvb:f32[Skv] --grad kvb --shape 4,16,16,4096,4096,128" ;;
     relbias64) echo "--name relbias --score score+bias[h,q-kv+Skv-1] --buffer bias:f32[H,8191] --grad bias --mask q>=kv --shape 8,12,12,4096,4096,64" ;;
     sam) echo "--name sam_vitb --score score+rel_h[b,h,q,kv//64]+rel_w[b,h,q,kv%64] --buffer rel_h:bf16[B,H,Sq,64] --buffer rel_w:bf16[B,H,Sq,64] --grad rel_h --grad rel_w --shape 8,12,12,4096,4096,64" ;;
+    samdet) echo "--name sam_vitb --score score+rel_h[b,h,q,kv//64]+rel_w[b,h,q,kv%64] --buffer rel_h:bf16[B,H,Sq,64] --buffer rel_w:bf16[B,H,Sq,64] --grad rel_h --grad rel_w --deterministic --shape 8,12,12,4096,4096,64" ;;
+    samng) echo "--name sam_vitb_nograd --score score+rel_h[b,h,q,kv//64]+rel_w[b,h,q,kv%64] --buffer rel_h:bf16[B,H,Sq,64] --buffer rel_w:bf16[B,H,Sq,64] --shape 8,12,12,4096,4096,64" ;;
+    sam32|sam80|sam96|sam128)
+      local d=${1#sam} shape="8,12,12,4096,4096"
+      [ "$d" = 80 ] && shape="8,16,16,4096,4096"
+      [ "$d" = 128 ] || [ "$d" = 96 ] && shape="4,16,16,4096,4096"
+      echo "--name sam_d$d --score score+rel_h[b,h,q,kv//64]+rel_w[b,h,q,kv%64] --buffer rel_h:bf16[B,H,Sq,64] --buffer rel_w:bf16[B,H,Sq,64] --grad rel_h --grad rel_w --shape $shape,$d" ;;
     samrt) echo "--name samrt_vitb --score score+rel_h[b,h,q,kv//W]+rel_w[b,h,q,kv%W] --buffer rel_h:bf16[B,H,Sq,64] --buffer rel_w:bf16[B,H,Sq,64] --param W:int --set W=64 --grad rel_h --grad rel_w --shape 8,12,12,4096,4096,64" ;;
     *) echo "unknown backward case $1" >&2; return 1 ;;
   esac

@@ -260,8 +260,20 @@ TEST_CASE("the sm_90a backward of a module without buffer gradients is warp-spec
   CHECK(backward_kernel_source(ir, grad, ranges, bo).config.threads() == 256);
   CHECK_FALSE(make_source(ir, false, 128, false, "sm_80").config.warp_specialized);
   CHECK_FALSE(make_source(ir, false, 128, true, "sm_90a").config.warp_specialized);
-  // Staged terms (SAM's rel_h / rel_w) load and reduce through the 256-thread form's CTA barriers.
+  // Staged terms (SAM's rel_h / rel_w) with their gradients by selector GEMMs: warp-specialised, the consumers copying
+  // the staged blocks a tile ahead and K / V once (cp.async), Q / dO by TMA. Deterministic launches, and gradients
+  // through slabs (rel_w's alone), keep the 256-thread form.
   dsl::Spec sam = test::load_spec(backward_data_dir() / "sam_learnable.json");
+  for (int d : {64, 128}) {
+    INFO("SAM, head dim " << d);
+    BackwardKernelSource ss = make_source(build_spec_ir(sam), false, d, false, "sm_90a");
+    REQUIRE(ss.config.warp_specialized);
+    CHECK(ss.config.grad_gemm);
+    const std::string ptx = test::check_warp_specialized_ptx(ss.module);
+    CHECK(ptx.find("cp.async.cg.shared.global") != std::string::npos);
+  }
+  CHECK_FALSE(make_source(build_spec_ir(sam), true, 64, false, "sm_90a").config.warp_specialized);
+  for (dsl::BufferDecl& b : sam.buffers) b.requires_grad = b.name == "rel_w";
   CHECK_FALSE(make_source(build_spec_ir(sam), false, 64, false, "sm_90a").config.warp_specialized);
 }
 

@@ -150,8 +150,25 @@ TEST_CASE("the backward policy's warp specialisation: Hopper modules without sta
   f = plain;
   f.diagonal_scatter = true;  // a learnable bias: its reductions meet at the consumers' named barrier
   CHECK(flex_backward_policy(kFlexBackwardWgmma, 128, f).producer);
+  // Staged terms: warp-specialised without gradients, or with gradients by selector GEMMs (spread rows, bf16, both
+  // terms learnable); the planes and slabs of the other staged gradients need the 256-thread form's barriers.
   f = plain;
-  f.staged_col = true;
+  f.staged_col = f.staged_tile = true;
+  CHECK(flex_backward_policy(kFlexBackwardWgmma, 64, f).producer);
+  f.staged_grad = f.spread_rows = f.tile_term_grad = true;
+  CHECK(flex_backward_policy(kFlexBackwardWgmma, 64, f).grad_gemm);
+  CHECK(flex_backward_policy(kFlexBackwardWgmma, 64, f).producer);
+  f.deterministic = true;  // deterministic: the 256-thread form (measured faster)
+  CHECK_FALSE(flex_backward_policy(kFlexBackwardWgmma, 64, f).producer);
+  f.deterministic = false;
+  f.tile_term_grad = false;  // rel_w's gradient alone: the slabs
+  CHECK_FALSE(flex_backward_policy(kFlexBackwardWgmma, 64, f).producer);
+  f.tile_term_grad = true;
+  f.bf16 = false;  // fp16: the slabs' fp32 sums
+  CHECK_FALSE(flex_backward_policy(kFlexBackwardWgmma, 64, f).producer);
+  f = plain;
+  f.staged_col = f.staged_tile = f.staged_grad = true;  // rel_h's gradient without spread rows: the planes
+  f.tile_term_grad = true;
   CHECK_FALSE(flex_backward_policy(kFlexBackwardWgmma, 64, f).producer);
   f = plain;
   f.query_major = true;

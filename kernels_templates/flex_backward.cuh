@@ -8,6 +8,7 @@
 #include "flex_backward_schedule.cuh"
 #include "flex_mma.cuh"
 #include "flex_staged_rows.cuh"
+#include "flex_type_traits.cuh"
 
 // Tile configuration per head dim (the host mirrors it in compiler/codegen/backward_source.cpp):
 //
@@ -47,6 +48,21 @@ __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000u);
 __device__ __forceinline__ void cp_async_4(unsigned dst, const void* src, bool pred) {
   const int src_size = pred ? 4 : 0;
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_size));
+}
+
+// The bulk dQ layout (flex_backward_main_sm90 with kDqBulk): each dq_accum row's 8-column groups are permuted, group c
+// of the row at address `row` stored at group c ^ bulk_dq_group_xor(row). The Hopper kernel writes a query tile's
+// partial into unpadded shared rows in this order and sends the whole tile by one bulk reduction; the permutation keeps
+// the consumers' stores conflict-free. One store phase writes one group in each of kKeys consecutive rows (fp32: 4 rows
+// of 32 bytes, fixed point: 2 of 64), and rows are multiples of 128 bytes, so unpermuted those groups would share banks.
+// Keyed by the row's address rather than its index, so that a ragged view's shifted pointer cannot make the kernel
+// that writes the rows and the one that converts them disagree.
+template <class Value, int kHeadDim>
+__device__ __forceinline__ int bulk_dq_group_xor(const void* row) {
+  constexpr int kKeys = 128 / (8 * (int)sizeof(Value));
+  constexpr unsigned long long kRowBytes = kHeadDim * sizeof(Value);
+  static_assert((kHeadDim / 8) % kKeys == 0, "bulk_dq_group_xor: a row must hold whole sets of permuted groups");
+  return (int)(reinterpret_cast<unsigned long long>(row) / kRowBytes % kKeys);
 }
 
 // dQ accumulation of two adjacent columns: one 8-byte vector atomic on sm_90 (half the L2 atomic
@@ -169,7 +185,8 @@ __device__ __forceinline__ void flex_backward_preprocess(const FlexBackwardParam
 // dq = scale * dq_accum in q's dtype. grid = (ceil(Sq / 8), H, B), 256 threads. Each thread converts 8 consecutive
 // columns of one row: 32 bytes (fp32) or 64 (fixed point) loaded as 16-byte vectors and one 16-byte store where the row
 // allows it, so the pass streams near the DRAM rate (2-byte stores of one column per lane left it well below).
-template <class Element, int kHeadDim, bool kDeterministic>
+// kBulkLayout: the main kernel sent its partials by bulk reductions, whose rows hold their 8-column groups permuted.
+template <class Element, int kHeadDim, bool kDeterministic, bool kBulkLayout = false>
 __device__ __forceinline__ void flex_backward_dq(const FlexBackwardParams& p) {
   static_assert(kHeadDim % 8 == 0, "flex_backward_dq: head dims are multiples of 8");
   constexpr int kChunks = kHeadDim / 8;
@@ -177,10 +194,14 @@ __device__ __forceinline__ void flex_backward_dq(const FlexBackwardParams& p) {
   for (int i = threadIdx.x; i < 8 * kChunks; i += blockDim.x) {
     const int q = blockIdx.x * 8 + i / kChunks, c = i % kChunks;
     if (q >= p.seqlen_q) return;  // rows only grow with i
-    const long long at = (((long long)b * p.heads + h) * p.seqlen_q + q) * kHeadDim + c * 8;
+    using Value = typename flex::Conditional<kDeterministic, unsigned long long, float>::type;
+    const Value* row = static_cast<const Value*>(p.dq_accum) + (((long long)b * p.heads + h) * p.seqlen_q + q) * kHeadDim;
+    int group = c;
+    if constexpr (kBulkLayout) group ^= flex_bwd::bulk_dq_group_xor<Value, kHeadDim>(row);
+    const int at = group * 8;
     float v[8];
     if constexpr (kDeterministic) {
-      const ulonglong2* src = reinterpret_cast<const ulonglong2*>(static_cast<const unsigned long long*>(p.dq_accum) + at);
+      const ulonglong2* src = reinterpret_cast<const ulonglong2*>(row + at);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const ulonglong2 x = src[j];
@@ -188,7 +209,7 @@ __device__ __forceinline__ void flex_backward_dq(const FlexBackwardParams& p) {
         v[2 * j + 1] = (float)((double)(long long)x.y * (1.0 / 4294967296.0));
       }
     } else {
-      const float4* src = reinterpret_cast<const float4*>(static_cast<const float*>(p.dq_accum) + at);
+      const float4* src = reinterpret_cast<const float4*>(row + at);
       const float4 x = src[0], y = src[1];
       v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w, v[4] = y.x, v[5] = y.y, v[6] = y.z, v[7] = y.w;
     }

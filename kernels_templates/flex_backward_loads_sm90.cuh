@@ -155,26 +155,22 @@ template <class S>
 constexpr int kOffDqRowsSlot = S::kOffBars + 16 * S::kStages + 32;
 
 // The dQ writer warp (kDqBulk), started when the CTA has a tile: per tile, waits until the consumers have written the
-// tile's dQ rows and their slot, sends the rows to dq_accum by one bulk reduction each, and frees them for the next
-// tile once read. It reads the rows' place from the slot (by shared-memory address: nothing live across the
-// producer warpgroup's register cut that the producer warp does not hold too) rather than walking the schedule.
+// tile's dQ rows and their slot, sends the rows to dq_accum by one bulk reduction, and frees them for the next tile
+// once read. One reduction per tile rather than per row: issuing 64 per tile made this warp the loop's bottleneck
+// (docs/notes/BACKWARD_SM90.md). It reads the rows' place from the slot (by shared-memory address: nothing live
+// across the producer warpgroup's register cut that the producer warp does not hold too) rather than walking the
+// schedule.
 template <class S, bool kFixed>
 __device__ __forceinline__ void write_dq(void* dq_accum, unsigned s_base, int lane) {
-  constexpr int kHeadDim = S::kHeadDim;
   using Value = typename S::DqValue;
   for (unsigned phase = 0;; phase ^= 1u) {
     flex::mbarrier_wait(dq_full_barrier<S>(s_base), phase);
     DqRowsSlot t;
     asm volatile("ld.shared.v2.b64 {%0, %1}, [%2];\n" : "=l"(t.row0), "=l"(*reinterpret_cast<long long*>(&t.rows)) : "r"(s_base + kOffDqRowsSlot<S>) : "memory");
-#pragma unroll
-    for (int i = 0; i < S::kBlockM / 32; ++i) {
-      const int r = lane + 32 * i;
-      if (r < t.rows) {
-        Value* dst = static_cast<Value*>(dq_accum) + (t.row0 + r) * kHeadDim;
-        const unsigned src = s_base + S::kOffDqBuf + r * S::kDqRowBytes;
-        if constexpr (kFixed) flex::bulk_reduce_add_u64(dst, src, kHeadDim * 8);
-        else flex::bulk_reduce_add_f32(dst, src, kHeadDim * 4);
-      }
+    if (lane == 0) {
+      Value* dst = static_cast<Value*>(dq_accum) + t.row0 * S::kHeadDim;
+      if constexpr (kFixed) flex::bulk_reduce_add_u64(dst, s_base + S::kOffDqBuf, t.rows * S::kDqRowBytes);
+      else flex::bulk_reduce_add_f32(dst, s_base + S::kOffDqBuf, t.rows * S::kDqRowBytes);
     }
     flex::bulk_commit();
     flex::bulk_wait_read();
@@ -273,17 +269,16 @@ struct CpAsyncLoads {
 };
 
 // The 256-thread form's bulk dQ rows (kDqBulk without the writer warp): the query tile whose rows sit in shared
-// memory, sent by threads 0..63 (row tid) after the next tile's first barrier, which follows the rows' stores and fences.
+// memory, sent by thread 0 after the next tile's first barrier, which follows the rows' stores and fences.
 template <class S, bool kFixed>
 struct PendingDqRows {
   long long row_base = -1;  // dq_accum row of the tile's first row; -1: none pending
   int rows = 0;
   __device__ __forceinline__ void send(void* dq_accum, unsigned s_base, int tid) {
-    if (row_base >= 0 && tid < rows) {
-      const unsigned src = s_base + S::kOffDqBuf + tid * S::kDqRowBytes;
-      const long long row = (row_base + tid) * S::kHeadDim;
-      if constexpr (kFixed) flex::bulk_reduce_add_u64(static_cast<unsigned long long*>(dq_accum) + row, src, S::kHeadDim * 8);
-      else flex::bulk_reduce_add_f32(static_cast<float*>(dq_accum) + row, src, S::kHeadDim * 4);
+    if (row_base >= 0 && tid == 0) {
+      const long long at = row_base * S::kHeadDim;
+      if constexpr (kFixed) flex::bulk_reduce_add_u64(static_cast<unsigned long long*>(dq_accum) + at, s_base + S::kOffDqBuf, rows * S::kDqRowBytes);
+      else flex::bulk_reduce_add_f32(static_cast<float*>(dq_accum) + at, s_base + S::kOffDqBuf, rows * S::kDqRowBytes);
       flex::bulk_commit();
     }
     row_base = -1;

@@ -75,7 +75,7 @@ constexpr int flex_backward_smem_bytes(const FlexBackwardPolicy& p, const FlexBa
   const bool selectors_in_k = 2 * ((d / 2 + region_cols - 1) / region_cols * region_cols) == d;
   if (f.staged_grad && grad_gemm) bytes += selectors_in_k ? 2 * n * p.swizzle_bytes : 2 * n * 16 * 2 + 1024;
   else if (f.staged_grad) bytes += f.spread_rows ? 8 * m * 20 * 4 + 8 * (m + 4) * 4 : 2 * m * 68 * 4;
-  if (dq_bulk) bytes += f.deterministic ? m * (d + 2) * 8 : m * (d + 8) * 4;  // fixed point, or fp32
+  if (dq_bulk) bytes += m * d * (f.deterministic ? 8 : 4);  // fixed point, or fp32
   return bytes + 1024;
 }
 

@@ -85,14 +85,12 @@ struct Smem {
   static constexpr int kOffStTile = kOffStGrad + (Staged::kGrad ? kGradBytes : 0);  // [stages] Tile values
   static constexpr int kOffStDiag = kOffStTile + (Staged::kTile ? kStages * Staged::kTileStageBytes : 0);  // [stages] Diag bands
   static constexpr int kOffDqBuf = kOffStDiag + (Staged::kDiag ? kStages * flex_bwd_staged::kDiagBytes : 0);  // dQ partial rows
-  // kDqBulk: the CTA's dQ partial of a query tile, sent to dq_accum by one bulk reduction per row: [64 q][D + 8] fp32
-  // (rows 16-byte aligned; the 8 floats of padding make the accumulator-layout float2 stores conflict-free), or with
-  // kDqFixed (deterministic launches) [64 q][D + 2] 64-bit fixed point, whose integer sums do not depend on the order
-  // the CTAs' reductions arrive in. Two values of padding keep the rows 16-byte aligned; more would not fit next to
-  // D128's tiles (the 16-byte stores of two rows then share banks: two cycles instead of one, once per tile).
+  // kDqBulk: the CTA's dQ partial of a query tile, sent to dq_accum by one bulk reduction: [64 q][D] fp32, or with
+  // kDqFixed (deterministic launches) 64-bit fixed point, whose integer sums do not depend on the order the CTAs'
+  // reductions arrive in. Unpadded, so that the tile's rows are as contiguous as dq_accum's; their 8-column groups
+  // are permuted instead (flex_bwd::bulk_dq_group_xor), which keeps the stores conflict-free.
   using DqValue = typename flex::Conditional<kDqFixed, unsigned long long, float>::type;
-  static constexpr int kDqRowValues = kHeadDim + (kDqFixed ? 2 : 8);
-  static constexpr int kDqRowBytes = kDqRowValues * (int)sizeof(DqValue);
+  static constexpr int kDqRowBytes = kHeadDim * (int)sizeof(DqValue);
   static constexpr int kBytes = kOffDqBuf + (kDqBulk ? kBlockM * kDqRowBytes : 0);
   // What the launch must give: 1 KB of slack, so the tiles can start on a 1024-byte boundary (the swizzle
   // XOR acts on absolute address bits) whatever the base of dynamic shared memory.
@@ -174,10 +172,11 @@ __device__ __forceinline__ void store_dk_dv(const FlexBackwardParams& p, const f
 // dynamic shared memory = flex_bwd_sm90::Smem<Traits, Variant, kDqBulk, kGradGemm, kDqBulk && kDeterministic, kProducer>::kAllocBytes.
 // Traits = FlexBackwardTraits<D, Element>.
 // kDq = false: dQ is left to another pass (no dS^T store, no dQ GEMM, no dQ atomics).
-// kDqBulk: dQ partials are added to dq_accum by bulk reductions (cp.reduce.async.bulk, one per query row, issued
-// by threads 0..63 after the next tile's first barrier) instead of atomics from the accumulators, so that no warp
-// waits for its reductions' registers to drain. Deterministic launches reduce 64-bit fixed point (one bulk
-// integer reduction per row instead of one 64-bit atomic per element): the same bits whatever the order.
+// kDqBulk: dQ partials are added to dq_accum by bulk reductions (cp.reduce.async.bulk, one per query tile, issued
+// by the dQ writer warp, or by thread 0 after the next tile's first barrier) instead of atomics from the
+// accumulators, so that no warp waits for its reductions' registers to drain. Deterministic launches reduce 64-bit
+// fixed point (one bulk integer reduction per tile instead of one 64-bit atomic per element): the same bits whatever
+// the order.
 // kGradGemm: spread rows' staged gradients by selector GEMMs on the dS^T tile (flex_backward_staged.cuh); needs bf16
 // and d_score = 1, where that tile holds the terms' gradient, and a gradient of both terms (one GEMM per warpgroup).
 // kProducer: warp-specialised, block = 384. Warpgroups 0 and 1 compute as above; warpgroup 2 gives its registers
@@ -460,7 +459,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
         flex::named_barrier_sync(flex_bwd_sm90::kBarDq, kNThreads);
       } else {
         if constexpr (kDqBulk) {
-          if (tid < kBlockM) flex::bulk_wait_read();
+          if (tid == 0) flex::bulk_wait_read();  // the thread that issued them (PendingDqRows)
         }
         flex::fence_proxy_async();
         __syncthreads();
@@ -546,7 +545,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     flex::fence_proxy_async();
     __syncthreads();
     pending.send(p.dq_accum, s_base, tid);
-    if (tid < kBlockM) flex::bulk_wait();
+    if (tid == 0) flex::bulk_wait();
   }
 
   const int g = lane / 4, t4 = lane % 4;

@@ -154,8 +154,8 @@ __device__ __forceinline__ void store_ds_t(unsigned char* smem, const unsigned (
 // dQ (unscaled) += dS K for this warpgroup's kN columns from kCol0 (the caller has fenced dS^T into the async
 // proxy and synchronised the CTA); runs `overlap` while the GEMM is in flight, waits for every wgmma group of the
 // warpgroup, then adds into the accumulator.
-// kBulk: the partial goes into the CTA's dQ rows in shared memory (`dq_buf`, row q - m0) instead, for the bulk
-// reduction at the top of the next query tile.
+// kBulk: the partial goes into the CTA's dQ rows in shared memory (`dq_buf`, row q - m0, in the bulk layout of
+// flex_bwd::bulk_dq_group_xor) instead, for the tile's bulk reduction.
 // Layout::kSelectorCols = 16 (kGradGemm): the GEMM runs on into K's spare region after the warpgroup's columns, whose
 // first 16 columns hold its selector (flex_backward_staged.cuh); those 16 columns of the product, the staged
 // gradient sums, go to `sel` (the m64n16 accumulator layout). One GEMM instead of a second one over the same dS^T
@@ -185,14 +185,18 @@ __device__ __forceinline__ void dq_block(const FlexBackwardParams& p, unsigned s
   }
   if constexpr (kBulk) {
     using Value = typename Layout::DqValue;
+    static_assert(kN % 8 == 0 && Layout::kDqN0 % 8 == 0, "dq_block: bulk dQ rows permute whole 8-column groups");
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      Value* row = static_cast<Value*>(dq_buf) + (q_row0 + half * 8 - m0) * Layout::kDqRowValues + col0 + 2 * t4;
+      const int q = q_row0 + half * 8;
+      const int key = flex_bwd::bulk_dq_group_xor<Value, kHeadDim>(static_cast<Value*>(p.dq_accum) + (row_base + q) * kHeadDim);
+      Value* row = static_cast<Value*>(dq_buf) + (q - m0) * kHeadDim + 2 * t4;
 #pragma unroll
       for (int i = 0; i < kN / 8; ++i) {
         const float a = acc[4 * i + 2 * half], c = acc[4 * i + 2 * half + 1];
-        if constexpr (kDeterministic) *reinterpret_cast<ulonglong2*>(row + i * 8) = make_ulonglong2(flex_bwd::to_fixed(a), flex_bwd::to_fixed(c));
-        else *reinterpret_cast<float2*>(row + i * 8) = make_float2(a, c);
+        Value* at = row + ((col0 / 8 + i) ^ key) * 8;
+        if constexpr (kDeterministic) *reinterpret_cast<ulonglong2*>(at) = make_ulonglong2(flex_bwd::to_fixed(a), flex_bwd::to_fixed(c));
+        else *reinterpret_cast<float2*>(at) = make_float2(a, c);
       }
     }
   } else if constexpr (!kDeterministic) {

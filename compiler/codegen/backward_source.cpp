@@ -198,8 +198,9 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
          : fmt::format("extern \"C\" __global__ void __launch_bounds__(256)\n"
                        "{name}(const FlexBackwardParams p) {{\n"
                        "{view}"
-                       "  flex_backward_dq<{el}, {d}, {det}>({pv});\n}}\n\n",
+                       "  flex_backward_dq<{el}, {d}, {det}, /*kBulkLayout=*/{bulk}>({pv});\n}}\n\n",
                        fmt::arg("d", options.head_dim), fmt::arg("el", element), fmt::arg("name", kBwdDqEntry), fmt::arg("det", det),
+                       fmt::arg("bulk", out.config.hopper && out.config.dq_bulk),
                        fmt::arg("view", ragged_view("blockIdx.z", "blockIdx.x * 8", "-1", "false")), fmt::arg("pv", ragged ? "s" : "p"));
   ks.source = fmt::format(
       "// flexjit backward kernels for spec `{spec}`: head dim {d}, {el}{detc}{qmc}.\n"

@@ -105,9 +105,9 @@ TEST_CASE("the backward policy's dQ choices: bulk rows from head dim 96, fixed-p
   FlexBackwardFeatures det_bias = bias;
   det_bias.deterministic = true;
   CHECK(flex_backward_policy(kFlexBackwardWgmma, 128, det_bias).dq_bulk);
-  // fp32 rows are 544 bytes at D128, fixed-point ones 1040: the host's count follows.
+  // Unpadded rows: fp32 ones are 512 bytes at D128, fixed-point ones 1024: the host's count follows.
   CHECK(flex_backward_policy(kFlexBackwardWgmma, 128, det).smem_bytes - flex_backward_policy(kFlexBackwardWgmma, 128, plain).smem_bytes ==
-        64 * (1040 - 544));
+        64 * (1024 - 512));
   CHECK_FALSE(flex_backward_prefers_query_major(kFlexBackwardMmaSync, 128, det, false));
   CHECK_FALSE(flex_backward_prefers_query_major(kFlexBackwardWgmma, 128, plain, false));
   // SAM at D64 keeps its fixed-point rows next to the staged tiles; at D128 they do not fit, and the query-major pass

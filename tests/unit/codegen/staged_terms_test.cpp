@@ -170,7 +170,7 @@ TEST_CASE("staged terms: only the Hopper kernel of an atomic module stages, and 
     od.head_dim = oq.head_dim = d;
     CHECK(backward_kernel_source(b.ir, b.grad, b.ranges, od).config.shared_bytes() ==
           backward_kernel_source(b.ir, b.grad, b.ranges, oq).config.shared_bytes() + 2 * 64 * 64 * 2 + 2 * 64 * 8 * 2 + 2 * 128 * 16 * 2 + 1024 +
-              (d == 96 ? 64 * 104 * 4 : 0));
+              (d == 96 ? 64 * 96 * 4 : 0));
   }
   BackwardConfig slabs = src.config;
   slabs.grad_gemm = false;

@@ -16,6 +16,9 @@ struct BoundValues {
   std::vector<int64_t> symbols;     // by CheckedSpec::symbols index (0 where unbound and not required)
   std::vector<bool> symbol_bound;
   std::vector<Value> params;        // by spec param index; const params hold their value
+  // Launches only (runtime::bind_launch): bit i set when buffer i's last dimension has stride 1 (or extent 1), so
+  // that the kernel may index it without that stride (VariantOptions::unit_inner_stride).
+  uint64_t unit_inner_stride = 0;
 };
 
 // Typed inputs of a binding (the launch path fills these directly, without text).

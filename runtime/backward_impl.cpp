@@ -248,6 +248,7 @@ void KernelImpl::backward_gpu(const BackwardArgs& a, const RaggedBatch* ragged) 
   bo.ragged = ragged != nullptr;
   bo.variant.int32 = choice.int32;
   bo.variant.checked_loads = choice.checked_loads;
+  bo.variant.unit_inner_stride = choice.unit_inner_stride;
   bo.variant.error_flags = options_.checked;
   bo.shard_positions = shard;
   // Auto: the query-major pass only for a row-owned scatter the atomic module's kernel does not stage (SAM's

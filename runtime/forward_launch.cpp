@@ -190,12 +190,17 @@ BoundValues bind_launch(const dsl::CheckedSpec& cs, const LaunchShape& s, const 
   }
   in.buffer_shapes.reserve(buffers.size());
   for (const Tensor& t : buffers) in.buffer_shapes.emplace_back(t.shape);
-  return bind_typed(cs, in, /*require_all=*/true);
+  BoundValues values = bind_typed(cs, in, /*require_all=*/true);
+  for (size_t i = 0; i < buffers.size() && i < 64; ++i) {
+    const Tensor& t = buffers[i];
+    if (!t.shape.empty() && (t.shape.back() == 1 || t.stride(t.shape.size() - 1) == 1)) values.unit_inner_stride |= 1ull << i;
+  }
+  return values;
 }
 
 std::string VariantChoice::key() const {
-  std::string k = fmt::format("i{}_c{:x}{}_s{}{}", int32 ? 32 : 64, checked_loads, tma ? "" : "_notma", static_cast<int>(runtime_split),
-                              shard ? "_shard" : "");
+  std::string k = fmt::format("i{}_c{:x}_u{:x}{}_s{}{}", int32 ? 32 : 64, checked_loads, unit_inner_stride, tma ? "" : "_notma",
+                              static_cast<int>(runtime_split), shard ? "_shard" : "");
   for (const auto& [index, value] : specialized) k += fmt::format("_p{}={}", index, value);
   return k;
 }
@@ -212,6 +217,7 @@ VariantChoice choose_variant(const RangeInfo& ranges, const dsl::CheckedSpec& cs
     if (!evaluate(lc.obligation, env).b) c.checked_loads |= 1ull << i;
   }
   if (ranges.int32_obligation) c.int32 = evaluate(ranges.int32_obligation, env).b;
+  c.unit_inner_stride = values.unit_inner_stride;
   return c;
 }
 

@@ -59,6 +59,7 @@ BoundValues bind_launch(const dsl::CheckedSpec& cs, const LaunchShape& shape, co
 struct VariantChoice {
   uint64_t checked_loads = 0;
   bool int32 = true;
+  uint64_t unit_inner_stride = 0;  // BoundValues::unit_inner_stride
   // The warp-specialised forward may run (ForwardKernelOptions::tma_describable): false when tensor maps cannot
   // describe the launch's q, k and v (runtime/tensor_maps.h).
   bool tma = true;

@@ -475,6 +475,7 @@ ForwardKernelOptions KernelImpl::forward_options(const runtime::VariantChoice& c
   fo.arch = arch;
   fo.variant.int32 = choice.int32;
   fo.variant.checked_loads = choice.checked_loads;
+  fo.variant.unit_inner_stride = choice.unit_inner_stride;
   fo.variant.error_flags = options_.checked;
   fo.tma_describable = choice.tma;
   fo.shard_positions = choice.shard;

@@ -254,8 +254,9 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
                                                : std::string()));
   const VariantOptions& vo = options.variant;
   ks.key_text = fmt::format(
-      "kind=backward\ndtype={}\nconfig={}\ndeterministic={}\ndq={}\nint32={}\nchecked_loads={:x}\nerror_flags={}\nfast_tanh={}\n{}{}",
+      "kind=backward\ndtype={}\nconfig={}\ndeterministic={}\ndq={}\nint32={}\nchecked_loads={:x}\nunit_inner_stride={:x}\nerror_flags={}\nfast_tanh={}\n{}{}",
       dsl::dtype_name(options.dtype), out.config.str(), options.deterministic, qm ? "query_major" : "atomic", vo.int32, vo.checked_loads,
+      vo.unit_inner_stride,
       vo.error_flags, vo.fast_tanh, shard ? "shard_positions=1\n" : "", ragged ? "ragged=1\n" : "");
   return out;
 }

@@ -396,7 +396,8 @@ class CudaEmitter {
       std::string i = checked ? fmt::format("fj::checked_index((long long){}, p.{}_n{}, {}, {}u)", k[d], f, d,
                                             opt_.error_flags ? "p.error_flags" : "nullptr", bit)
                               : fmt::format("(long long){}", k[d]);
-      off += fmt::format("{}{} * p.{}_s{}", d ? " + " : "", i, f, d);
+      const bool unit = d + 1 == k.size() && l->buffer < 64 && ((opt_.unit_inner_stride >> l->buffer) & 1);
+      off += unit ? fmt::format("{}{}", d ? " + " : "", i) : fmt::format("{}{} * p.{}_s{}", d ? " + " : "", i, f, d);
     }
     if (idx >= 0 && sites.size() > static_cast<size_t>(idx)) {
       LoadSite& s = sites[idx];

@@ -65,8 +65,8 @@ KernelSource decode_kernel_source(const SpecIR& ir, const RangeInfo& ranges, con
       tiles.empty() ? "" : "#include \"flex_decode_tiles.cuh\"\n", ks.variant.code, c.head_dim, c.m_tiles, c.stages, element,
       c.alternate ? "true" : "false", kv_element, c.shared_bytes(), kDecodeEntry, kDecodeCombineEntry, c.head_dim,
       element, tiles);
-  ks.key_text = fmt::format("kind=decode\ndtype={}\nconfig={}\nint32={}\nchecked_loads={:x}\nerror_flags={}\nhoist={}\nfast_tanh={}\ntiles={}\n",
-                            dsl::dtype_name(options.dtype), c.str(), vo.int32, vo.checked_loads, vo.error_flags, vo.hoist, vo.fast_tanh,
+  ks.key_text = fmt::format("kind=decode\ndtype={}\nconfig={}\nint32={}\nchecked_loads={:x}\nunit_inner_stride={:x}\nerror_flags={}\nhoist={}\nfast_tanh={}\ntiles={}\n",
+                            dsl::dtype_name(options.dtype), c.str(), vo.int32, vo.checked_loads, vo.unit_inner_stride, vo.error_flags, vo.hoist, vo.fast_tanh,
                             tiles.empty() ? 0 : 1);
   return ks;
 }

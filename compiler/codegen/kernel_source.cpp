@@ -113,9 +113,9 @@ KernelSource forward_module(const SpecIR& ir, const RangeInfo& ranges, const For
       ks.config.warp_specialized ? "flex_forward_kernel_sm90.cuh" : "flex_forward.cuh",
       !block_mask.empty() ? "#include \"flex_blockmask.cuh\"\n" : "", ks.variant.code,
       classifier, forward_entry(ks.config, element, ks.entries[0].c_str(), varlen, varlen && mask_box), block_mask, widen);
-  ks.key_text = fmt::format("kind={}\ndtype={}\nconfig={}\nint32={}\nchecked_loads={:x}\nerror_flags={}\nhoist={}\nfast_tanh={}\n{}",
+  ks.key_text = fmt::format("kind={}\ndtype={}\nconfig={}\nint32={}\nchecked_loads={:x}\nunit_inner_stride={:x}\nerror_flags={}\nhoist={}\nfast_tanh={}\n{}",
                             varlen ? "forward_varlen" : "forward", dsl::dtype_name(options.dtype), ks.config.str(), vo.int32,
-                            vo.checked_loads, vo.error_flags, vo.hoist, vo.fast_tanh, shard ? "shard_positions=1\n" : "");
+                            vo.checked_loads, vo.unit_inner_stride, vo.error_flags, vo.hoist, vo.fast_tanh, shard ? "shard_positions=1\n" : "");
   if (fp8_kv) ks.key_text += fmt::format("fp8_kv={}\n", dsl::dtype_name(*options.fp8_kv));
   return ks;
 }

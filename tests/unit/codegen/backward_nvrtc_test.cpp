@@ -206,8 +206,9 @@ TEST_CASE("bulk dQ reductions: the Hopper kernel in fp32 from head dim 96 (with 
   BackwardKernelSource c128_det = config(nullptr, "q >= kv", {}, {}, 128, true, "sm_90a");  // deterministic: fixed point
   CHECK(c128_det.config.dq_bulk);
   CHECK(c128_det.module.source.find("flex_bwd_sm90::Smem<FlexBwdTraits, FlexGradVariant, true, false, true, true>") != std::string::npos);
-  // [64][D + 8] fp32 rows or [64][D + 2] 64-bit fixed-point ones on top of the same tiles.
-  CHECK(c128.config.shared_bytes() - 64 * 136 * 4 == c128_det.config.shared_bytes() - 64 * 130 * 8);
+  // [64][D] fp32 rows or [64][D] 64-bit fixed-point ones on top of the same tiles, unpadded (bulk_dq_group_xor).
+  CHECK(c128.config.shared_bytes() - 64 * 128 * 4 == c128_det.config.shared_bytes() - 64 * 128 * 8);
+  CHECK(c128.module.source.find("/*kBulkLayout=*/true") != std::string::npos);
   CHECK(config(nullptr, "q >= kv", {}, {}, 96, false, "sm_90a").config.dq_bulk);
   CHECK(!config(nullptr, "q >= kv", {}, {}, 64, false, "sm_90a").config.dq_bulk);  // slower than the atomics there
   CHECK(config(nullptr, "q >= kv", {}, {}, 64, true, "sm_90a").config.dq_bulk);    // faster than 64-bit atomics

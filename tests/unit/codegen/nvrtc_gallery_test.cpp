@@ -2,6 +2,7 @@
 // without a GPU. Results go through the build tree's kernel cache, so one test run
 // compiles each kernel once and a rerun is fast.
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include "compiler/codegen/kernel_source.h"
 #include "compiler/ir_report.h"
@@ -102,6 +103,32 @@ TEST_CASE("the fully checked and 64-bit variants compile too", "[nvrtc]") {
   CHECK(ks.source.find("fj::checked_index") != std::string::npos);
   runtime::CacheLookup r = runtime::compile_kernel(ks, canonical_ir_text(ir), "sm_80");
   CHECK(r.artefact->binary.size() > 1000);
+}
+
+TEST_CASE("modules for buffers with a unit last stride index them without it, are keyed apart and compile", "[nvrtc]") {
+  for (const char* name : {"relative_bias.json", "sam_relpos.json"}) {
+    dsl::Spec spec = test::load_spec(test::gallery_dir() / name);
+    SpecIR ir = build_spec_ir(spec);
+    const std::string last_stride = fmt::format("p.buf_{}_s{}", spec.buffers[0].name, spec.buffers[0].shape.size() - 1);
+    ForwardKernelOptions fo;
+    fo.dtype = spec.dtype;
+    fo.head_dim = spec.head_dim;
+    for (const char* arch : {"sm_80", "sm_90a"}) {
+      INFO(spec.name << " for " << arch);
+      fo.arch = arch;
+      fo.variant.unit_inner_stride = 0;
+      const KernelSource strided = forward_kernel_source(ir, analyze_ir_ranges(ir), fo);
+      fo.variant.unit_inner_stride = 1;  // the first buffer only
+      const KernelSource unit = forward_kernel_source(ir, analyze_ir_ranges(ir), fo);
+      CHECK(strided.source.find(last_stride + ")") != std::string::npos);
+      CHECK(unit.source.find(last_stride + ")") == std::string::npos);
+      CHECK(unit.key_text != strided.key_text);
+      if (spec.buffers.size() > 1) CHECK(unit.source.find(fmt::format("p.buf_{}_s3)", spec.buffers[1].name)) != std::string::npos);
+      runtime::CacheLookup r = runtime::compile_kernel(unit, canonical_ir_text(ir), arch);
+      REQUIRE(r.artefact);
+      CHECK(r.artefact->binary.size() > 1000);
+    }
+  }
 }
 
 TEST_CASE("shard modules (context parallelism) compile for both kernels, named apart from whole-sequence modules", "[nvrtc]") {

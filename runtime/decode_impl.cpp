@@ -239,7 +239,7 @@ KernelImpl::DecodeModule& KernelImpl::decode_module(const runtime::VariantChoice
     o.config = cfg;
     o.variant.int32 = choice.int32;
     o.variant.checked_loads = choice.checked_loads;
-  o.variant.unit_inner_stride = choice.unit_inner_stride;
+    o.variant.unit_inner_stride = choice.unit_inner_stride;
     o.variant.error_flags = options_.checked;
     m->var.source = decode_kernel_source(ir_, decode_state_->ranges, o);
     load_library(m->var, info.arch);

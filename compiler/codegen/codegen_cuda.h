@@ -20,7 +20,7 @@ struct VariantOptions {
   uint64_t checked_loads = 0;   // bit i set: conditional load i (RangeInfo::loads order) failed its obligation: emit it checked
   // Bit i set: buffer i's last stride is 1 at this launch, so its loads add the last index unscaled. Elementwise buffer
   // reads are the forward's per-element cost: without the 64-bit multiply by a runtime stride, the loads of one row
-  // share one address and differ by immediates (the learnable bias forward 5% faster, a per-KV bias under a softcap 8%).
+  // share one address and differ by immediates (docs/notes/KERNEL_NOTES.md, buffer loads without the last stride).
   uint64_t unit_inner_stride = 0;
   bool error_flags = true;      // checked mode: clamped loads and zero divisors set bits in the error word
   bool hoist = true;            // hoist row / column / tile invariant values

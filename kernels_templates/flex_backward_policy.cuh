@@ -94,8 +94,8 @@ constexpr int flex_backward_smem_bytes(const FlexBackwardPolicy& p, const FlexBa
 //   - warp specialisation (a producer warpgroup with 24 registers streams Q, dO by TMA and lse2, delta by its lanes; a
 //     writer warp sends the bulk dQ rows; the two consumer warpgroups get 240 registers and meet only at named
 //     barriers, the scatters' reductions included) wherever the operands have tensor maps and no staged gradient
-//     needs the 256-thread form's CTA-wide barriers (its planes and slabs; selector GEMMs need none); staged terms
-//     of deterministic launches keep the 256-thread form (SAM ViT-B measured 6.33 -> 6.57 ms warp-specialised);
+//     needs the 256-thread form's CTA-wide barriers (its planes and slabs; selector GEMMs need none), deterministic
+//     launches included (their ordered dQ writer is the same warp either way);
 //   - selector GEMMs for spread rows' staged gradients when dS^T is their gradient (bf16, d_score = 1; fp16 would lose
 //     small dS bits the fp32 slabs keep) and the kv // 64 term has one, so each warpgroup runs one selector GEMM
 //     (with rel_w's gradient alone warpgroup 0 would do all of it while the slabs use all eight warps).
@@ -116,7 +116,7 @@ constexpr FlexBackwardPolicy flex_backward_policy(int kind, int head_dim, FlexBa
   p.qmajor_stages = big ? 1 : 2;
   const bool wgmma = kind == kFlexBackwardWgmma;
   p.grad_gemm = wgmma && f.spread_rows && f.tile_term_grad && f.bf16 && f.d_score_is_one;
-  const bool staged_ok = !(f.staged_col || f.staged_tile) || (!f.deterministic && (!f.staged_grad || p.grad_gemm));
+  const bool staged_ok = !(f.staged_col || f.staged_tile) || !f.staged_grad || p.grad_gemm;
   p.producer = wgmma && !f.query_major && f.tma_operands && staged_ok;
   constexpr int kDqBulkMinHeadDim = 96;
   constexpr int kSm90MaxDynamicShared = 227 * 1024;  // the opt-in limit per block

@@ -158,8 +158,8 @@ TEST_CASE("the backward policy's warp specialisation: Hopper modules without sta
   f.staged_grad = f.spread_rows = f.tile_term_grad = true;
   CHECK(flex_backward_policy(kFlexBackwardWgmma, 64, f).grad_gemm);
   CHECK(flex_backward_policy(kFlexBackwardWgmma, 64, f).producer);
-  f.deterministic = true;  // deterministic: the 256-thread form (measured faster)
-  CHECK_FALSE(flex_backward_policy(kFlexBackwardWgmma, 64, f).producer);
+  f.deterministic = true;  // deterministic too: the ordered dQ writer is the producer's warp
+  CHECK(flex_backward_policy(kFlexBackwardWgmma, 64, f).producer);
   f.deterministic = false;
   f.tile_term_grad = false;  // rel_w's gradient alone: the slabs
   CHECK_FALSE(flex_backward_policy(kFlexBackwardWgmma, 64, f).producer);

@@ -113,6 +113,8 @@ def main():
          + causal_flags),
         ("learnable_slope", B, H, S, D, "slope", causal,
          ["--score", "score + slope[h] * (kv - q)", "--buffer", "slope: f32[H]", "--grad", "slope", "--name", "learnable_slope"] + causal_flags),
+        ("causal_d192", B, H, S, 192, None, causal, causal_flags + ["--name", "causal_d192"]),
+        ("causal_d256", B, H, S, 256, None, causal, causal_flags + ["--name", "causal_d256"]),
         ("sam_vitb_rel_grads", 8, 12, S, 64, "sam", None,
          ["--score", "score + rel_h[b, h, q, kv // 64] + rel_w[b, h, q, kv % 64]", "--buffer", "rel_h: bf16[B, H, Sq, 64]", "--buffer",
           "rel_w: bf16[B, H, Sq, 64]", "--grad", "rel_h", "--grad", "rel_w", "--name", "sam_vitb"]),
@@ -163,7 +165,7 @@ def main():
             row["flex_note"] = ANCHOR_NOTES[name]
         else:
             time_flex(row, q, k, v, do, sm, mask_mod, s)
-        if name == "causal":
+        if name.startswith("causal"):
             time_dense(row, q, k, v, do, fa4)
         del q, k, v, do
         torch.cuda.empty_cache()

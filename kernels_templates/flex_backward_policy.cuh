@@ -46,11 +46,18 @@ struct FlexBackwardPolicy {
   int qmajor_block_m, qmajor_block_n, qmajor_warps, qmajor_stages;
 };
 
-// The main kernel: wgmma on sm_90a up to head dim 128 (192 and 256 keep mma.sync; FlashAttention-3's tiles for them
-// are in docs/notes/BACKWARD_SM90.md), mma.sync otherwise.
-constexpr int flex_backward_kind(bool hopper_arch, int head_dim) {
-  return hopper_arch && head_dim <= 128 && head_dim % 16 == 0 ? kFlexBackwardWgmma : kFlexBackwardMmaSync;
+// The main kernel: wgmma on sm_90a, mma.sync otherwise. Head dims 192 and 256 take wgmma in the head-dim split form
+// (flex_backward_sm90.cuh, kSplitD: the two warpgroups share 64 KV rows and each keeps half of dK / dV), which is
+// warp-specialised only and has no scatters or staged terms; `split_ok` says the module has none of those and its
+// operands have TMA tensor maps with dQ in the main kernel, else those head dims keep mma.sync.
+constexpr int flex_backward_kind(bool hopper_arch, int head_dim, bool split_ok = true) {
+  if (!hopper_arch || head_dim % 16 != 0) return kFlexBackwardMmaSync;
+  if (head_dim <= 128) return kFlexBackwardWgmma;
+  return split_ok && (head_dim == 192 || head_dim == 256) ? kFlexBackwardWgmma : kFlexBackwardMmaSync;
 }
+
+// The head-dim split form's exchange of S^T and dP^T partial sums: [2 matrices][2 warpgroups][block_n x block_m] fp32.
+constexpr int flex_backward_split_exchange_bytes(int block_m, int block_n) { return 2 * 2 * block_n * block_m * 4; }
 
 // Shared memory of the main kernel. wgmma kind (flex_bwd_sm90::Smem): dense swizzled K, V [block_n][D] and Q, dO
 // [block_m][D] per stage, dS^T [block_n][block_m], lse2 / delta, the reduction slots, the diagonal scatter's planes
@@ -64,6 +71,7 @@ constexpr int flex_backward_smem_bytes(const FlexBackwardPolicy& p, const FlexBa
     return 2 * n * stride * 2 + 2 * p.stages * m * stride * 2 + n * (m + 8) * 2 + 2 * p.stages * m * 4 + p.warps * m * 8 + 2048;
   }
   int bytes = 2 * n * d * 2 + 2 * p.stages * m * d * 2 + n * m * 2;
+  if (d > 128) bytes += flex_backward_split_exchange_bytes(m, n);
   bytes += 2 * p.stages * m * 4 + p.warps * m * 8 + p.warps * 4 * (m + 16) * 4 + 2048;
   if (f.staged_col) bytes += p.stages * m * 64 * 2;
   if (f.staged_tile) bytes += p.stages * m * (f.spread_rows ? 8 : 2) * 2;
@@ -82,8 +90,8 @@ constexpr int flex_backward_smem_bytes(const FlexBackwardPolicy& p, const FlexBa
 // The policy (the measurements behind each choice: docs/notes/BACKWARD_SM90.md, "The backward policy's choices"):
 //   - 64 query rows x 128 KV rows per CTA with 8 warps and two Q / dO stages; at head dims above 128 64 KV rows and one
 //     stage (the tiles' shared memory). The query-major pass: the forward's 128 x 64 tiles, one K / V stage above 128;
-//   - the wgmma kind's swizzle: 128 bytes at D128, 64 at 64 and 96, 32 at 32 and 80, so a row has at least two
-//     regions and the dQ column split lands on a region boundary;
+//   - the wgmma kind's swizzle: 128 bytes at D128 and D256, 64 at 64, 96 and 192, 32 at 32 and 80, so a row has at
+//     least two regions and the dQ column split (and at 192 / 256 the dK / dV split) lands on a region boundary;
 //   - launch groups of 8 (KV head, batch) pairs: heavy low KV blocks of causal masks start first, while the Q / dO
 //     tiles streamed at once stay within L2 (all heads at once overflow it);
 //   - bulk dQ reductions (with dQ in this kernel, when the rows fit the 227 KB of shared memory): in fp32 from head
@@ -95,7 +103,7 @@ constexpr int flex_backward_smem_bytes(const FlexBackwardPolicy& p, const FlexBa
 //     writer warp sends the bulk dQ rows; the two consumer warpgroups get 240 registers and meet only at named
 //     barriers, the scatters' reductions included) wherever the operands have tensor maps and no staged gradient
 //     needs the 256-thread form's CTA-wide barriers (its planes and slabs; selector GEMMs need none), deterministic
-//     launches included (their ordered dQ writer is the same warp either way);
+//     launches included;
 //   - selector GEMMs for spread rows' staged gradients when dS^T is their gradient (bf16, d_score = 1; fp16 would lose
 //     small dS bits the fp32 slabs keep) and the kv // 64 term has one, so each warpgroup runs one selector GEMM
 //     (with rel_w's gradient alone warpgroup 0 would do all of it while the slabs use all eight warps).
@@ -108,7 +116,7 @@ constexpr FlexBackwardPolicy flex_backward_policy(int kind, int head_dim, FlexBa
   p.block_n = big ? 64 : 128;
   p.warps = 8;
   p.stages = big ? 1 : 2;
-  p.swizzle_bytes = head_dim == 128 ? 128 : (head_dim == 64 || head_dim == 96) ? 64 : 32;
+  p.swizzle_bytes = (head_dim == 128 || head_dim == 256) ? 128 : (head_dim == 64 || head_dim == 96 || head_dim == 192) ? 64 : 32;
   p.head_group = 8;
   p.qmajor_block_m = 128;
   p.qmajor_block_n = 64;
@@ -121,7 +129,7 @@ constexpr FlexBackwardPolicy flex_backward_policy(int kind, int head_dim, FlexBa
   constexpr int kDqBulkMinHeadDim = 96;
   constexpr int kSm90MaxDynamicShared = 227 * 1024;  // the opt-in limit per block
   const bool bulk_pays = f.deterministic || (head_dim >= kDqBulkMinHeadDim && (!f.diagonal_scatter || p.producer));
-  p.dq_bulk = wgmma && !f.query_major && bulk_pays && flex_backward_smem_bytes(p, f, true, p.grad_gemm) <= kSm90MaxDynamicShared;
+  p.dq_bulk = wgmma && !big && !f.query_major && bulk_pays && flex_backward_smem_bytes(p, f, true, p.grad_gemm) <= kSm90MaxDynamicShared;
   p.smem_bytes = flex_backward_smem_bytes(p, f, p.dq_bulk, p.grad_gemm);
   return p;
 }
@@ -145,10 +153,11 @@ constexpr FlexBackwardPolicy flex_backward_tiles(int head_dim) { return flex_bac
 // point, order-independent) stay KV-major: they beat the query-major pass on causal, the learnable bias and SAM
 // (docs/BACKWARD.md, dQ strategy). Where the rows do not fit, the query-major pass computes dQ without atomics, which
 // beats staged gradients as 64-bit fixed-point atomics per element of each [64 q][64] block and, with nothing staged,
-// the wgmma kernel's fixed-point dQ atomics per element.
+// the wgmma kernel's fixed-point dQ atomics per element (up to head dim 128: the split form's dQ atomics stay, as the
+// mma.sync kernel's did there).
 constexpr bool flex_backward_prefers_query_major(int kind, int head_dim, const FlexBackwardFeatures& f, bool any_staged) {
   if (!f.deterministic) return false;
   if (kind == kFlexBackwardWgmma && flex_backward_policy(kind, head_dim, f).dq_bulk) return false;
   if (f.staged_grad) return true;
-  return !any_staged && kind == kFlexBackwardWgmma;
+  return !any_staged && kind == kFlexBackwardWgmma && head_dim <= 128;
 }

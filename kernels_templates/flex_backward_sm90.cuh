@@ -8,8 +8,8 @@
 #include "flex_type_traits.cuh"
 #include "flex_wgmma.cuh"
 
-// Drop-in replacement of flex_backward_main for head dims 32..128 on sm_90a (docs/notes/BACKWARD_SM90.md): the same
-// FlexBackwardParams, variant contract, grid (ceil(Skv / 128), Hkv, B; spread rows: see the kernel), 256 threads (384
+// Drop-in replacement of flex_backward_main on sm_90a (docs/notes/BACKWARD_SM90.md): the same FlexBackwardParams,
+// variant contract, grid (ceil(Skv / block_n), Hkv, B; spread rows: see the kernel), 256 threads (384
 // warp-specialised: see kProducer), tile classes, schedule and preprocess / dQ-conversion kernels; shared memory
 // flex_bwd_sm90::Smem<...>::kAllocBytes.
 //
@@ -30,6 +30,13 @@
 //   dK  += dS^T Q    rs, A = dS^T packed, B = Q (MN-major)
 //   dQ   = dS K      ss, A = dS^T tile in shared memory (MN-major), B = K (MN-major) from column col0_w:
 //                    warpgroup w computes dQ columns [col0_w, col0_w + N_w) over all 128 KV rows, then atomics.
+//
+// The head-dim split form (kSplitD, head dims 192 and 256, warp-specialised): dK and dV of 128 rows x D would not fit
+// the registers, so a CTA owns 64 KV rows, which both warpgroups share (warp w: rows 16 (w % 4)..+15), and warpgroup
+// w keeps dK and dV columns [w D/2, (w + 1) D/2). Each computes S^T and dP^T over its half of D only; the two
+// partial sums meet in shared memory (exchange_partials), so both hold the whole S^T and dP^T and run the same P
+// and dS steps (the elementwise work is doubled, the GEMMs are not); dV, dK and dQ then cover the warpgroup's
+// D / 2 columns (B operands from column w D/2), and each warpgroup stores half of the dS^T tile's query columns.
 
 namespace flex_bwd_sm90 {
 
@@ -46,8 +53,10 @@ struct Smem {
   using TileKV = flex::SwizzledTile<kBlockN, kHeadDim, kSwizzle>;  // K, V: [128 kv][D]
   using TileQ = flex::SwizzledTile<kBlockM, kHeadDim, kSwizzle>;   // Q, dO: [64 q][D] per stage
   using TileDS = flex::SwizzledTile<kBlockN, kBlockM, 128>;        // dS^T: [128 kv][64 q]
+  // The head-dim split form (see the kernel): 64 KV rows shared by both warpgroups, each with half of D.
+  static constexpr bool kSplitD = kHeadDim > 128;
   // dQ columns of each warpgroup: the first takes half of D rounded up to whole swizzle regions
-  // (D128: 64 + 64, D96: 64 + 32, D80: 48 + 32, D64: 32 + 32, D32: 16 + 16).
+  // (D128: 64 + 64, D96: 64 + 32, D80: 48 + 32, D64: 32 + 32, D32: 16 + 16; D256: 128 + 128, D192: 96 + 96).
   static constexpr int kDqN0 = (kHeadDim / 2 + TileKV::kRegionCols - 1) / TileKV::kRegionCols * TileKV::kRegionCols;
   static constexpr int kDqN1 = kHeadDim - kDqN0;
   // K as TileKV, or with a spare region after each warpgroup's dQ columns for the selectors (kGradGemm with equal
@@ -55,13 +64,16 @@ struct Smem {
   static constexpr bool kSelectorsInK = kGradGemm && kDqN0 == kDqN1;
   using TileK = flex::SwizzledTile<kBlockN, kHeadDim, kSwizzle, kSelectorsInK ? kDqN0 / TileKV::kRegionCols : 0>;
   static constexpr int kSelectorCols = kSelectorsInK ? 16 : 0;
-  static constexpr int kStages = 2;
+  static constexpr int kStages = Traits::kPolicy.stages;
   static constexpr int kOffK = 0;
   static constexpr int kOffV = kOffK + TileK::kBytes;
   static constexpr int kOffQ = kOffV + TileKV::kBytes;
   static constexpr int kOffDO = kOffQ + kStages * TileQ::kBytes;
   static constexpr int kOffDS = kOffDO + kStages * TileQ::kBytes;
-  static constexpr int kOffLse = kOffDS + TileDS::kBytes;
+  // kSplitD: the S^T and dP^T partial sums of both warpgroups (exchange_partials), [matrix][warpgroup][n8 tile][thread] float4.
+  static constexpr int kOffX = kOffDS + TileDS::kBytes;
+  static constexpr int kXBytes = kSplitD ? flex_backward_split_exchange_bytes(kBlockM, kBlockN) : 0;
+  static constexpr int kOffLse = kOffX + kXBytes;
   static constexpr int kOffDelta = kOffLse + kStages * kBlockM * 4;
   static constexpr int kOffRed = kOffDelta + kStages * kBlockM * 4;     // [kNWarps][kBlockM] 8-byte slots
   // Planes of a diagonal scatter's warp reduction (flex_bwd::TileScatter::warp_sum_planes): [warp][4][kBlockM + 16] floats.
@@ -96,9 +108,12 @@ struct Smem {
   // XOR acts on absolute address bits) whatever the base of dynamic shared memory.
   static constexpr int kAllocBytes = kBytes + 1024;
 
-  static_assert(kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 80 || kHeadDim == 96 || kHeadDim == 128,
-                "flex_backward_main_sm90: head dims 32, 64, 80, 96 and 128 only (192 and 256 use flex_backward_main)");
-  static_assert(kBlockM == 64 && kBlockN == 128 && Traits::kNWarps == 8, "flex_backward_main_sm90: 64 x 128 tiles, 8 warps");
+  static_assert(kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 80 || kHeadDim == 96 || kHeadDim == 128 || kHeadDim == 192 || kHeadDim == 256,
+                "flex_backward_main_sm90: head dims 32, 64, 80, 96, 128, 192 and 256 only");
+  static_assert(kBlockM == 64 && kBlockN == (kSplitD ? 64 : 128) && Traits::kNWarps == 8,
+                "flex_backward_main_sm90: 64 x 128 tiles (64 x 64 split over D above 128), 8 warps");
+  static_assert(!kSplitD || (kDqN0 == kHeadDim / 2 && kProducer && !kDqBulk && !Staged::kAny),
+                "flex_backward_main_sm90: the head-dim split form is warp-specialised, with dQ atomics and nothing staged");
   static_assert(TileK::kBytes % 1024 == 0 && TileKV::kBytes % 1024 == 0 && TileQ::kBytes % 1024 == 0 && TileDS::kBytes % 1024 == 0,
                 "flex_backward_main_sm90: every tile must keep the next one 1024-byte aligned");
   static_assert(kDqN1 > 0 && kDqN0 % TileKV::kRegionCols == 0, "flex_backward_main_sm90: dQ split must land on a region boundary");
@@ -142,11 +157,11 @@ struct KvBlock {
   __device__ __forceinline__ int kv_of(int lr) const { return kSpread ? n0 + 64 * (lr / 16) + lr % 16 : n0 + lr; }
 };
 
-// The epilogue: dK = scale * acc_dk and dV = acc_dv, the accumulators of the thread's KV rows kv_r0 and kv_r0 + 8,
-// to global memory (rows past Skv dropped).
-template <class Element, int kHeadDim>
-__device__ __forceinline__ void store_dk_dv(const FlexBackwardParams& p, const float (&acc_dk)[kHeadDim / 2], const float (&acc_dv)[kHeadDim / 2],
-                                            int b, int hkv, int kv_r0, int t4, int seqlen_kv) {
+// The epilogue: dK = scale * acc_dk and dV = acc_dv, the accumulators of the thread's KV rows kv_r0 and kv_r0 + 8 and
+// kCols columns from col0, to global memory (rows past Skv dropped).
+template <class Element, int kCols>
+__device__ __forceinline__ void store_dk_dv(const FlexBackwardParams& p, const float (&acc_dk)[kCols / 2], const float (&acc_dv)[kCols / 2],
+                                            int b, int hkv, int kv_r0, int col0, int t4, int seqlen_kv) {
   using Mma = flex::Mma16816<Element>;
   Element* g_dk = static_cast<Element*>(p.dk) + b * p.dk_stride_b + hkv * p.dk_stride_h;
   Element* g_dv = static_cast<Element*>(p.dv) + b * p.dv_stride_b + hkv * p.dv_stride_h;
@@ -155,8 +170,8 @@ __device__ __forceinline__ void store_dk_dv(const FlexBackwardParams& p, const f
     const int kv = kv_r0 + half * 8;
     if (kv < seqlen_kv) {
 #pragma unroll
-      for (int i = 0; i < kHeadDim / 8; ++i) {
-        const int d = i * 8 + 2 * t4;
+      for (int i = 0; i < kCols / 8; ++i) {
+        const int d = col0 + i * 8 + 2 * t4;
         *reinterpret_cast<unsigned*>(g_dk + kv * p.dk_stride_s + d) =
             Mma::pack(acc_dk[4 * i + 2 * half] * p.scale, acc_dk[4 * i + 2 * half + 1] * p.scale);
         *reinterpret_cast<unsigned*>(g_dv + kv * p.dv_stride_s + d) = Mma::pack(acc_dv[4 * i + 2 * half], acc_dv[4 * i + 2 * half + 1]);
@@ -209,6 +224,10 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   constexpr int kNThreads = Traits::kNThreads;
   constexpr int kD16 = kHeadDim / 16;
   constexpr int kMT = kBlockM / 8;  // n8 column tiles of S^T (query columns)
+  // The head-dim split form (see above): each warpgroup's dK / dV columns and k-steps of S^T and dP^T.
+  constexpr bool kSplitD = S::kSplitD;
+  constexpr int kAccD = kSplitD ? kHeadDim / 2 : kHeadDim;
+  constexpr int kKSteps = kSplitD ? kD16 / 2 : kD16;
   constexpr float kLog2e = 1.4426950408889634f;
   constexpr int kNumScatters = Variant::kNumScatters;
   // Without scatters, d_score is folded into P before dS (no score kept across the dP wait).
@@ -228,6 +247,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   static_assert(!kProducer || (kDq && (!Staged::kGrad || kGradGemm)),
                 "flex_backward_main_sm90: the warp-specialised form reduces staged gradients by selector GEMMs only");
   static_assert(!Staged::kDiag || kProducer, "flex_backward_main_sm90: a diagonal band is the producer warp's load");
+  static_assert(!kSplitD || (kNumScatters == 0 && kDq), "flex_backward_main_sm90: the head-dim split form has no scatters and computes dQ");
 
   extern __shared__ __align__(1024) unsigned char flex_smem_sm90[];
   const unsigned raw_base = flex::smem_addr(flex_smem_sm90);
@@ -292,7 +312,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     if (tid >= kNThreads) {
       flex::setmaxnreg_dec<flex_bwd_sm90::kProducerRegs>();
       if (warp == kNThreads / 32) flex_bwd_sm90::load<S>(p, *tma, sched, s_base, b, hkv, n0, lane);
-      else if (kDqBulk && warp == kNThreads / 32 + 1 && pos < total) flex_bwd_sm90::write_dq<S, kDeterministic>(p.dq_accum, s_base, lane);
+      else if (kDqBulk && warp == kNThreads / 32 + 1 && pos < total) flex_bwd_sm90::write_dq<S, kDqBulk && kDeterministic>(p.dq_accum, s_base, lane);
       else if constexpr (Staged::kDiag) {
         if (warp == kNThreads / 32 + 2) flex_bwd_sm90::load_bands<S, Variant>(vp, sched, s_base, b, hkv, n0, group, lane);
       }
@@ -306,11 +326,13 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     flex::cp_async_commit();
   }
 
-  // dK, dV: this warp's 16 KV rows x D, in the wgmma accumulator layout (d[4i + e]: row g + 8 (e / 2), column 8i + 2t + e % 2).
-  float acc_dk[kHeadDim / 2];
-  float acc_dv[kHeadDim / 2];
+  // dK, dV: this warp's 16 KV rows x D (kSplitD: x the warpgroup's D / 2 columns from kv_col0), in the wgmma
+  // accumulator layout (d[4i + e]: row g + 8 (e / 2), column 8i + 2t + e % 2).
+  float acc_dk[kAccD / 2];
+  float acc_dv[kAccD / 2];
 #pragma unroll
-  for (int i = 0; i < kHeadDim / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
+  for (int i = 0; i < kAccD / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
+  const int kv_row_w = kSplitD ? (warp % 4) * 16 : warp * 16;  // the warp's first local KV row
 
   float acc_uniform[kNumScatters > 0 ? kNumScatters : 1];
   float acc_kvrow[kNumScatters > 0 ? kNumScatters : 1][2];
@@ -352,7 +374,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     }
     const int ln = (int)flex_bwd_sm90::opaque(lane);
     const int g = ln / 4, t4 = ln % 4;
-    const int kv_r0 = blk.kv_of(warp * 16 + g);  // the thread's KV rows: kv_r0, kv_r0 + 8
+    const int kv_r0 = blk.kv_of(kv_row_w + g);  // the thread's KV rows: kv_r0, kv_r0 + 8
     const unsigned s_k = flex_bwd_sm90::opaque(s_k0), s_v = flex_bwd_sm90::opaque(s_v0);
     const unsigned s_ds = flex_bwd_sm90::opaque(s_base + S::kOffDS);
     const unsigned sq = flex_bwd_sm90::opaque(s_q0) + stage * TileQ::kBytes;
@@ -360,21 +382,26 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     const float* lse_st = sh_lse + stage * kBlockM;
     const float* delta_st = sh_delta + stage * kBlockM;
 
-    // S^T = K Q^T, then dP^T = V dO^T, as two groups: P is computed while dP^T is still running.
+    // S^T = K Q^T, then dP^T = V dO^T, as two groups: P is computed while dP^T is still running. kSplitD: over the
+    // warpgroup's half of D, then added to the other warpgroup's half.
+    const int a_row0 = kSplitD ? 0 : wg * 64;
+    const int k_col0 = kSplitD ? wg * kAccD : 0;  // the warpgroup's first column of D: S^T / dP^T k-steps, dK / dV columns
     float acc_s[kMT][4], acc_dp[kMT][4];
     flex::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kD16; ++kk)
-      flex::Wgmma<kBlockM>::template ss<Element, 0, 0>(flex_bwd_sm90::flat(acc_s), flex::desc_k_major<TileK>(s_k, wg * 64, kk * 16),
-                                                       flex::desc_k_major<TileQ>(sq, 0, kk * 16), kk > 0 ? 1 : 0);
+    for (int i = 0; i < kKSteps; ++i)
+      flex::Wgmma<kBlockM>::template ss<Element, 0, 0>(flex_bwd_sm90::flat(acc_s), flex::desc_k_major<TileK>(s_k, a_row0, k_col0 + i * 16),
+                                                       flex::desc_k_major<TileQ>(sq, 0, k_col0 + i * 16), i > 0 ? 1 : 0);
     flex::wgmma_commit();
 #pragma unroll
-    for (int kk = 0; kk < kD16; ++kk)
-      flex::Wgmma<kBlockM>::template ss<Element, 0, 0>(flex_bwd_sm90::flat(acc_dp), flex::desc_k_major<TileKV>(s_v, wg * 64, kk * 16),
-                                                       flex::desc_k_major<TileQ>(sdo, 0, kk * 16), kk > 0 ? 1 : 0);
+    for (int i = 0; i < kKSteps; ++i)
+      flex::Wgmma<kBlockM>::template ss<Element, 0, 0>(flex_bwd_sm90::flat(acc_dp), flex::desc_k_major<TileKV>(s_v, a_row0, k_col0 + i * 16),
+                                                       flex::desc_k_major<TileQ>(sdo, 0, k_col0 + i * 16), i > 0 ? 1 : 0);
     flex::wgmma_commit();
     flex::wgmma_wait<1>();
     flex::fence_operands(flex_bwd_sm90::flat(acc_s));
+    float* const x_base = reinterpret_cast<float*>(smem + S::kOffX);
+    if constexpr (kSplitD) flex_bwd_sm90::exchange_partials(x_base, acc_s, wg, tid);
 
     // P^T (or P^T d_score) into acc_s and the A fragments of dV's GEMM, from S^T: flex_bwd_sm90::recompute_p, with
     // every element tested on partial tiles and tiles crossing Sq or Skv, and none tested on interior full tiles
@@ -399,12 +426,13 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     flex::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk)
-      flex::Wgmma<kHeadDim>::template rs<Element, 1>(acc_dv, pa[kk], flex::desc_mn_major<TileQ>(sdo, kk * 16, 0), 1);
+      flex::Wgmma<kAccD>::template rs<Element, 1>(acc_dv, pa[kk], flex::desc_mn_major<TileQ>(sdo, kk * 16, k_col0), 1);
     flex::wgmma_commit();
 
     // dS = P (dP - delta) in place of dP^T (the dS_pre directly when d_score was folded in).
     flex::wgmma_wait<1>();
     flex::fence_operands(flex_bwd_sm90::flat(acc_dp));
+    if constexpr (kSplitD) flex_bwd_sm90::exchange_partials(x_base + S::kXBytes / 8, acc_dp, wg, tid);
     if (check_elements) flex_bwd_sm90::compute_ds<true, Variant>(acc_s, acc_dp, delta_st, t4);
     else flex_bwd_sm90::compute_ds<false, Variant>(acc_s, acc_dp, delta_st, t4);
 
@@ -432,15 +460,18 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
       flex::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBlockM / 16; ++kk)
-        flex::Wgmma<kHeadDim>::template rs<Element, 1>(acc_dk, da[kk], flex::desc_mn_major<TileQ>(sq, kk * 16, 0), 1);
+        flex::Wgmma<kAccD>::template rs<Element, 1>(acc_dk, da[kk], flex::desc_mn_major<TileQ>(sq, kk * 16, k_col0), 1);
       flex::wgmma_commit();
     };
-    constexpr bool kDkFirst = kProducer && kDqBulk;
+    // kSplitD: dK first too, so that its A fragments are dead before dQ's accumulator (D / 2 columns) is live.
+    constexpr bool kDkFirst = kProducer && (kDqBulk || kSplitD);
     if constexpr (kDkFirst) issue_dk();
     if constexpr (kDq) {
       // Without the loop-top barrier, the other warpgroup may still be in the previous tile's dQ GEMM.
       if constexpr (kProducer) flex::named_barrier_sync(flex_bwd_sm90::kBarDsFree, kNThreads);
-      flex_bwd_sm90::store_ds_t<S>(smem, da, warp * 16 + g, t4);
+      // kSplitD: both warpgroups hold the same dS^T; each stores half of its query columns.
+      if constexpr (kSplitD) flex_bwd_sm90::store_ds_t<S>(smem, da, kv_row_w + g, t4, wg);
+      else flex_bwd_sm90::store_ds_t<S>(smem, da, kv_row_w + g, t4);
     }
     if constexpr (!kDq && !kDkFirst) issue_dk();
     if constexpr (kSplitScatter) {
@@ -456,6 +487,13 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
         // With bulk rows, the writer warp must have read the previous tile's (a fresh barrier reads as released).
         if constexpr (kDqBulk) flex::mbarrier_wait(flex_bwd_sm90::dq_empty_barrier<S>(s_base), dq_phase ^ 1u);
         if constexpr (Staged::kAny) flex::cp_async_wait<0>();  // the next tile's staged values, for every consumer
+        if constexpr (kSplitD) {
+          // dV and dK retired (their A fragments dead) before dQ's accumulator of D / 2 columns is live: with all three
+          // in flight ptxas runs out of registers for the wgmma pipeline at D256 and serialises every wgmma.
+          flex::wgmma_wait<0>();
+          flex::fence_operands(acc_dk);
+          flex::fence_operands(acc_dv);
+        }
         flex::named_barrier_sync(flex_bwd_sm90::kBarDq, kNThreads);
       } else {
         if constexpr (kDqBulk) {
@@ -549,5 +587,5 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   }
 
   const int g = lane / 4, t4 = lane % 4;
-  flex_bwd_sm90::store_dk_dv<Element, kHeadDim>(p, acc_dk, acc_dv, b, hkv, blk.kv_of(warp * 16 + g), t4, seqlen_kv);
+  flex_bwd_sm90::store_dk_dv<Element, kAccD>(p, acc_dk, acc_dv, b, hkv, blk.kv_of(kv_row_w + g), kSplitD ? wg * kAccD : 0, t4, seqlen_kv);
 }

@@ -67,15 +67,18 @@ QueryMajorConfig query_major_config(int head_dim) {
 namespace {
 
 FlexBackwardFeatures backward_features(const ScoreModGradient& grad, const StagedTerms& staged, const BackwardKernelOptions& options);
-int backward_kind(const BackwardKernelOptions& options);
+int backward_kind(const BackwardKernelOptions& options, const ScoreModGradient& grad);
 
 }  // namespace
 
 StagedTerms backward_staged_terms(const ScoreModGradient& grad, const RangeInfo& ranges, const BackwardKernelOptions& options) {
-  if (options.query_major || options.shard_positions || options.ragged || !backward_config(options.head_dim, options.arch).hopper) return {};
+  // Head dims above 128 stage nothing: their Hopper kernel (the head-dim split form) has no staged terms.
+  if (options.query_major || options.shard_positions || options.ragged || options.head_dim > 128 ||
+      !backward_config(options.head_dim, options.arch).hopper)
+    return {};
   StagedTerms with_diag = find_staged_terms(grad, ranges, options.variant, /*diagonal=*/true);
   if (!with_diag.find(StagedKind::Diag) ||
-      flex_backward_stages_diag(backward_kind(options), options.head_dim, backward_features(grad, with_diag, options)))
+      flex_backward_stages_diag(backward_kind(options, grad), options.head_dim, backward_features(grad, with_diag, options)))
     return with_diag;
   return find_staged_terms(grad, ranges, options.variant);
 }
@@ -101,7 +104,12 @@ FlexBackwardFeatures backward_features(const ScoreModGradient& grad, const Stage
   return f;
 }
 
-int backward_kind(const BackwardKernelOptions& options) { return flex_backward_kind(is_hopper_arch(options.arch), options.head_dim); }
+// Head dims above 128 take wgmma only in the split form, which has neither scatters nor a query-major dQ pass and
+// loads by TMA (flex_backward_kind).
+int backward_kind(const BackwardKernelOptions& options, const ScoreModGradient& grad) {
+  const bool split_ok = grad.scatters.empty() && !options.query_major && options.tma_operands;
+  return flex_backward_kind(is_hopper_arch(options.arch), options.head_dim, split_ok);
+}
 
 }  // namespace
 
@@ -109,7 +117,7 @@ bool auto_picks_query_major(const ScoreModGradient& grad, const RangeInfo& range
   BackwardKernelOptions atomic = options;
   atomic.query_major = false;
   const StagedTerms staged = backward_staged_terms(grad, ranges, atomic);
-  if (flex_backward_prefers_query_major(backward_kind(options), options.head_dim, backward_features(grad, staged, atomic), !staged.terms.empty()))
+  if (flex_backward_prefers_query_major(backward_kind(atomic, grad), options.head_dim, backward_features(grad, staged, atomic), !staged.terms.empty()))
     return true;
   return needs_query_major_pass(grad, staged);
 }
@@ -126,7 +134,9 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
     throw Error("backward_kernel_source: a ragged module has no query-major pass or shard offsets");
   const StagedTerms staged = backward_staged_terms(grad, ranges, options);
   const FlexBackwardFeatures features = backward_features(grad, staged, options);
-  const FlexBackwardPolicy policy = flex_backward_policy(backward_kind(options), options.head_dim, features);
+  const int kind = backward_kind(options, grad);
+  const FlexBackwardPolicy policy = flex_backward_policy(kind, options.head_dim, features);
+  out.config.hopper = kind == kFlexBackwardWgmma;
   out.config.staged_col = features.staged_col;
   out.config.staged_tile = features.staged_tile;
   out.config.staged_diag = features.staged_diag;

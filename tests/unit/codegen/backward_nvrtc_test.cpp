@@ -48,7 +48,9 @@ void compile_all(const std::vector<std::filesystem::path>& specs, bool query_maj
     SpecIR ir = build_spec_ir(spec);
     for (const char* arch : {"sm_80", "sm_90a"}) {
       BackwardKernelSource bs = make_source(ir, false, spec.head_dim, query_major, arch);
-      CHECK(bs.config.hopper == (std::string(arch) == "sm_90a" && spec.head_dim <= 128));
+      // Above head dim 128 only modules without buffer gradients take the Hopper kernel (its head-dim split form).
+      if (std::string(arch) == "sm_80") CHECK_FALSE(bs.config.hopper);
+      else if (spec.head_dim <= 128) CHECK(bs.config.hopper);
       INFO(spec.name << " for " << arch << "\n" << bs.module.source);
       runtime::CacheLookup r = runtime::compile_kernel(bs.module, canonical_ir_text(ir), arch);
       REQUIRE(r.artefact);
@@ -239,16 +241,19 @@ TEST_CASE("bulk dQ reductions: the Hopper kernel in fp32 from head dim 96 (with 
 TEST_CASE("the sm_90a backward of a module without buffer gradients is warp-specialised: setmaxnreg and TMA copies in its PTX", "[nvrtc][backward]") {
   SpecIR ir = build_spec_ir(test::load_spec(test::gallery_dir() / "causal.json"));
   for (bool deterministic : {false, true}) {
-    for (int d : {64, 128}) {
+    for (int d : {64, 128, 192, 256}) {
       INFO("deterministic " << deterministic << ", head dim " << d);
       BackwardKernelSource bs = make_source(ir, deterministic, d, false, "sm_90a");
+      REQUIRE(bs.config.hopper);
       REQUIRE(bs.config.warp_specialized);
+      // Head dims 192 and 256: the head-dim split form, 64 KV rows per CTA, one Q / dO stage.
+      CHECK(bs.config.block_n == (d > 128 ? 64 : 128));
       CHECK(bs.config.threads() == 384);  // a producer warpgroup and two consumer warpgroups
       CHECK(bs.module.source.find("__launch_bounds__(384, 1)") != std::string::npos);
       CHECK(bs.module.source.find("const __grid_constant__ FlexBackwardTmaMaps tma") != std::string::npos);
       const std::string ptx = test::check_warp_specialized_ptx(bs.module);
-      // With bulk dQ rows (D128, and deterministic at every head dim) the writer warp sends them.
-      CHECK((ptx.find("cp.reduce.async.bulk") != std::string::npos) == (deterministic || d == 128));
+      // With bulk dQ rows (D128, and deterministic up to 128) the writer warp sends them.
+      CHECK((ptx.find("cp.reduce.async.bulk") != std::string::npos) == ((deterministic && d <= 128) || d == 128));
     }
   }
   // Operands no tensor map describes, sm_80 and the query-major pass keep the 256-thread kernels.
@@ -261,9 +266,14 @@ TEST_CASE("the sm_90a backward of a module without buffer gradients is warp-spec
   CHECK(backward_kernel_source(ir, grad, ranges, bo).config.threads() == 256);
   CHECK_FALSE(make_source(ir, false, 128, false, "sm_80").config.warp_specialized);
   CHECK_FALSE(make_source(ir, false, 128, true, "sm_90a").config.warp_specialized);
+  // Head dims above 128 without tensor maps, with a query-major pass or with buffer gradients: the mma.sync kernel.
+  bo.head_dim = 256;
+  CHECK_FALSE(backward_kernel_source(ir, grad, ranges, bo).config.hopper);
+  CHECK_FALSE(make_source(ir, false, 256, true, "sm_90a").config.hopper);
+  CHECK_FALSE(make_source(build_spec_ir(test::load_spec(backward_data_dir() / "learnable_bias.json")), false, 192, false, "sm_90a").config.hopper);
   // Staged terms (SAM's rel_h / rel_w) with their gradients by selector GEMMs: warp-specialised, the consumers copying
-  // the staged blocks a tile ahead and K / V once (cp.async), Q / dO by TMA. Deterministic launches, and gradients
-  // through slabs (rel_w's alone), keep the 256-thread form.
+  // the staged blocks a tile ahead and K / V once (cp.async), Q / dO by TMA, deterministic launches too. Gradients
+  // through slabs (rel_w's alone) keep the 256-thread form.
   dsl::Spec sam = test::load_spec(backward_data_dir() / "sam_learnable.json");
   for (int d : {64, 128}) {
     INFO("SAM, head dim " << d);
@@ -273,7 +283,7 @@ TEST_CASE("the sm_90a backward of a module without buffer gradients is warp-spec
     const std::string ptx = test::check_warp_specialized_ptx(ss.module);
     CHECK(ptx.find("cp.async.cg.shared.global") != std::string::npos);
   }
-  CHECK_FALSE(make_source(build_spec_ir(sam), true, 64, false, "sm_90a").config.warp_specialized);
+  CHECK(make_source(build_spec_ir(sam), true, 64, false, "sm_90a").config.warp_specialized);
   for (dsl::BufferDecl& b : sam.buffers) b.requires_grad = b.name == "rel_w";
   CHECK_FALSE(make_source(build_spec_ir(sam), false, 64, false, "sm_90a").config.warp_specialized);
 }

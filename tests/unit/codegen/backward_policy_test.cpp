@@ -36,12 +36,25 @@ std::vector<FlexBackwardFeatures> all_features(int kind) {
 
 }  // namespace
 
+TEST_CASE("the backward kernel kind: wgmma on sm_90a, above head dim 128 only where the split form applies", "[codegen][policy]") {
+  for (int d : flexjit::dsl::supported_head_dims()) {
+    CHECK(flex_backward_kind(false, d) == kFlexBackwardMmaSync);
+    CHECK(flex_backward_kind(true, d) == kFlexBackwardWgmma);
+    CHECK(flex_backward_kind(true, d, /*split_ok=*/false) == (d <= 128 ? kFlexBackwardWgmma : kFlexBackwardMmaSync));
+  }
+}
+
 TEST_CASE("the backward policy fits the kernels' warp layouts and shared memory at every head dim", "[codegen][policy]") {
   constexpr int kSm90MaxDynamicShared = 227 * 1024;
   for (int d : flexjit::dsl::supported_head_dims()) {
     for (bool hopper : {false, true}) {
       const int kind = flex_backward_kind(hopper, d);
-      for (const FlexBackwardFeatures& f : all_features(kind)) {
+      for (FlexBackwardFeatures f : all_features(kind)) {
+        // Above head dim 128 the wgmma kind is the head-dim split form: TMA operands, dQ in the main kernel, no
+        // scatters or staged terms (the module's other features take mma.sync: flex_backward_kind's split_ok).
+        const bool split = kind == kFlexBackwardWgmma && d > 128;
+        if (split && (f.query_major || f.diagonal_scatter || f.staged_col || f.staged_tile)) continue;
+        f.tma_operands = split;
         INFO("head dim " << d << ", kind " << kind << ", query-major " << f.query_major << ", deterministic " << f.deterministic
                          << ", bf16 " << f.bf16 << ", staged col / tile / grad / spread " << f.staged_col << f.staged_tile << f.staged_grad
                          << f.spread_rows);
@@ -55,9 +68,15 @@ TEST_CASE("the backward policy fits the kernels' warp layouts and shared memory 
         CHECK(p.head_group >= 1);
         CHECK(p.smem_bytes <= kSm90MaxDynamicShared);
         if (kind == kFlexBackwardWgmma) {
-          // flex_bwd_sm90::Smem: 64 x 128 tiles, 1024-byte aligned tiles, at least two swizzle regions per row.
+          // flex_bwd_sm90::Smem: 64 x 128 tiles (64 x 64 split over D above 128, warp-specialised with one stage and
+          // dQ atomics), 1024-byte aligned tiles, at least two swizzle regions per row.
           CHECK(p.block_m == 64);
-          CHECK(p.block_n == 128);
+          CHECK(p.block_n == (split ? 64 : 128));
+          if (split) {
+            CHECK(p.producer);
+            CHECK_FALSE(p.dq_bulk);
+            CHECK(d / 2 % (p.swizzle_bytes / 2) == 0);  // the dK / dV split on a swizzle region boundary
+          }
           CHECK(d * 2 / p.swizzle_bytes >= 2);
           CHECK(p.block_m * d * 2 % 1024 == 0);
           CHECK((!p.dq_bulk || !f.query_major));
@@ -158,7 +177,7 @@ TEST_CASE("the backward policy's warp specialisation: Hopper modules without sta
   f.staged_grad = f.spread_rows = f.tile_term_grad = true;
   CHECK(flex_backward_policy(kFlexBackwardWgmma, 64, f).grad_gemm);
   CHECK(flex_backward_policy(kFlexBackwardWgmma, 64, f).producer);
-  f.deterministic = true;  // deterministic too: the ordered dQ writer is the producer's warp
+  f.deterministic = true;  // deterministic too
   CHECK(flex_backward_policy(kFlexBackwardWgmma, 64, f).producer);
   f.deterministic = false;
   f.tile_term_grad = false;  // rel_w's gradient alone: the slabs

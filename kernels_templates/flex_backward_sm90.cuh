@@ -50,9 +50,9 @@ struct Smem {
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kSwizzle = Traits::kPolicy.swizzle_bytes;
-  using TileKV = flex::SwizzledTile<kBlockN, kHeadDim, kSwizzle>;  // K, V: [128 kv][D]
+  using TileKV = flex::SwizzledTile<kBlockN, kHeadDim, kSwizzle>;  // K, V: [block_n kv][D]
   using TileQ = flex::SwizzledTile<kBlockM, kHeadDim, kSwizzle>;   // Q, dO: [64 q][D] per stage
-  using TileDS = flex::SwizzledTile<kBlockN, kBlockM, 128>;        // dS^T: [128 kv][64 q]
+  using TileDS = flex::SwizzledTile<kBlockN, kBlockM, 128>;        // dS^T: [block_n kv][64 q]
   // The head-dim split form (see the kernel): 64 KV rows shared by both warpgroups, each with half of D.
   static constexpr bool kSplitD = kHeadDim > 128;
   // dQ columns of each warpgroup: the first takes half of D rounded up to whole swizzle regions
@@ -326,7 +326,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     flex::cp_async_commit();
   }
 
-  // dK, dV: this warp's 16 KV rows x D (kSplitD: x the warpgroup's D / 2 columns from kv_col0), in the wgmma
+  // dK, dV: this warp's 16 KV rows x D (kSplitD: x the warpgroup's D / 2 columns from column wg D / 2), in the wgmma
   // accumulator layout (d[4i + e]: row g + 8 (e / 2), column 8i + 2t + e % 2).
   float acc_dk[kAccD / 2];
   float acc_dv[kAccD / 2];
@@ -400,7 +400,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     flex::wgmma_commit();
     flex::wgmma_wait<1>();
     flex::fence_operands(flex_bwd_sm90::flat(acc_s));
-    float* const x_base = reinterpret_cast<float*>(smem + S::kOffX);
+    float* const x_base = reinterpret_cast<float*>(smem + S::kOffX);  // kSplitD: S^T's partials, then dP^T's
     if constexpr (kSplitD) flex_bwd_sm90::exchange_partials(x_base, acc_s, wg, tid);
 
     // P^T (or P^T d_score) into acc_s and the A fragments of dV's GEMM, from S^T: flex_bwd_sm90::recompute_p, with

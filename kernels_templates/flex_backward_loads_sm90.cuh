@@ -15,10 +15,11 @@ namespace flex_bwd_sm90 {
 // the consumers and the writer warp through two mbarriers (dq_full: rows and slot written, one arrival per consumer
 // thread; dq_empty: rows and slot read, one per writer lane): a named barrier that one side only arrives at orders the
 // memory as well, but compute-sanitizer's racecheck reports it as a race. Named barrier 3 is the scatters'
-// (flex_bwd::kBarReduce); kBarPartials, the head-dim split form's exchange of partial sums (exchange_partials).
+// (flex_bwd::kBarReduce); kBarPt, the head-dim split form's P^T tile complete before its dV GEMMs (the tile is free
+// again after kBarDq, which each warpgroup reaches with its dV GEMM retired).
 constexpr int kBarDsFree = 1;
 constexpr int kBarDq = 2;
-constexpr int kBarPartials = 4;
+constexpr int kBarPt = 4;
 constexpr int kConsumerThreads = 256;
 // The register split: 24 for the producer warpgroup, 240 for each consumer thread (the 384-thread launch caps the
 // kernel at 168, and 24 * 128 + 240 * 256 is that pool).

@@ -56,11 +56,12 @@ constexpr int flex_backward_kind(bool hopper_arch, int head_dim, bool split_ok =
   return split_ok && (head_dim == 192 || head_dim == 256) ? kFlexBackwardWgmma : kFlexBackwardMmaSync;
 }
 
-// The head-dim split form's exchange of S^T and dP^T partial sums: [2 matrices][2 warpgroups][block_n x block_m] fp32.
-constexpr int flex_backward_split_exchange_bytes(int block_m, int block_n) { return 2 * 2 * block_n * block_m * 4; }
+// Q / dO stages of the main kernel: two, but one for the mma.sync kernel's padded tiles above head dim 128 (the
+// wgmma kind's split form fits two at 256: 216 KB).
+constexpr int flex_backward_stages(int kind, int head_dim) { return head_dim > 128 && kind != kFlexBackwardWgmma ? 1 : 2; }
 
 // Shared memory of the main kernel. wgmma kind (flex_bwd_sm90::Smem): dense swizzled K, V [block_n][D] and Q, dO
-// [block_m][D] per stage, dS^T [block_n][block_m], lse2 / delta, the reduction slots, the diagonal scatter's planes
+// [block_m][D] per stage, dS^T [block_n][block_m] (above head dim 128 P^T too), lse2 / delta, the reduction slots, the diagonal scatter's planes
 // [warps][4][block_m + 16] floats, the cached tile classes, 1 KB to align the base; then the staged terms' tiles, their
 // gradients' planes, slabs or selectors, and the dQ rows. mma.sync kind (FlexBackwardTraits): the same tiles padded
 // by 8 columns, without the planes and the alignment.
@@ -71,8 +72,8 @@ constexpr int flex_backward_smem_bytes(const FlexBackwardPolicy& p, const FlexBa
     return 2 * n * stride * 2 + 2 * p.stages * m * stride * 2 + n * (m + 8) * 2 + 2 * p.stages * m * 4 + p.warps * m * 8 + 2048;
   }
   int bytes = 2 * n * d * 2 + 2 * p.stages * m * d * 2 + n * m * 2;
-  if (d > 128) bytes += flex_backward_split_exchange_bytes(m, n);
-  bytes += 2 * p.stages * m * 4 + p.warps * m * 8 + p.warps * 4 * (m + 16) * 4 + 2048;
+  if (d > 128) bytes += n * m * 2;  // the split form's P^T tile; it has no scatters, so no planes
+  bytes += 2 * p.stages * m * 4 + p.warps * m * 8 + (d > 128 ? 0 : p.warps * 4 * (m + 16) * 4) + 2048;
   if (f.staged_col) bytes += p.stages * m * 64 * 2;
   if (f.staged_tile) bytes += p.stages * m * (f.spread_rows ? 8 : 2) * 2;
   if (f.staged_diag) bytes += p.stages * (m + n) * 4;  // a band of m + n - 1 floats per stage, padded to 16 bytes
@@ -88,8 +89,8 @@ constexpr int flex_backward_smem_bytes(const FlexBackwardPolicy& p, const FlexBa
 }
 
 // The policy (the measurements behind each choice: docs/notes/BACKWARD_SM90.md, "The backward policy's choices"):
-//   - 64 query rows x 128 KV rows per CTA with 8 warps and two Q / dO stages; at head dims above 128 64 KV rows and one
-//     stage (the tiles' shared memory). The query-major pass: the forward's 128 x 64 tiles, one K / V stage above 128;
+//   - 64 query rows x 128 KV rows per CTA with 8 warps and two Q / dO stages; at head dims above 128 64 KV rows (the
+//     registers of dK and dV), and one stage in the mma.sync kernel (its padded tiles' shared memory). The query-major pass: the forward's 128 x 64 tiles, one K / V stage above 128;
 //   - the wgmma kind's swizzle: 128 bytes at D128 and D256, 64 at 64, 96 and 192, 32 at 32 and 80, so a row has at
 //     least two regions and the dQ column split (and at 192 / 256 the dK / dV split) lands on a region boundary;
 //   - launch groups of 8 (KV head, batch) pairs: heavy low KV blocks of causal masks start first, while the Q / dO
@@ -115,7 +116,7 @@ constexpr FlexBackwardPolicy flex_backward_policy(int kind, int head_dim, FlexBa
   p.block_m = 64;
   p.block_n = big ? 64 : 128;
   p.warps = 8;
-  p.stages = big ? 1 : 2;
+  p.stages = flex_backward_stages(kind, head_dim);
   p.swizzle_bytes = (head_dim == 128 || head_dim == 256) ? 128 : (head_dim == 64 || head_dim == 96 || head_dim == 192) ? 64 : 32;
   p.head_group = 8;
   p.qmajor_block_m = 128;

@@ -33,10 +33,11 @@
 //
 // The head-dim split form (kSplitD, head dims 192 and 256, warp-specialised): dK and dV of 128 rows x D would not fit
 // the registers, so a CTA owns 64 KV rows, which both warpgroups share (warp w: rows 16 (w % 4)..+15), and warpgroup
-// w keeps dK and dV columns [w D/2, (w + 1) D/2). Each computes S^T and dP^T over its half of D only; the two
-// partial sums meet in shared memory (exchange_partials), so both hold the whole S^T and dP^T and run the same P
-// and dS steps (the elementwise work is doubled, the GEMMs are not); dV, dK and dQ then cover the warpgroup's
-// D / 2 columns (B operands from column w D/2), and each warpgroup stores half of the dS^T tile's query columns.
+// w keeps dK and dV columns [w D/2, (w + 1) D/2). As FlashAttention-3's hopper/ backward splits its 64 x 64 tiles
+// at these head dims, warpgroup w computes S^T and dP^T (over all of D) for query columns [32 w, 32 w + 32) only
+// (m64n32), runs the P and dS steps on them, and stores its half of P^T and of dS^T into shared memory; behind a
+// named barrier each then runs dV += P^T dO and dK += dS^T Q with A from those tiles (ss) and dQ = dS K over the
+// warpgroup's D / 2 columns (B operands from column w D / 2).
 
 namespace flex_bwd_sm90 {
 
@@ -64,21 +65,20 @@ struct Smem {
   static constexpr bool kSelectorsInK = kGradGemm && kDqN0 == kDqN1;
   using TileK = flex::SwizzledTile<kBlockN, kHeadDim, kSwizzle, kSelectorsInK ? kDqN0 / TileKV::kRegionCols : 0>;
   static constexpr int kSelectorCols = kSelectorsInK ? 16 : 0;
-  static constexpr int kStages = Traits::kPolicy.stages;
+  static constexpr int kStages = flex_backward_stages(kFlexBackwardWgmma, kHeadDim);
   static constexpr int kOffK = 0;
   static constexpr int kOffV = kOffK + TileK::kBytes;
   static constexpr int kOffQ = kOffV + TileKV::kBytes;
   static constexpr int kOffDO = kOffQ + kStages * TileQ::kBytes;
   static constexpr int kOffDS = kOffDO + kStages * TileQ::kBytes;
-  // kSplitD: the S^T and dP^T partial sums of both warpgroups (exchange_partials), [matrix][warpgroup][n8 tile][thread] float4.
-  static constexpr int kOffX = kOffDS + TileDS::kBytes;
-  static constexpr int kXBytes = kSplitD ? flex_backward_split_exchange_bytes(kBlockM, kBlockN) : 0;
-  static constexpr int kOffLse = kOffX + kXBytes;
+  static constexpr int kOffPt = kOffDS + TileDS::kBytes;  // kSplitD: P^T, in dS^T's layout
+  static constexpr int kOffLse = kOffPt + (kSplitD ? TileDS::kBytes : 0);
   static constexpr int kOffDelta = kOffLse + kStages * kBlockM * 4;
   static constexpr int kOffRed = kOffDelta + kStages * kBlockM * 4;     // [kNWarps][kBlockM] 8-byte slots
   // Planes of a diagonal scatter's warp reduction (flex_bwd::TileScatter::warp_sum_planes): [warp][4][kBlockM + 16] floats.
   static constexpr int kOffPlanes = kOffRed + Traits::kNWarps * kBlockM * 8;
-  static constexpr int kOffSched = kOffPlanes + Traits::kNWarps * 4 * (kBlockM + 16) * 4;  // tile classes of the CTA's column
+  static constexpr int kPlaneBytes = kSplitD ? 0 : Traits::kNWarps * 4 * (kBlockM + 16) * 4;  // kSplitD: no scatters
+  static constexpr int kOffSched = kOffPlanes + kPlaneBytes;  // tile classes of the CTA's column
   // kProducer: the mbarriers of the Q / dO / lse2 / delta ring (full, then empty, per stage), of K and V, and the dQ
   // rows' slot (flex_bwd_sm90::DqRowsSlot), in the last kBarBytes of the tile-class cache, which then holds that many
   // fewer positions: the reduction slots stay free for the scatters, and D128's deterministic rows, which leave no
@@ -227,7 +227,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   // The head-dim split form (see above): each warpgroup's dK / dV columns and k-steps of S^T and dP^T.
   constexpr bool kSplitD = S::kSplitD;
   constexpr int kAccD = kSplitD ? kHeadDim / 2 : kHeadDim;
-  constexpr int kKSteps = kSplitD ? kD16 / 2 : kD16;
+  constexpr int kMTw = kSplitD ? kMT / 2 : kMT;  // n8 query-column tiles of the warpgroup's S^T and dP^T
   constexpr float kLog2e = 1.4426950408889634f;
   constexpr int kNumScatters = Variant::kNumScatters;
   // Without scatters, d_score is folded into P before dS (no score kept across the dP wait).
@@ -339,7 +339,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
 #pragma unroll
   for (int i = 0; i < (kNumScatters > 0 ? kNumScatters : 1); ++i) acc_uniform[i] = acc_kvrow[i][0] = acc_kvrow[i][1] = 0.f;
 
-  static_assert(TileScatter0::kPlaneFloats * 4 == S::kOffSched - S::kOffPlanes, "flex_backward_main_sm90: plane region size");
+  static_assert(kSplitD || TileScatter0::kPlaneFloats * 4 == S::kOffSched - S::kOffPlanes, "flex_backward_main_sm90: plane region size");
   if constexpr (kSplitScatter && TileScatter0::kClass == flex_bwd::kScatterDiagonal) TileScatter0::zero_planes(sh_planes, tid);  // ordered by the loop's first barrier
 
   const float scale_log2 = p.scale * kLog2e;
@@ -382,59 +382,68 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     const float* lse_st = sh_lse + stage * kBlockM;
     const float* delta_st = sh_delta + stage * kBlockM;
 
-    // S^T = K Q^T, then dP^T = V dO^T, as two groups: P is computed while dP^T is still running. kSplitD: over the
-    // warpgroup's half of D, then added to the other warpgroup's half.
+    // S^T = K Q^T, then dP^T = V dO^T, as two groups: P is computed while dP^T is still running. kSplitD: all 64 KV
+    // rows, the warpgroup's 32 query columns.
     const int a_row0 = kSplitD ? 0 : wg * 64;
-    const int k_col0 = kSplitD ? wg * kAccD : 0;  // the warpgroup's first column of D: S^T / dP^T k-steps, dK / dV columns
-    float acc_s[kMT][4], acc_dp[kMT][4];
+    const int q_col0 = kSplitD ? wg * 32 : 0;     // the warpgroup's first query column of S^T / dP^T
+    const int k_col0 = kSplitD ? wg * kAccD : 0;  // the warpgroup's first dK / dV column
+    float acc_s[kMTw][4], acc_dp[kMTw][4];
     flex::wgmma_fence();
 #pragma unroll
-    for (int i = 0; i < kKSteps; ++i)
-      flex::Wgmma<kBlockM>::template ss<Element, 0, 0>(flex_bwd_sm90::flat(acc_s), flex::desc_k_major<TileK>(s_k, a_row0, k_col0 + i * 16),
-                                                       flex::desc_k_major<TileQ>(sq, 0, k_col0 + i * 16), i > 0 ? 1 : 0);
+    for (int i = 0; i < kD16; ++i)
+      flex::Wgmma<kMTw * 8>::template ss<Element, 0, 0>(flex_bwd_sm90::flat(acc_s), flex::desc_k_major<TileK>(s_k, a_row0, i * 16),
+                                                        flex::desc_k_major<TileQ>(sq, q_col0, i * 16), i > 0 ? 1 : 0);
     flex::wgmma_commit();
 #pragma unroll
-    for (int i = 0; i < kKSteps; ++i)
-      flex::Wgmma<kBlockM>::template ss<Element, 0, 0>(flex_bwd_sm90::flat(acc_dp), flex::desc_k_major<TileKV>(s_v, a_row0, k_col0 + i * 16),
-                                                       flex::desc_k_major<TileQ>(sdo, 0, k_col0 + i * 16), i > 0 ? 1 : 0);
+    for (int i = 0; i < kD16; ++i)
+      flex::Wgmma<kMTw * 8>::template ss<Element, 0, 0>(flex_bwd_sm90::flat(acc_dp), flex::desc_k_major<TileKV>(s_v, a_row0, i * 16),
+                                                        flex::desc_k_major<TileQ>(sdo, q_col0, i * 16), i > 0 ? 1 : 0);
     flex::wgmma_commit();
     flex::wgmma_wait<1>();
     flex::fence_operands(flex_bwd_sm90::flat(acc_s));
-    float* const x_base = reinterpret_cast<float*>(smem + S::kOffX);  // kSplitD: S^T's partials, then dP^T's
-    if constexpr (kSplitD) flex_bwd_sm90::exchange_partials(x_base, acc_s, wg, tid);
 
     // P^T (or P^T d_score) into acc_s and the A fragments of dV's GEMM, from S^T: flex_bwd_sm90::recompute_p, with
     // every element tested on partial tiles and tiles crossing Sq or Skv, and none tested on interior full tiles
     // (most of them), which takes the per-element predicates and branches out of the common path.
     const bool check_elements = cls == 2 || kv_tail || m0 + kBlockM > seqlen_q;
-    const flex_bwd_sm90::ElementCoords at{b, h, hkv, m0, kv_r0, t4, warp, wg, cls, seqlen_q, seqlen_kv};
-    float score_v[kMT][4];  // kept only for the scatters / a late d_score (dead code otherwise)
-    unsigned pa[kBlockM / 16][4];
+    const flex_bwd_sm90::ElementCoords at{b, h, hkv, m0 + q_col0, kv_r0, t4, warp, wg, cls, seqlen_q, seqlen_kv};
+    float score_v[kMTw][4];  // kept only for the scatters / a late d_score (dead code otherwise)
+    unsigned pa[kMTw / 2][4];
     // Staged terms of this query tile (flex_backward_staged.cuh): Col values per element, Tile per query column.
-    unsigned st_col[kMT][2];
+    unsigned st_col[kMTw][2];
     if constexpr (Staged::kCol)
       flex_bwd_staged::read_col(st_col, s_base + S::kOffStCol + stage * flex_bwd_staged::kColBytes, kSpread ? spread_col0 / 8 : 2 * (warp % 4), ln);
     const unsigned char* st_tile = smem + S::kOffStTile + stage * Staged::kTileStageBytes;
     // The Diag band's entry of the thread's query column 2 t4 and KV row 16 warp + g (flex_backward_staged.cuh).
     const float* st_diag = reinterpret_cast<const float*>(smem + S::kOffStDiag + stage * flex_bwd_staged::kDiagBytes) + (kBlockN - 1) + 2 * t4 - (warp * 16 + g);
     if (check_elements)
-      flex_bwd_sm90::recompute_p<true, Variant, Element, kFoldDScore>(p, vp, at, scale_log2, lse_st, st_col, st_tile, st_diag, acc_s, score_v, pa);
+      flex_bwd_sm90::recompute_p<true, Variant, Element, kFoldDScore>(p, vp, at, scale_log2, lse_st + q_col0, st_col, st_tile, st_diag, acc_s, score_v, pa);
     else
-      flex_bwd_sm90::recompute_p<false, Variant, Element, kFoldDScore>(p, vp, at, scale_log2, lse_st, st_col, st_tile, st_diag, acc_s, score_v, pa);
+      flex_bwd_sm90::recompute_p<false, Variant, Element, kFoldDScore>(p, vp, at, scale_log2, lse_st + q_col0, st_col, st_tile, st_diag, acc_s, score_v, pa);
 
-    // dV += P^T dO (A = P^T from registers, B = dO MN-major), running while dS is computed.
+    // dV += P^T dO (A = P^T from registers, B = dO MN-major), running while dS is computed. kSplitD: A = the P^T tile
+    // both warpgroups stored (the other warpgroup's dV GEMM of the previous tile retired before its dQ barrier).
+    const unsigned s_pt = flex_bwd_sm90::opaque(s_base + S::kOffPt);
+    if constexpr (kSplitD) {
+      flex_bwd_sm90::store_t<S, S::kOffPt>(smem, pa, kv_row_w + g, t4, q_col0 / 8);
+      flex::fence_proxy_async();
+      flex::named_barrier_sync(flex_bwd_sm90::kBarPt, kNThreads);
+    }
     flex::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk)
-      flex::Wgmma<kAccD>::template rs<Element, 1>(acc_dv, pa[kk], flex::desc_mn_major<TileQ>(sdo, kk * 16, k_col0), 1);
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      if constexpr (kSplitD)
+        flex::Wgmma<kAccD>::template ss<Element, 0, 1>(acc_dv, flex::desc_k_major<TileDS>(s_pt, 0, kk * 16), flex::desc_mn_major<TileQ>(sdo, kk * 16, k_col0), 1);
+      else
+        flex::Wgmma<kAccD>::template rs<Element, 1>(acc_dv, pa[kk], flex::desc_mn_major<TileQ>(sdo, kk * 16, k_col0), 1);
+    }
     flex::wgmma_commit();
 
     // dS = P (dP - delta) in place of dP^T (the dS_pre directly when d_score was folded in).
     flex::wgmma_wait<1>();
     flex::fence_operands(flex_bwd_sm90::flat(acc_dp));
-    if constexpr (kSplitD) flex_bwd_sm90::exchange_partials(x_base + S::kXBytes / 8, acc_dp, wg, tid);
-    if (check_elements) flex_bwd_sm90::compute_ds<true, Variant>(acc_s, acc_dp, delta_st, t4);
-    else flex_bwd_sm90::compute_ds<false, Variant>(acc_s, acc_dp, delta_st, t4);
+    if (check_elements) flex_bwd_sm90::compute_ds<true, Variant>(acc_s, acc_dp, delta_st + q_col0, t4);
+    else flex_bwd_sm90::compute_ds<false, Variant>(acc_s, acc_dp, delta_st + q_col0, t4);
 
     // Scatters (buffer gradients) from dS, then dS_pre = dS * d_score; the staged terms' dS^T into their planes.
     if constexpr (kGradGemm) {
@@ -448,10 +457,11 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     } else if constexpr (kNumScatters > 0)
       flex_bwd::scatter_one<Traits, Variant, kDeterministic, 0, kProducer>(p, vp, acc_dp, score_v, acc_uniform, acc_kvrow, sh_red, b, h, hkv,
                                                                            m0, n0, kv_r0, warp, lane, true);
-    if constexpr (!kFoldDScore) Mods::ds_pre(vp, b, h, hkv, flex_bwd::KvMajorFragment{m0, kv_r0, t4}, acc_dp, score_v);
+    if constexpr (!kFoldDScore) Mods::ds_pre(vp, b, h, hkv, flex_bwd::KvMajorFragment{m0 + q_col0, kv_r0, t4}, acc_dp, score_v);
 
-    // dK += dS^T Q (A = dS^T from registers, B = Q MN-major); dS^T into shared memory for dQ.
-    unsigned da[kBlockM / 16][4];
+    // dK += dS^T Q (A = dS^T from registers, B = Q MN-major; kSplitD: from the dS^T tile, behind the dQ barrier);
+    // dS^T into shared memory for dQ.
+    unsigned da[kMTw / 2][4];
     flex_bwd_sm90::pack_a<Element>(acc_dp, da);
     // dK's GEMM: right here without dQ; with dQ, behind dQ's GEMM (dq_block), so that dQ's atomics go out while it
     // runs, or, warp-specialised with bulk dQ rows (whose stores are quick), before the dS^T barriers, so that the
@@ -459,19 +469,20 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     auto issue_dk = [&] {
       flex::wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kBlockM / 16; ++kk)
-        flex::Wgmma<kAccD>::template rs<Element, 1>(acc_dk, da[kk], flex::desc_mn_major<TileQ>(sq, kk * 16, k_col0), 1);
+      for (int kk = 0; kk < kBlockM / 16; ++kk) {
+        if constexpr (kSplitD)
+          flex::Wgmma<kAccD>::template ss<Element, 0, 1>(acc_dk, flex::desc_k_major<TileDS>(s_ds, 0, kk * 16), flex::desc_mn_major<TileQ>(sq, kk * 16, k_col0), 1);
+        else
+          flex::Wgmma<kAccD>::template rs<Element, 1>(acc_dk, da[kk], flex::desc_mn_major<TileQ>(sq, kk * 16, k_col0), 1);
+      }
       flex::wgmma_commit();
     };
-    // kSplitD: dK first too, so that its A fragments are dead before dQ's accumulator (D / 2 columns) is live.
-    constexpr bool kDkFirst = kProducer && (kDqBulk || kSplitD);
+    constexpr bool kDkFirst = kProducer && kDqBulk && !kSplitD;
     if constexpr (kDkFirst) issue_dk();
     if constexpr (kDq) {
       // Without the loop-top barrier, the other warpgroup may still be in the previous tile's dQ GEMM.
       if constexpr (kProducer) flex::named_barrier_sync(flex_bwd_sm90::kBarDsFree, kNThreads);
-      // kSplitD: both warpgroups hold the same dS^T; each stores half of its query columns.
-      if constexpr (kSplitD) flex_bwd_sm90::store_ds_t<S>(smem, da, kv_row_w + g, t4, wg);
-      else flex_bwd_sm90::store_ds_t<S>(smem, da, kv_row_w + g, t4);
+      flex_bwd_sm90::store_t<S, S::kOffDS>(smem, da, kv_row_w + g, t4, q_col0 / 8);
     }
     if constexpr (!kDq && !kDkFirst) issue_dk();
     if constexpr (kSplitScatter) {
@@ -488,10 +499,8 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
         if constexpr (kDqBulk) flex::mbarrier_wait(flex_bwd_sm90::dq_empty_barrier<S>(s_base), dq_phase ^ 1u);
         if constexpr (Staged::kAny) flex::cp_async_wait<0>();  // the next tile's staged values, for every consumer
         if constexpr (kSplitD) {
-          // dV and dK retired (their A fragments dead) before dQ's accumulator of D / 2 columns is live: with all three
-          // in flight ptxas runs out of registers for the wgmma pipeline at D256 and serialises every wgmma.
+          // dV retired: the other warpgroup stores the next tile's P^T once past this barrier.
           flex::wgmma_wait<0>();
-          flex::fence_operands(acc_dk);
           flex::fence_operands(acc_dv);
         }
         flex::named_barrier_sync(flex_bwd_sm90::kBarDq, kNThreads);

@@ -139,42 +139,20 @@ __device__ __forceinline__ void pack_a(const float (&acc)[kMT][4], unsigned (&a)
   }
 }
 
-// The thread's packed dS^T (rows r and r + 8 of the CTA's KV rows) into the shared [block_n][64] tile dQ's GEMM reads:
-// element (kv row r, query column c); each quad writes 4-byte pairs of one chunk. half >= 0 (the head-dim split
-// form, whose warpgroups hold the same dS^T): only query columns [32 half, 32 half + 32).
-template <class S, int kKK>
-__device__ __forceinline__ void store_ds_t(unsigned char* smem, const unsigned (&da)[kKK][4], int r, int t4, int half = -1) {
+// The thread's packed dS^T (or, in the head-dim split form, P^T) rows r and r + 8 of the CTA's KV rows into the shared
+// [block_n][64] tile at kOff that dQ's GEMM (and the split form's dV and dK GEMMs) read: element (kv row r, query
+// column c); each quad writes 4-byte pairs of one chunk. chunk0: the fragments' first 8-column chunk (the split form's
+// warpgroups hold 32 query columns each, from column 32 wg).
+template <class S, int kOff, int kKK>
+__device__ __forceinline__ void store_t(unsigned char* smem, const unsigned (&da)[kKK][4], int r, int t4, int chunk0 = 0) {
   using TileDS = typename S::TileDS;
 #pragma unroll
   for (int kk = 0; kk < kKK; ++kk) {
-    if (half >= 0 && kk / (kKK / 2) != half) continue;
-    *reinterpret_cast<unsigned*>(smem + S::kOffDS + TileDS::chunk_offset(r, 2 * kk) + 4 * t4) = da[kk][0];
-    *reinterpret_cast<unsigned*>(smem + S::kOffDS + TileDS::chunk_offset(r + 8, 2 * kk) + 4 * t4) = da[kk][1];
-    *reinterpret_cast<unsigned*>(smem + S::kOffDS + TileDS::chunk_offset(r, 2 * kk + 1) + 4 * t4) = da[kk][2];
-    *reinterpret_cast<unsigned*>(smem + S::kOffDS + TileDS::chunk_offset(r + 8, 2 * kk + 1) + 4 * t4) = da[kk][3];
-  }
-}
-
-// The head-dim split form's partial sums (flex_backward_sm90.cuh, kSplitD): each warpgroup computed `acc` (S^T or dP^T
-// of the CTA's 64 KV rows) over its half of D; both store theirs to `x` ([warpgroup][n8 tile][128 threads] float4,
-// conflict-free), meet at a named barrier, and add the other's, so both hold the same sum (a + b is b + a in
-// floating point). The region is written again only a tile later, after the other matrix's exchange barrier, which
-// every reader of this one has passed.
-template <int kMT>
-__device__ __forceinline__ void exchange_partials(float* x, float (&acc)[kMT][4], int wg, int tid) {
-  constexpr int kThreads = 128;
-  float4* mine = reinterpret_cast<float4*>(x) + wg * kMT * kThreads + tid % kThreads;
-#pragma unroll
-  for (int nt = 0; nt < kMT; ++nt) mine[nt * kThreads] = make_float4(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
-  flex::named_barrier_sync(kBarPartials, 2 * kThreads);
-  const float4* other = reinterpret_cast<const float4*>(x) + (wg ^ 1) * kMT * kThreads + tid % kThreads;
-#pragma unroll
-  for (int nt = 0; nt < kMT; ++nt) {
-    const float4 o = other[nt * kThreads];
-    acc[nt][0] += o.x;
-    acc[nt][1] += o.y;
-    acc[nt][2] += o.z;
-    acc[nt][3] += o.w;
+    const int c = chunk0 + 2 * kk;
+    *reinterpret_cast<unsigned*>(smem + kOff + TileDS::chunk_offset(r, c) + 4 * t4) = da[kk][0];
+    *reinterpret_cast<unsigned*>(smem + kOff + TileDS::chunk_offset(r + 8, c) + 4 * t4) = da[kk][1];
+    *reinterpret_cast<unsigned*>(smem + kOff + TileDS::chunk_offset(r, c + 1) + 4 * t4) = da[kk][2];
+    *reinterpret_cast<unsigned*>(smem + kOff + TileDS::chunk_offset(r + 8, c + 1) + 4 * t4) = da[kk][3];
   }
 }
 

@@ -34,6 +34,7 @@ FlexBackwardFeatures BackwardConfig::features() const {
 int BackwardConfig::shared_bytes() const {
   FlexBackwardPolicy p = flex_backward_tiles(head_dim);
   p.kind = hopper ? kFlexBackwardWgmma : kFlexBackwardMmaSync;
+  p.stages = stages;  // the module's policy's (backward_kernel_source)
   return flex_backward_smem_bytes(p, features(), dq_bulk, grad_gemm);
 }
 
@@ -48,7 +49,9 @@ BackwardConfig backward_config(int head_dim, const std::string& arch) {
     throw Error(fmt::format("head dim {} is not supported by the GPU backward kernel; supported: {}", head_dim, fmt::join(dims, ", ")));
   const FlexBackwardPolicy p = flex_backward_tiles(head_dim);
   BackwardConfig c{head_dim, p.block_m, p.block_n, p.warps, p.stages};
-  c.hopper = flex_backward_kind(is_hopper_arch(arch), head_dim) == kFlexBackwardWgmma;
+  const int kind = flex_backward_kind(is_hopper_arch(arch), head_dim);
+  c.hopper = kind == kFlexBackwardWgmma;
+  c.stages = flex_backward_policy(kind, head_dim, FlexBackwardFeatures{}).stages;
   return c;
 }
 
@@ -137,6 +140,7 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
   const int kind = backward_kind(options, grad);
   const FlexBackwardPolicy policy = flex_backward_policy(kind, options.head_dim, features);
   out.config.hopper = kind == kFlexBackwardWgmma;
+  out.config.stages = policy.stages;
   out.config.staged_col = features.staged_col;
   out.config.staged_tile = features.staged_tile;
   out.config.staged_diag = features.staged_diag;

@@ -56,13 +56,9 @@ constexpr int flex_backward_kind(bool hopper_arch, int head_dim, bool split_ok =
   return split_ok && (head_dim == 192 || head_dim == 256) ? kFlexBackwardWgmma : kFlexBackwardMmaSync;
 }
 
-// Q / dO stages of the main kernel: two, but one for the mma.sync kernel's padded tiles above head dim 128 (the
-// wgmma kind's split form fits two at 256: 216 KB).
-constexpr int flex_backward_stages(int kind, int head_dim) { return head_dim > 128 && kind != kFlexBackwardWgmma ? 1 : 2; }
-
 // Shared memory of the main kernel. wgmma kind (flex_bwd_sm90::Smem): dense swizzled K, V [block_n][D] and Q, dO
-// [block_m][D] per stage, dS^T [block_n][block_m] (above head dim 128 P^T too), lse2 / delta, the reduction slots, the diagonal scatter's planes
-// [warps][4][block_m + 16] floats, the cached tile classes, 1 KB to align the base; then the staged terms' tiles, their
+// [block_m][D] per stage, dS^T [block_n][block_m] (above head dim 128 P^T too), lse2 / delta, the reduction slots,
+// the diagonal scatter's planes [warps][4][block_m + 16] floats (none above 128), the cached tile classes, 1 KB to align the base; then the staged terms' tiles, their
 // gradients' planes, slabs or selectors, and the dQ rows. mma.sync kind (FlexBackwardTraits): the same tiles padded
 // by 8 columns, without the planes and the alignment.
 constexpr int flex_backward_smem_bytes(const FlexBackwardPolicy& p, const FlexBackwardFeatures& f, bool dq_bulk, bool grad_gemm) {
@@ -72,7 +68,7 @@ constexpr int flex_backward_smem_bytes(const FlexBackwardPolicy& p, const FlexBa
     return 2 * n * stride * 2 + 2 * p.stages * m * stride * 2 + n * (m + 8) * 2 + 2 * p.stages * m * 4 + p.warps * m * 8 + 2048;
   }
   int bytes = 2 * n * d * 2 + 2 * p.stages * m * d * 2 + n * m * 2;
-  if (d > 128) bytes += n * m * 2;  // the split form's P^T tile; it has no scatters, so no planes
+  if (d > 128) bytes += 2 * n * m * 2;  // the split form's two P^T tiles; it has no scatters, so no planes
   bytes += 2 * p.stages * m * 4 + p.warps * m * 8 + (d > 128 ? 0 : p.warps * 4 * (m + 16) * 4) + 2048;
   if (f.staged_col) bytes += p.stages * m * 64 * 2;
   if (f.staged_tile) bytes += p.stages * m * (f.spread_rows ? 8 : 2) * 2;
@@ -88,9 +84,31 @@ constexpr int flex_backward_smem_bytes(const FlexBackwardPolicy& p, const FlexBa
   return bytes + 1024;
 }
 
+constexpr int kSm90MaxDynamicShared = 227 * 1024;  // the opt-in limit per block
+
+// Q / dO stages of the main kernel: two, but one for the mma.sync kernel's padded tiles above head dim 128, and for the
+// wgmma kind's split form (head dims 192, 256; nothing staged) where its bulk dQ rows do not fit beside two (216 KB
+// of tiles at D256; D192's fp32 rows fit, its fixed-point rows do not).
+constexpr int flex_backward_stages(int kind, int head_dim, bool dq_bulk, bool deterministic) {
+  if (head_dim <= 128) return 2;
+  if (kind != kFlexBackwardWgmma) return 1;
+  if (!dq_bulk) return 2;
+  FlexBackwardPolicy two{};
+  two.kind = kind;
+  two.head_dim = head_dim;
+  two.block_m = two.block_n = 64;
+  two.warps = 8;
+  two.stages = 2;
+  two.swizzle_bytes = head_dim == 256 ? 128 : 64;
+  FlexBackwardFeatures f{};
+  f.deterministic = deterministic;
+  return flex_backward_smem_bytes(two, f, true, false) <= kSm90MaxDynamicShared ? 2 : 1;
+}
+
 // The policy (the measurements behind each choice: docs/notes/BACKWARD_SM90.md, "The backward policy's choices"):
 //   - 64 query rows x 128 KV rows per CTA with 8 warps and two Q / dO stages; at head dims above 128 64 KV rows (the
-//     registers of dK and dV), and one stage in the mma.sync kernel (its padded tiles' shared memory). The query-major pass: the forward's 128 x 64 tiles, one K / V stage above 128;
+//     registers of dK and dV) and one stage where two do not fit (flex_backward_stages). The query-major pass: the
+//     forward's 128 x 64 tiles, one K / V stage above 128;
 //   - the wgmma kind's swizzle: 128 bytes at D128 and D256, 64 at 64, 96 and 192, 32 at 32 and 80, so a row has at
 //     least two regions and the dQ column split (and at 192 / 256 the dK / dV split) lands on a region boundary;
 //   - launch groups of 8 (KV head, batch) pairs: heavy low KV blocks of causal masks start first, while the Q / dO
@@ -99,7 +117,8 @@ constexpr int flex_backward_smem_bytes(const FlexBackwardPolicy& p, const FlexBa
 //     dim 96, where one bulk operation per query row of D * 4 bytes outweighs its issue cost, and with a diagonal
 //     scatter only in the warp-specialised kernel (its writer warp sends the rows; in the 256-thread kernel the split
 //     reduction's cross-warp sums run while dQ runs and hide the float4 atomics' latency); deterministic, in 64-bit
-//     fixed point at every head dim, where they replace one 64-bit atomic per element;
+//     fixed point at every head dim, where they replace one 64-bit atomic per element; above head dim 128 (the split
+//     form) with one Q / dO stage where two leave them no room;
 //   - warp specialisation (a producer warpgroup with 24 registers streams Q, dO by TMA and lse2, delta by its lanes; a
 //     writer warp sends the bulk dQ rows; the two consumer warpgroups get 240 registers and meet only at named
 //     barriers, the scatters' reductions included) wherever the operands have tensor maps and no staged gradient
@@ -116,7 +135,7 @@ constexpr FlexBackwardPolicy flex_backward_policy(int kind, int head_dim, FlexBa
   p.block_m = 64;
   p.block_n = big ? 64 : 128;
   p.warps = 8;
-  p.stages = flex_backward_stages(kind, head_dim);
+  p.stages = flex_backward_stages(kind, head_dim, false, false);
   p.swizzle_bytes = (head_dim == 128 || head_dim == 256) ? 128 : (head_dim == 64 || head_dim == 96 || head_dim == 192) ? 64 : 32;
   p.head_group = 8;
   p.qmajor_block_m = 128;
@@ -128,9 +147,16 @@ constexpr FlexBackwardPolicy flex_backward_policy(int kind, int head_dim, FlexBa
   const bool staged_ok = !(f.staged_col || f.staged_tile) || !f.staged_grad || p.grad_gemm;
   p.producer = wgmma && !f.query_major && f.tma_operands && staged_ok;
   constexpr int kDqBulkMinHeadDim = 96;
-  constexpr int kSm90MaxDynamicShared = 227 * 1024;  // the opt-in limit per block
   const bool bulk_pays = f.deterministic || (head_dim >= kDqBulkMinHeadDim && (!f.diagonal_scatter || p.producer));
-  p.dq_bulk = wgmma && !big && !f.query_major && bulk_pays && flex_backward_smem_bytes(p, f, true, p.grad_gemm) <= kSm90MaxDynamicShared;
+  // Bulk rows never take a Q / dO stage away, except fixed-point ones, which replace a 64-bit atomic per element.
+  if (wgmma && !f.query_major && bulk_pays) {
+    FlexBackwardPolicy bulk = p;
+    bulk.stages = flex_backward_stages(kind, head_dim, true, f.deterministic);
+    if (flex_backward_smem_bytes(bulk, f, true, p.grad_gemm) <= kSm90MaxDynamicShared && (bulk.stages == p.stages || f.deterministic)) {
+      p.dq_bulk = true;
+      p.stages = bulk.stages;
+    }
+  }
   p.smem_bytes = flex_backward_smem_bytes(p, f, p.dq_bulk, p.grad_gemm);
   return p;
 }

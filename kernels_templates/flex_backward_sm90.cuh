@@ -65,14 +65,14 @@ struct Smem {
   static constexpr bool kSelectorsInK = kGradGemm && kDqN0 == kDqN1;
   using TileK = flex::SwizzledTile<kBlockN, kHeadDim, kSwizzle, kSelectorsInK ? kDqN0 / TileKV::kRegionCols : 0>;
   static constexpr int kSelectorCols = kSelectorsInK ? 16 : 0;
-  static constexpr int kStages = flex_backward_stages(kFlexBackwardWgmma, kHeadDim);
+  static constexpr int kStages = flex_backward_stages(kFlexBackwardWgmma, kHeadDim, kDqBulk, kDqFixed);
   static constexpr int kOffK = 0;
   static constexpr int kOffV = kOffK + TileK::kBytes;
   static constexpr int kOffQ = kOffV + TileKV::kBytes;
   static constexpr int kOffDO = kOffQ + kStages * TileQ::kBytes;
   static constexpr int kOffDS = kOffDO + kStages * TileQ::kBytes;
-  static constexpr int kOffPt = kOffDS + TileDS::kBytes;  // kSplitD: P^T, in dS^T's layout
-  static constexpr int kOffLse = kOffPt + (kSplitD ? TileDS::kBytes : 0);
+  static constexpr int kOffPt = kOffDS + TileDS::kBytes;  // kSplitD: P^T, in dS^T's layout, two tiles (see the kernel)
+  static constexpr int kOffLse = kOffPt + (kSplitD ? 2 * TileDS::kBytes : 0);
   static constexpr int kOffDelta = kOffLse + kStages * kBlockM * 4;
   static constexpr int kOffRed = kOffDelta + kStages * kBlockM * 4;     // [kNWarps][kBlockM] 8-byte slots
   // Planes of a diagonal scatter's warp reduction (flex_bwd::TileScatter::warp_sum_planes): [warp][4][kBlockM + 16] floats.
@@ -112,8 +112,8 @@ struct Smem {
                 "flex_backward_main_sm90: head dims 32, 64, 80, 96, 128, 192 and 256 only");
   static_assert(kBlockM == 64 && kBlockN == (kSplitD ? 64 : 128) && Traits::kNWarps == 8,
                 "flex_backward_main_sm90: 64 x 128 tiles (64 x 64 split over D above 128), 8 warps");
-  static_assert(!kSplitD || (kDqN0 == kHeadDim / 2 && kProducer && !kDqBulk && !Staged::kAny),
-                "flex_backward_main_sm90: the head-dim split form is warp-specialised, with dQ atomics and nothing staged");
+  static_assert(!kSplitD || (kDqN0 == kHeadDim / 2 && kProducer && !Staged::kAny),
+                "flex_backward_main_sm90: the head-dim split form is warp-specialised, with nothing staged");
   static_assert(TileK::kBytes % 1024 == 0 && TileKV::kBytes % 1024 == 0 && TileQ::kBytes % 1024 == 0 && TileDS::kBytes % 1024 == 0,
                 "flex_backward_main_sm90: every tile must keep the next one 1024-byte aligned");
   static_assert(kDqN1 > 0 && kDqN0 % TileKV::kRegionCols == 0, "flex_backward_main_sm90: dQ split must land on a region boundary");
@@ -344,6 +344,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
 
   const float scale_log2 = p.scale * kLog2e;
   int stage = 0;
+  int pt_tile = 0;  // kSplitD: the P^T tile of this query tile
   flex::PipelineState<S::kStages> st;  // kProducer: the ring slot of this tile
   unsigned dq_phase = 0;                // kProducer, kDqBulk: the parity of this tile's dq_full phase
   while (pos < total) {
@@ -422,10 +423,11 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
       flex_bwd_sm90::recompute_p<false, Variant, Element, kFoldDScore>(p, vp, at, scale_log2, lse_st + q_col0, st_col, st_tile, st_diag, acc_s, score_v, pa);
 
     // dV += P^T dO (A = P^T from registers, B = dO MN-major), running while dS is computed. kSplitD: A = the P^T tile
-    // both warpgroups stored (the other warpgroup's dV GEMM of the previous tile retired before its dQ barrier).
-    const unsigned s_pt = flex_bwd_sm90::opaque(s_base + S::kOffPt);
+    // both warpgroups stored, one of two in turn: the other warpgroup's last reader of this one, its dV GEMM of two
+    // tiles back, retired at the end of that tile, before it reached the previous tile's dQ barrier.
+    const unsigned s_pt = flex_bwd_sm90::opaque(s_base + S::kOffPt) + pt_tile * TileDS::kBytes;
     if constexpr (kSplitD) {
-      flex_bwd_sm90::store_t<S, S::kOffPt>(smem, pa, kv_row_w + g, t4, q_col0 / 8);
+      flex_bwd_sm90::store_t<S, S::kOffPt>(smem + pt_tile * TileDS::kBytes, pa, kv_row_w + g, t4, q_col0 / 8);
       flex::fence_proxy_async();
       flex::named_barrier_sync(flex_bwd_sm90::kBarPt, kNThreads);
     }
@@ -498,11 +500,6 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
         // With bulk rows, the writer warp must have read the previous tile's (a fresh barrier reads as released).
         if constexpr (kDqBulk) flex::mbarrier_wait(flex_bwd_sm90::dq_empty_barrier<S>(s_base), dq_phase ^ 1u);
         if constexpr (Staged::kAny) flex::cp_async_wait<0>();  // the next tile's staged values, for every consumer
-        if constexpr (kSplitD) {
-          // dV retired: the other warpgroup stores the next tile's P^T once past this barrier.
-          flex::wgmma_wait<0>();
-          flex::fence_operands(acc_dv);
-        }
         flex::named_barrier_sync(flex_bwd_sm90::kBarDq, kNThreads);
       } else {
         if constexpr (kDqBulk) {
@@ -585,6 +582,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     head_in_group = head_next;
     m_block = m_next;
     stage ^= 1;
+    pt_tile ^= 1;
   }
   flex::cp_async_wait<0>();
   if constexpr (kDqBulk && !kProducer) {

@@ -13,7 +13,7 @@
 # causal at D128: slopes from a buffer / one runtime slope), alibi64, alibi96, relh64, relw64, scale64, relbias64, samrt64
 # (SAM with a runtime width W), causal64, sw64 / swrt64 / swrt (a sliding window of 1024, constant or a runtime int),
 # sinks64 / sinksrt64 / sinks / sinks64odd (4 attention sinks + that window; odd: S 4000), causal96, full80, full96,
-# full192, full256 (forward); causal, full, full64, causal96, causal64, causal80, causal192, causal256, causaldet (deterministic), alibi (slopes from a
+# full192, full256 (forward); causal, full, full64, causal96, causal64, causal80, causal192, causal256, causaldet / causal192det / causal256det (deterministic; causal256detq: with dQ by the query-major pass), alibi (slopes from a
 # buffer, no gradient), relbias / relbiasdet / relbias64 (the learnable bias[h, q - kv + Skv - 1] + causal, with its
 # gradient; deterministic; D64; relbiasng: without the gradient), kvbsoftcap (a softcap of score + a learnable per-KV
 # bias, full attention), slope / slopedet (learnable ALiBi slopes + causal), sam / samdet / samng (SAM ViT-B with
@@ -77,6 +77,9 @@ backward_args() {
     causal80) echo "--name causal --mask q>=kv --shape 4,16,16,4096,4096,80" ;;
     causal192) echo "--name causal --mask q>=kv --shape 4,16,16,4096,4096,192" ;;
     causal256) echo "--name causal --mask q>=kv --shape 4,16,16,4096,4096,256" ;;
+    causal192det) echo "--name causal --mask q>=kv --deterministic --shape 4,16,16,4096,4096,192" ;;
+    causal256det) echo "--name causal --mask q>=kv --deterministic --shape 4,16,16,4096,4096,256" ;;
+    causal256detq) echo "--name causal --mask q>=kv --deterministic --dq qmajor --shape 4,16,16,4096,4096,256" ;;
     full64) echo "--name full --shape 8,12,12,4096,4096,64" ;;
     causaldet) echo "--name causal --mask q>=kv --deterministic --shape 4,16,16,4096,4096,128" ;;
     alibi) echo "--name alibi --score score+slope[h]*(kv-q) --buffer slope:f32[H] --mask q>=kv --shape 4,16,16,4096,4096,128" ;;

@@ -68,13 +68,13 @@ TEST_CASE("the backward policy fits the kernels' warp layouts and shared memory 
         CHECK(p.head_group >= 1);
         CHECK(p.smem_bytes <= kSm90MaxDynamicShared);
         if (kind == kFlexBackwardWgmma) {
-          // flex_bwd_sm90::Smem: 64 x 128 tiles (64 x 64 split over D above 128, warp-specialised with one stage and
-          // dQ atomics), 1024-byte aligned tiles, at least two swizzle regions per row.
+          // flex_bwd_sm90::Smem: 64 x 128 tiles (64 x 64 above 128, the warp-specialised split form), 1024-byte
+          // aligned tiles, at least two swizzle regions per row; the stages the kernel's Smem takes.
           CHECK(p.block_m == 64);
           CHECK(p.block_n == (split ? 64 : 128));
+          CHECK(p.stages == flex_backward_stages(kind, d, p.dq_bulk, f.deterministic));
           if (split) {
             CHECK(p.producer);
-            CHECK_FALSE(p.dq_bulk);
             CHECK(d / 2 % (p.swizzle_bytes / 2) == 0);  // the dK / dV split on a swizzle region boundary
           }
           CHECK(d * 2 / p.swizzle_bytes >= 2);
@@ -86,11 +86,11 @@ TEST_CASE("the backward policy fits the kernels' warp layouts and shared memory 
           CHECK_FALSE(p.grad_gemm);
           CHECK_FALSE(p.producer);
         }
-        // The host's geometry is the policy's.
+        // The host's geometry is the policy's (its stages are those of a module without bulk dQ rows).
         flexjit::BackwardConfig c = flexjit::backward_config(d, hopper ? "sm_90a" : "sm_80");
         CHECK(c.block_m == p.block_m);
         CHECK(c.block_n == p.block_n);
-        CHECK(c.stages == p.stages);
+        CHECK(c.stages == flex_backward_stages(kind, d, false, false));
         CHECK(c.hopper == (kind == kFlexBackwardWgmma));
       }
     }
@@ -141,6 +141,31 @@ TEST_CASE("the backward policy's dQ choices: bulk rows from head dim 96, fixed-p
   CHECK(flex_backward_policy(kFlexBackwardWgmma, 64, sam).grad_gemm);
   sam.bf16 = false;
   CHECK_FALSE(flex_backward_policy(kFlexBackwardWgmma, 64, sam).grad_gemm);
+}
+
+TEST_CASE("the backward policy's split form (head dims 192, 256): stages and dQ rows in 227 KB", "[codegen][policy]") {
+  FlexBackwardFeatures plain{};
+  plain.bf16 = plain.d_score_is_one = plain.tma_operands = true;
+  FlexBackwardFeatures det = plain;
+  det.deterministic = true;
+  struct Expect {
+    int head_dim;
+    bool deterministic, dq_bulk;
+    int stages;
+  };
+  // fp32 rows fit beside two stages at D192 (48 KB); fixed-point rows take one stage at D192 (96 KB) and do not fit at
+  // D256 (128 KB), where fixed-point atomics remain; D256 keeps fp32 atomics: its fp32 rows would cost a Q / dO
+  // stage, which measured slower (docs/notes/BACKWARD_SM90.md).
+  for (const Expect& e : {Expect{192, false, true, 2}, Expect{192, true, true, 1}, Expect{256, true, false, 2}, Expect{256, false, false, 2}}) {
+    INFO("head dim " << e.head_dim << ", deterministic " << e.deterministic);
+    const FlexBackwardPolicy p = flex_backward_policy(kFlexBackwardWgmma, e.head_dim, e.deterministic ? det : plain);
+    CHECK(p.dq_bulk == e.dq_bulk);
+    CHECK(p.stages == e.stages);
+    CHECK(p.smem_bytes <= 227 * 1024);
+  }
+  // Without bulk rows both head dims keep two stages: K, V, Q and dO x 2, P^T, dS^T and 5 KB.
+  CHECK(flex_backward_stages(kFlexBackwardWgmma, 256, false, false) == 2);
+  CHECK(flex_backward_stages(kFlexBackwardMmaSync, 256, false, false) == 1);
 }
 
 TEST_CASE("the backward policy's warp specialisation: Hopper modules without staged terms whose operands have tensor maps",

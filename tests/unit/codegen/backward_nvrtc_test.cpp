@@ -246,14 +246,16 @@ TEST_CASE("the sm_90a backward of a module without buffer gradients is warp-spec
       BackwardKernelSource bs = make_source(ir, deterministic, d, false, "sm_90a");
       REQUIRE(bs.config.hopper);
       REQUIRE(bs.config.warp_specialized);
-      // Head dims 192 and 256: the head-dim split form, 64 KV rows per CTA, one Q / dO stage.
+      // Head dims 192 and 256: the head-dim split form, 64 KV rows per CTA; two Q / dO stages but with D192's
+      // fixed-point dQ rows.
       CHECK(bs.config.block_n == (d > 128 ? 64 : 128));
+      CHECK(bs.config.stages == (deterministic && d == 192 ? 1 : 2));
       CHECK(bs.config.threads() == 384);  // a producer warpgroup and two consumer warpgroups
       CHECK(bs.module.source.find("__launch_bounds__(384, 1)") != std::string::npos);
       CHECK(bs.module.source.find("const __grid_constant__ FlexBackwardTmaMaps tma") != std::string::npos);
       const std::string ptx = test::check_warp_specialized_ptx(bs.module);
-      // With bulk dQ rows (D128, and deterministic up to 128) the writer warp sends them.
-      CHECK((ptx.find("cp.reduce.async.bulk") != std::string::npos) == ((deterministic && d <= 128) || d == 128));
+      // With bulk dQ rows (D128 and D192, and deterministic up to 192) the writer warp sends them.
+      CHECK((ptx.find("cp.reduce.async.bulk") != std::string::npos) == ((deterministic && d <= 192) || d == 128 || d == 192));
     }
   }
   // Operands no tensor map describes, sm_80 and the query-major pass keep the 256-thread kernels.

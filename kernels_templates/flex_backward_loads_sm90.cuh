@@ -15,8 +15,8 @@ namespace flex_bwd_sm90 {
 // the consumers and the writer warp through two mbarriers (dq_full: rows and slot written, one arrival per consumer
 // thread; dq_empty: rows and slot read, one per writer lane): a named barrier that one side only arrives at orders the
 // memory as well, but compute-sanitizer's racecheck reports it as a race. Named barrier 3 is the scatters'
-// (flex_bwd::kBarReduce); kBarPt, the head-dim split form's P^T tile complete before its dV GEMMs (the tile is free
-// again after kBarDq, which each warpgroup reaches with its dV GEMM retired).
+// (flex_bwd::kBarReduce); kBarPt, the head-dim split form's P^T tile complete before its dV GEMMs (each warpgroup
+// writes the other of its two P^T tiles next).
 constexpr int kBarDsFree = 1;
 constexpr int kBarDq = 2;
 constexpr int kBarPt = 4;

@@ -57,9 +57,10 @@ constexpr int flex_backward_kind(bool hopper_arch, int head_dim, bool split_ok =
 }
 
 // Shared memory of the main kernel. wgmma kind (flex_bwd_sm90::Smem): dense swizzled K, V [block_n][D] and Q, dO
-// [block_m][D] per stage, dS^T [block_n][block_m] (above head dim 128 P^T too), lse2 / delta, the reduction slots,
-// the diagonal scatter's planes [warps][4][block_m + 16] floats (none above 128), the cached tile classes, 1 KB to align the base; then the staged terms' tiles, their
-// gradients' planes, slabs or selectors, and the dQ rows. mma.sync kind (FlexBackwardTraits): the same tiles padded
+// [block_m][D] per stage, dS^T [block_n][block_m] (above head dim 128 two P^T tiles too), lse2 / delta, the
+// reduction slots, the diagonal scatter's planes [warps][4][block_m + 16] floats (none above 128), the cached tile
+// classes, 1 KB to align the base; then the staged terms' tiles, their gradients' planes, slabs or selectors, and the
+// dQ rows. mma.sync kind (FlexBackwardTraits): the same tiles padded
 // by 8 columns, without the planes and the alignment.
 constexpr int flex_backward_smem_bytes(const FlexBackwardPolicy& p, const FlexBackwardFeatures& f, bool dq_bulk, bool grad_gemm) {
   const int d = p.head_dim, m = p.block_m, n = p.block_n;
@@ -86,23 +87,18 @@ constexpr int flex_backward_smem_bytes(const FlexBackwardPolicy& p, const FlexBa
 
 constexpr int kSm90MaxDynamicShared = 227 * 1024;  // the opt-in limit per block
 
-// Q / dO stages of the main kernel: two, but one for the mma.sync kernel's padded tiles above head dim 128, and for the
-// wgmma kind's split form (head dims 192, 256; nothing staged) where its bulk dQ rows do not fit beside two (216 KB
-// of tiles at D256; D192's fp32 rows fit, its fixed-point rows do not).
-constexpr int flex_backward_stages(int kind, int head_dim, bool dq_bulk, bool deterministic) {
-  if (head_dim <= 128) return 2;
-  if (kind != kFlexBackwardWgmma) return 1;
+// Q / dO stages of the main kernel with the tiles of `p` (its kind, head dim and tile sizes): two, but one for the
+// mma.sync kernel's padded tiles above head dim 128, and for the wgmma kind's split form (head dims 192, 256; nothing
+// staged) where its bulk dQ rows do not fit beside two (224 KB of tiles at D256; D192's fp32 rows fit, its
+// fixed-point rows do not).
+constexpr int flex_backward_stages(FlexBackwardPolicy p, bool dq_bulk, bool deterministic) {
+  if (p.head_dim <= 128) return 2;
+  if (p.kind != kFlexBackwardWgmma) return 1;
   if (!dq_bulk) return 2;
-  FlexBackwardPolicy two{};
-  two.kind = kind;
-  two.head_dim = head_dim;
-  two.block_m = two.block_n = 64;
-  two.warps = 8;
-  two.stages = 2;
-  two.swizzle_bytes = head_dim == 256 ? 128 : 64;
+  p.stages = 2;
   FlexBackwardFeatures f{};
   f.deterministic = deterministic;
-  return flex_backward_smem_bytes(two, f, true, false) <= kSm90MaxDynamicShared ? 2 : 1;
+  return flex_backward_smem_bytes(p, f, true, false) <= kSm90MaxDynamicShared ? 2 : 1;
 }
 
 // The policy (the measurements behind each choice: docs/notes/BACKWARD_SM90.md, "The backward policy's choices"):
@@ -135,8 +131,8 @@ constexpr FlexBackwardPolicy flex_backward_policy(int kind, int head_dim, FlexBa
   p.block_m = 64;
   p.block_n = big ? 64 : 128;
   p.warps = 8;
-  p.stages = flex_backward_stages(kind, head_dim, false, false);
   p.swizzle_bytes = (head_dim == 128 || head_dim == 256) ? 128 : (head_dim == 64 || head_dim == 96 || head_dim == 192) ? 64 : 32;
+  p.stages = flex_backward_stages(p, false, false);
   p.head_group = 8;
   p.qmajor_block_m = 128;
   p.qmajor_block_n = 64;
@@ -151,7 +147,7 @@ constexpr FlexBackwardPolicy flex_backward_policy(int kind, int head_dim, FlexBa
   // Bulk rows never take a Q / dO stage away, except fixed-point ones, which replace a 64-bit atomic per element.
   if (wgmma && !f.query_major && bulk_pays) {
     FlexBackwardPolicy bulk = p;
-    bulk.stages = flex_backward_stages(kind, head_dim, true, f.deterministic);
+    bulk.stages = flex_backward_stages(p, true, f.deterministic);
     if (flex_backward_smem_bytes(bulk, f, true, p.grad_gemm) <= kSm90MaxDynamicShared && (bulk.stages == p.stages || f.deterministic)) {
       p.dq_bulk = true;
       p.stages = bulk.stages;

@@ -65,7 +65,7 @@ struct Smem {
   static constexpr bool kSelectorsInK = kGradGemm && kDqN0 == kDqN1;
   using TileK = flex::SwizzledTile<kBlockN, kHeadDim, kSwizzle, kSelectorsInK ? kDqN0 / TileKV::kRegionCols : 0>;
   static constexpr int kSelectorCols = kSelectorsInK ? 16 : 0;
-  static constexpr int kStages = flex_backward_stages(kFlexBackwardWgmma, kHeadDim, kDqBulk, kDqFixed);
+  static constexpr int kStages = flex_backward_stages(flex_backward_policy(kFlexBackwardWgmma, kHeadDim, FlexBackwardFeatures{}), kDqBulk, kDqFixed);
   static constexpr int kOffK = 0;
   static constexpr int kOffV = kOffK + TileK::kBytes;
   static constexpr int kOffQ = kOffV + TileKV::kBytes;
@@ -427,7 +427,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     // tiles back, retired at the end of that tile, before it reached the previous tile's dQ barrier.
     const unsigned s_pt = flex_bwd_sm90::opaque(s_base + S::kOffPt) + pt_tile * TileDS::kBytes;
     if constexpr (kSplitD) {
-      flex_bwd_sm90::store_t<S, S::kOffPt>(smem + pt_tile * TileDS::kBytes, pa, kv_row_w + g, t4, q_col0 / 8);
+      flex_bwd_sm90::store_transposed_tile<S, S::kOffPt>(smem + pt_tile * TileDS::kBytes, pa, kv_row_w + g, t4, q_col0 / 8);
       flex::fence_proxy_async();
       flex::named_barrier_sync(flex_bwd_sm90::kBarPt, kNThreads);
     }
@@ -484,7 +484,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     if constexpr (kDq) {
       // Without the loop-top barrier, the other warpgroup may still be in the previous tile's dQ GEMM.
       if constexpr (kProducer) flex::named_barrier_sync(flex_bwd_sm90::kBarDsFree, kNThreads);
-      flex_bwd_sm90::store_t<S, S::kOffDS>(smem, da, kv_row_w + g, t4, q_col0 / 8);
+      flex_bwd_sm90::store_transposed_tile<S, S::kOffDS>(smem, da, kv_row_w + g, t4, q_col0 / 8);
     }
     if constexpr (!kDq && !kDkFirst) issue_dk();
     if constexpr (kSplitScatter) {

@@ -144,7 +144,7 @@ __device__ __forceinline__ void pack_a(const float (&acc)[kMT][4], unsigned (&a)
 // column c); each quad writes 4-byte pairs of one chunk. chunk0: the fragments' first 8-column chunk (the split form's
 // warpgroups hold 32 query columns each, from column 32 wg).
 template <class S, int kOff, int kKK>
-__device__ __forceinline__ void store_t(unsigned char* smem, const unsigned (&da)[kKK][4], int r, int t4, int chunk0 = 0) {
+__device__ __forceinline__ void store_transposed_tile(unsigned char* smem, const unsigned (&da)[kKK][4], int r, int t4, int chunk0 = 0) {
   using TileDS = typename S::TileDS;
 #pragma unroll
   for (int kk = 0; kk < kKK; ++kk) {

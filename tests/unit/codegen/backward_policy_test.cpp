@@ -72,7 +72,7 @@ TEST_CASE("the backward policy fits the kernels' warp layouts and shared memory 
           // aligned tiles, at least two swizzle regions per row; the stages the kernel's Smem takes.
           CHECK(p.block_m == 64);
           CHECK(p.block_n == (split ? 64 : 128));
-          CHECK(p.stages == flex_backward_stages(kind, d, p.dq_bulk, f.deterministic));
+          CHECK(p.stages == flex_backward_stages(p, p.dq_bulk, f.deterministic));
           if (split) {
             CHECK(p.producer);
             CHECK(d / 2 % (p.swizzle_bytes / 2) == 0);  // the dK / dV split on a swizzle region boundary
@@ -90,7 +90,7 @@ TEST_CASE("the backward policy fits the kernels' warp layouts and shared memory 
         flexjit::BackwardConfig c = flexjit::backward_config(d, hopper ? "sm_90a" : "sm_80");
         CHECK(c.block_m == p.block_m);
         CHECK(c.block_n == p.block_n);
-        CHECK(c.stages == flex_backward_stages(kind, d, false, false));
+        CHECK(c.stages == flex_backward_stages(p, false, false));
         CHECK(c.hopper == (kind == kFlexBackwardWgmma));
       }
     }
@@ -164,8 +164,8 @@ TEST_CASE("the backward policy's split form (head dims 192, 256): stages and dQ 
     CHECK(p.smem_bytes <= 227 * 1024);
   }
   // Without bulk rows both head dims keep two stages: K, V, Q and dO x 2, P^T, dS^T and 5 KB.
-  CHECK(flex_backward_stages(kFlexBackwardWgmma, 256, false, false) == 2);
-  CHECK(flex_backward_stages(kFlexBackwardMmaSync, 256, false, false) == 1);
+  CHECK(flex_backward_stages(flex_backward_policy(kFlexBackwardWgmma, 256, plain), false, false) == 2);
+  CHECK(flex_backward_stages(flex_backward_policy(kFlexBackwardMmaSync, 256, plain), false, false) == 1);
 }
 
 TEST_CASE("the backward policy's warp specialisation: Hopper modules without staged terms whose operands have tensor maps",

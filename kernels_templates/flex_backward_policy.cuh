@@ -141,7 +141,8 @@ constexpr FlexBackwardPolicy flex_backward_policy(int kind, int head_dim, FlexBa
   const bool wgmma = kind == kFlexBackwardWgmma;
   p.grad_gemm = wgmma && f.spread_rows && f.tile_term_grad && f.bf16 && f.d_score_is_one;
   const bool staged_ok = !(f.staged_col || f.staged_tile) || !f.staged_grad || p.grad_gemm;
-  p.producer = wgmma && !f.query_major && f.tma_operands && staged_ok;
+  // The split form has no other form: warp-specialised with the query-major pass too (its KV-major kernel then skips dQ).
+  p.producer = wgmma && (!f.query_major || big) && f.tma_operands && staged_ok;
   constexpr int kDqBulkMinHeadDim = 96;
   const bool bulk_pays = f.deterministic || (head_dim >= kDqBulkMinHeadDim && (!f.diagonal_scatter || p.producer));
   // Bulk rows never take a Q / dO stage away, except fixed-point ones, which replace a 64-bit atomic per element.
@@ -176,11 +177,10 @@ constexpr FlexBackwardPolicy flex_backward_tiles(int head_dim) { return flex_bac
 // point, order-independent) stay KV-major: they beat the query-major pass on causal, the learnable bias and SAM
 // (docs/BACKWARD.md, dQ strategy). Where the rows do not fit, the query-major pass computes dQ without atomics, which
 // beats staged gradients as 64-bit fixed-point atomics per element of each [64 q][64] block and, with nothing staged,
-// the wgmma kernel's fixed-point dQ atomics per element (up to head dim 128: the split form's dQ atomics stay, as the
-// mma.sync kernel's did there).
+// the wgmma kernel's fixed-point dQ atomics per element (the split form at head dim 256 included).
 constexpr bool flex_backward_prefers_query_major(int kind, int head_dim, const FlexBackwardFeatures& f, bool any_staged) {
   if (!f.deterministic) return false;
   if (kind == kFlexBackwardWgmma && flex_backward_policy(kind, head_dim, f).dq_bulk) return false;
   if (f.staged_grad) return true;
-  return !any_staged && kind == kFlexBackwardWgmma && head_dim <= 128;
+  return !any_staged && kind == kFlexBackwardWgmma;
 }

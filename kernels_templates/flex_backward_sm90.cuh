@@ -186,7 +186,8 @@ __device__ __forceinline__ void store_dk_dv(const FlexBackwardParams& p, const f
 // 512 rows with spread rows; Hkv, B), block = 256 (384 with kProducer),
 // dynamic shared memory = flex_bwd_sm90::Smem<Traits, Variant, kDqBulk, kGradGemm, kDqBulk && kDeterministic, kProducer>::kAllocBytes.
 // Traits = FlexBackwardTraits<D, Element>.
-// kDq = false: dQ is left to another pass (no dS^T store, no dQ GEMM, no dQ atomics).
+// kDq = false: dQ is left to another pass (no dQ GEMM, no dQ atomics; no dS^T store except in the split form, whose
+// dK GEMM reads it).
 // kDqBulk: dQ partials are added to dq_accum by bulk reductions (cp.reduce.async.bulk, one per query tile, issued
 // by the dQ writer warp, or by thread 0 after the next tile's first barrier) instead of atomics from the
 // accumulators, so that no warp waits for its reductions' registers to drain. Deterministic launches reduce 64-bit
@@ -244,10 +245,10 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   static_assert(!Staged::kSpread || flex_bwd_staged::all_scatters_staged<Variant>(), "flex_backward_main_sm90: spread rows with other scatters");
   // Warp-specialised staged terms: their gradients by selector GEMMs only (the planes' and slabs' reductions are ordered by
   // the 256-thread form's loop-top barrier).
-  static_assert(!kProducer || (kDq && (!Staged::kGrad || kGradGemm)),
+  static_assert(!kProducer || ((kDq || kSplitD) && (!Staged::kGrad || kGradGemm)),
                 "flex_backward_main_sm90: the warp-specialised form reduces staged gradients by selector GEMMs only");
   static_assert(!Staged::kDiag || kProducer, "flex_backward_main_sm90: a diagonal band is the producer warp's load");
-  static_assert(!kSplitD || (kNumScatters == 0 && kDq), "flex_backward_main_sm90: the head-dim split form has no scatters and computes dQ");
+  static_assert(!kSplitD || kNumScatters == 0, "flex_backward_main_sm90: the head-dim split form has no scatters");
 
   extern __shared__ __align__(1024) unsigned char flex_smem_sm90[];
   const unsigned raw_base = flex::smem_addr(flex_smem_sm90);
@@ -480,13 +481,15 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
       flex::wgmma_commit();
     };
     constexpr bool kDkFirst = kProducer && kDqBulk && !kSplitD;
+    // dS^T goes through shared memory for dQ and, in the split form, for dK (each warpgroup holds half its columns).
+    constexpr bool kDsTile = kDq || kSplitD;
     if constexpr (kDkFirst) issue_dk();
-    if constexpr (kDq) {
-      // Without the loop-top barrier, the other warpgroup may still be in the previous tile's dQ GEMM.
+    if constexpr (kDsTile) {
+      // Without the loop-top barrier, the other warpgroup may still be in the previous tile's dQ (or split dK) GEMM.
       if constexpr (kProducer) flex::named_barrier_sync(flex_bwd_sm90::kBarDsFree, kNThreads);
       flex_bwd_sm90::store_transposed_tile<S, S::kOffDS>(smem, da, kv_row_w + g, t4, q_col0 / 8);
     }
-    if constexpr (!kDq && !kDkFirst) issue_dk();
+    if constexpr (!kDsTile && !kDkFirst) issue_dk();
     if constexpr (kSplitScatter) {
       if constexpr (TileScatter0::kClass == flex_bwd::kScatterDiagonal) split_scatter.warp_sum_planes(sh_red, sh_planes, warp, ln);
       else split_scatter.warp_sum(sh_red, warp, ln);
@@ -558,6 +561,12 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
         pending.row_base = row_base + m0;
         pending.rows = min(kBlockM, seqlen_q - m0);
       }
+    } else if constexpr (kSplitD) {
+      // dQ by the query-major pass: dK's GEMM still needs both warpgroups' dS^T columns (the same barrier, which also
+      // orders the P^T tiles as above).
+      flex::fence_proxy_async();
+      flex::named_barrier_sync(flex_bwd_sm90::kBarDq, kNThreads);
+      issue_dk();
     }
     // dK's GEMM reads this stage's Q, which the next tile's loads (behind its first barrier) overwrite.
     flex::wgmma_wait<0>();

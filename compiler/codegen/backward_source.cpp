@@ -107,10 +107,9 @@ FlexBackwardFeatures backward_features(const ScoreModGradient& grad, const Stage
   return f;
 }
 
-// Head dims above 128 take wgmma only in the split form, which has neither scatters nor a query-major dQ pass and
-// loads by TMA (flex_backward_kind).
+// Head dims above 128 take wgmma only in the split form, which has no scatters and loads by TMA (flex_backward_kind).
 int backward_kind(const BackwardKernelOptions& options, const ScoreModGradient& grad) {
-  const bool split_ok = grad.scatters.empty() && !options.query_major && options.tma_operands;
+  const bool split_ok = grad.scatters.empty() && options.tma_operands;
   return flex_backward_kind(is_hopper_arch(options.arch), options.head_dim, split_ok);
 }
 

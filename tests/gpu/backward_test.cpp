@@ -507,7 +507,10 @@ TEST_CASE("backward: every head dim x {causal, document, learnable bias} x {bf16
     for (int d : {64, 80, 96, 128, 192, 256}) {
       const BwdCase odd{.B = 1, .H = 8, .Hkv = 1, .Sq = 181, .Skv = 211, .dtype = dtype};
       const BwdCase square{.B = 1, .H = 8, .Hkv = 1, .Sq = 197, .Skv = 197, .dtype = dtype, .int_hi = 5};
-      check_case(with_dim(causal, d), odd, false, 2e-2, {BackwardDqMode::Auto});
+      // Above head dim 128 the query-major pass too: the split form without dQ (deterministic D256's choice).
+      const std::vector<BackwardDqMode> causal_modes =
+          d > 128 ? std::vector<BackwardDqMode>{BackwardDqMode::Auto, BackwardDqMode::QueryMajor} : std::vector<BackwardDqMode>{BackwardDqMode::Auto};
+      check_case(with_dim(causal, d), odd, false, 2e-2, causal_modes);
       check_case(with_dim(document, d), square, false, 2e-2, {BackwardDqMode::Auto});
       check_case(with_dim(bias, d), odd, false, 2e-2, {BackwardDqMode::Auto});
     }
@@ -536,10 +539,11 @@ TEST_CASE("backward: deterministic gradients from many KV tiles are the same in 
   FLEXJIT_REQUIRE_GPU();
   // Nine KV tiles of 128 rows add into each query row's dQ (on Hopper by bulk reductions of 64-bit fixed point, in
   // whatever order the CTAs arrive): every run must give the same bits, and each run must match the reference.
-  for (int d : {64, 96, 128}) {
+  for (int d : {64, 96, 128, 192, 256}) {
     const BwdCase c{.B = 2, .H = 4, .Hkv = 2, .Sq = 333, .Skv = 1100};
+    // Above head dim 128 as Auto routes them: D192's fixed-point rows, D256's query-major pass beside the split form.
     check_case(inline_spec("causal_det_d" + std::to_string(d), std::nullopt, std::string("kv <= q + 800"), d), c, true, 2e-2,
-               {BackwardDqMode::Atomic}, 5);
+               {d > 128 ? BackwardDqMode::Auto : BackwardDqMode::Atomic}, 5);
   }
   // Buffer gradients too, as Auto runs them: the learnable bias (a diagonal scatter) and SAM's staged rel_h / rel_w.
   check_case(load_spec(backward_data("learnable_bias.json")), BwdCase{.B = 1, .H = 4, .Hkv = 4, .Sq = 700, .Skv = 1100}, true, 2e-2,

@@ -50,10 +50,11 @@ TEST_CASE("the backward policy fits the kernels' warp layouts and shared memory 
     for (bool hopper : {false, true}) {
       const int kind = flex_backward_kind(hopper, d);
       for (FlexBackwardFeatures f : all_features(kind)) {
-        // Above head dim 128 the wgmma kind is the head-dim split form: TMA operands, dQ in the main kernel, no
-        // scatters or staged terms (the module's other features take mma.sync: flex_backward_kind's split_ok).
+        // Above head dim 128 the wgmma kind is the head-dim split form: TMA operands, warp-specialised (dQ in it or by
+        // the query-major pass), no scatters or staged terms (the module's other features take mma.sync:
+        // flex_backward_kind's split_ok).
         const bool split = kind == kFlexBackwardWgmma && d > 128;
-        if (split && (f.query_major || f.diagonal_scatter || f.staged_col || f.staged_tile)) continue;
+        if (split && (f.diagonal_scatter || f.staged_col || f.staged_tile)) continue;
         f.tma_operands = split;
         INFO("head dim " << d << ", kind " << kind << ", query-major " << f.query_major << ", deterministic " << f.deterministic
                          << ", bf16 " << f.bf16 << ", staged col / tile / grad / spread " << f.staged_col << f.staged_tile << f.staged_grad
@@ -166,6 +167,17 @@ TEST_CASE("the backward policy's split form (head dims 192, 256): stages and dQ 
   // Without bulk rows both head dims keep two stages: K, V, Q and dO x 2, P^T, dS^T and 5 KB.
   CHECK(flex_backward_stages(flex_backward_policy(kFlexBackwardWgmma, 256, plain), false, false) == 2);
   CHECK(flex_backward_stages(flex_backward_policy(kFlexBackwardMmaSync, 256, plain), false, false) == 1);
+  // Deterministic dQ: D192's fixed-point rows keep it in the main kernel; at D256 the query-major pass takes it (no
+  // fixed-point atomic per element), and the split form, still warp-specialised, skips it.
+  CHECK_FALSE(flex_backward_prefers_query_major(kFlexBackwardWgmma, 192, det, false));
+  CHECK(flex_backward_prefers_query_major(kFlexBackwardWgmma, 256, det, false));
+  CHECK_FALSE(flex_backward_prefers_query_major(kFlexBackwardWgmma, 256, plain, false));
+  FlexBackwardFeatures det_qm = det;
+  det_qm.query_major = true;
+  const FlexBackwardPolicy qm = flex_backward_policy(kFlexBackwardWgmma, 256, det_qm);
+  CHECK(qm.producer);
+  CHECK_FALSE(qm.dq_bulk);
+  CHECK(qm.stages == 2);
 }
 
 TEST_CASE("the backward policy's warp specialisation: Hopper modules without staged terms whose operands have tensor maps",

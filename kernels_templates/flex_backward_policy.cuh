@@ -48,8 +48,8 @@ struct FlexBackwardPolicy {
 
 // The main kernel: wgmma on sm_90a, mma.sync otherwise. Head dims 192 and 256 take wgmma in the head-dim split form
 // (flex_backward_sm90.cuh, kSplitD: the two warpgroups share 64 KV rows and each keeps half of dK / dV), which is
-// warp-specialised only and has no scatters or staged terms; `split_ok` says the module has none of those and its
-// operands have TMA tensor maps with dQ in the main kernel, else those head dims keep mma.sync.
+// warp-specialised only and has no staged terms (none are found above head dim 128); `split_ok` says the module's
+// operands have TMA tensor maps, else those head dims keep mma.sync.
 constexpr int flex_backward_kind(bool hopper_arch, int head_dim, bool split_ok = true) {
   if (!hopper_arch || head_dim % 16 != 0) return kFlexBackwardMmaSync;
   if (head_dim <= 128) return kFlexBackwardWgmma;
@@ -69,7 +69,7 @@ constexpr int flex_backward_smem_bytes(const FlexBackwardPolicy& p, const FlexBa
     return 2 * n * stride * 2 + 2 * p.stages * m * stride * 2 + n * (m + 8) * 2 + 2 * p.stages * m * 4 + p.warps * m * 8 + 2048;
   }
   int bytes = 2 * n * d * 2 + 2 * p.stages * m * d * 2 + n * m * 2;
-  if (d > 128) bytes += 2 * n * m * 2;  // the split form's two P^T tiles; it has no scatters, so no planes
+  if (d > 128) bytes += 2 * n * m * 2;  // the split form's two P^T tiles; no planes (its diagonal scatters use the slots)
   bytes += 2 * p.stages * m * 4 + p.warps * m * 8 + (d > 128 ? 0 : p.warps * 4 * (m + 16) * 4) + 2048;
   if (f.staged_col) bytes += p.stages * m * 64 * 2;
   if (f.staged_tile) bytes += p.stages * m * (f.spread_rows ? 8 : 2) * 2;
@@ -174,13 +174,14 @@ constexpr FlexBackwardPolicy flex_backward_tiles(int head_dim) { return flex_bac
 
 // The automatic dQ strategy's tuning half (compiler/codegen/backward_source.cpp adds the correctness half: scatters
 // only the query-major pass reduces). Deterministic launches whose Hopper module takes bulk dQ rows (64-bit fixed
-// point, order-independent) stay KV-major: they beat the query-major pass on causal, the learnable bias and SAM
-// (docs/BACKWARD.md, dQ strategy). Where the rows do not fit, the query-major pass computes dQ without atomics, which
-// beats staged gradients as 64-bit fixed-point atomics per element of each [64 q][64] block and, with nothing staged,
-// the wgmma kernel's fixed-point dQ atomics per element (the split form at head dim 256 included).
+// point, order-independent) stay KV-major up to head dim 128: they beat the query-major pass on causal, the learnable
+// bias and SAM (docs/BACKWARD.md, dQ strategy). The split form's fixed-point rows (D192) cost it a Q / dO stage and
+// lose to the pass. Where the rows do not fit, the query-major pass computes dQ without atomics, which beats staged
+// gradients as 64-bit fixed-point atomics per element of each [64 q][64] block and, with nothing staged, the wgmma
+// kernel's fixed-point dQ atomics per element (the split form at head dim 256 included).
 constexpr bool flex_backward_prefers_query_major(int kind, int head_dim, const FlexBackwardFeatures& f, bool any_staged) {
   if (!f.deterministic) return false;
-  if (kind == kFlexBackwardWgmma && flex_backward_policy(kind, head_dim, f).dq_bulk) return false;
+  if (kind == kFlexBackwardWgmma && head_dim <= 128 && flex_backward_policy(kind, head_dim, f).dq_bulk) return false;
   if (f.staged_grad) return true;
   return !any_staged && kind == kFlexBackwardWgmma;
 }

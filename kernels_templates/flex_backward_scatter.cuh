@@ -59,17 +59,22 @@ __device__ __forceinline__ void add_partial(void* base, long long off, float v32
 // one atomic per target). scatter_one runs them back to back with barriers of its own; the Hopper kernel
 // overlaps warp_sum with its dK GEMM and cta_sum with its dQ GEMM, and shares the barrier it has before dQ.
 // Slots: q-only sh_red[warp][kBlockM], diagonal sh_red[warp][2 kBlockM] (the kNWarps * kBlockM 8-byte region).
-template <class Traits, class Variant, bool kDeterministic, int I>
+// kColSplit (the Hopper kernel's head-dim split form): the Traits::kDSplit warps of a KV row group hold different
+// query columns (warp w: rows of group w % kRowGroups, columns col0(w) .. + kCols) instead of the same values.
+template <class Traits, class Variant, bool kDeterministic, int I, bool kColSplit = false>
 struct TileScatter {
   static constexpr int kClass = Variant::kScatterClass[I];
-  static constexpr int kMT = Traits::kBlockM / 8;
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kBlockN = Traits::kBlockN;
-  static constexpr int kWarpDiags = kBlockM + 15;  // local diagonals of a warp's 16 x kBlockM block
+  static constexpr int kCols = kColSplit ? kBlockM / Traits::kDSplit : kBlockM;  // query columns of a warp's block
+  static constexpr int kMT = kCols / 8;
+  static constexpr int kWarpDiags = kCols + 15;  // local diagonals of a warp's 16 x kCols block
   // warp_sum_planes: per warp, 4 planes (k parity x c) of kPlaneStride floats.
   static constexpr int kPlaneStride = kBlockM + 16;
   static constexpr int kPlaneFloats = Traits::kNWarps * 4 * kPlaneStride;
   static constexpr bool kReduced = kClass == kScatterQOnly || kClass == kScatterDiagonal;
+  // The first query column (from the tile's) of warp w's block.
+  static __device__ __forceinline__ int col0(int w) { return kColSplit ? (w / Traits::kRowGroups) * kCols : 0; }
 
   // q-only: part[nt][c] = the thread's two rows of query column nt * 8 + 2t + c (part[kMT] unused).
   // Diagonal: part[k][c] = the thread's elements on local diagonal dl = 8 (k - 1) + 2t + c - g + 15 of the
@@ -85,12 +90,12 @@ struct TileScatter {
     return x + (g + 4 < 8 && t4 + 2 < 4 ? y18 : 0.f);
   }
 
-  // kChecked: the tile may hold masked or out-of-range elements (dS = 0 there), whose target index and coefficient
-  // must not be evaluated. Without it every element is in range and unmasked, so each is added without a test
+  // q0: the warp's first query column (m0 + col0(warp)). kChecked: the tile may hold masked or out-of-range elements
+  // (dS = 0 there), whose target index and coefficient must not be evaluated. Without it every element is in range and unmasked, so each is added without a test
   // (an element whose dS is exactly 0 adds d * coef = 0; the test only paid off for masked elements).
   template <bool kChecked = true>
   __device__ __forceinline__ void thread_sum(const typename Variant::Params& vp, const float (&ds_v)[kMT][4],
-                                             const float (&score_v)[kMT][4], int b, int h, int hkv, int m0, int kv_r0, int t4,
+                                             const float (&score_v)[kMT][4], int b, int h, int hkv, int q0, int kv_r0, int t4,
                                              bool active) {
 #pragma unroll
     for (int k = 0; k <= kMT; ++k) part[k][0] = part[k][1] = 0.f;
@@ -102,7 +107,7 @@ struct TileScatter {
         const float d = ds_v[nt][e];
         if (!kChecked || d != 0.f) {
           long long off;
-          const float v = BackwardMods<Variant>::template scatter<I, /*kOffset=*/true>(vp, b, h, hkv, m0 + nt * 8 + 2 * t4 + (e % 2),
+          const float v = BackwardMods<Variant>::template scatter<I, /*kOffset=*/true>(vp, b, h, hkv, q0 + nt * 8 + 2 * t4 + (e % 2),
                                                                                         kv_r0 + (e / 2) * 8, score_v[nt][e], d, off);
           if constexpr (kClass == kScatterQOnly) part[nt][e % 2] += v;
           else part[nt - e / 2 + 1][e % 2] += v;
@@ -122,7 +127,7 @@ struct TileScatter {
           s += __shfl_xor_sync(0xffffffffu, s, 4);
           s += __shfl_xor_sync(0xffffffffu, s, 8);
           s += __shfl_xor_sync(0xffffffffu, s, 16);
-          if (lane < 4) sh_red[warp * kBlockM + nt * 8 + 2 * t4 + c] = s;
+          if (lane < 4) sh_red[warp * kBlockM + col0(warp) + nt * 8 + 2 * t4 + c] = s;
         }
     } else {
       // Lanes (g, t), (g + 2, t + 1), ... share a diagonal: shuffles in a fixed order, then one leader per
@@ -152,7 +157,7 @@ struct TileScatter {
   // The four planes are then added per warp diagonal into the same slots cta_sum reads. Entries no leader
   // writes must hold zero: zero_planes once per kernel (the written set is the same in every tile).
   __device__ __forceinline__ void warp_sum_planes(float* sh_red, float* planes, int warp, int lane) const {
-    static_assert(kClass == kScatterDiagonal, "TileScatter::warp_sum_planes: diagonal scatters only");
+    static_assert(kClass == kScatterDiagonal && !kColSplit, "TileScatter::warp_sum_planes: diagonal scatters of whole-tile warps only");
     const int g = lane / 4, t4 = lane % 4;
     float* pl = planes + warp * 4 * kPlaneStride;
     const bool leader = g < 2 || t4 == 0;
@@ -184,7 +189,8 @@ struct TileScatter {
     if constexpr (kClass == kScatterQOnly) {
       if (tid < kBlockM && m0 + tid < p.seqlen_q) {
         float s = 0.f;
-        for (int w = 0; w < Traits::kNWarps; ++w) s += sh_red[w * kBlockM + tid];
+        for (int w = 0; w < Traits::kNWarps; ++w)
+          if (!kColSplit || (tid >= col0(w) && tid < col0(w) + kCols)) s += sh_red[w * kBlockM + tid];
         if (s != 0.f) {
           long long off;
           float coef;
@@ -194,10 +200,12 @@ struct TileScatter {
       }
     } else {
       for (int i = tid; i < kBlockM + kBlockN - 1; i += Traits::kNThreads) {
-        // Tile diagonal i = (q - m0) - (kv - n0) + kBlockN - 1; warp row group w holds it at i + 15 + 16w - (kBlockN - 1).
+        // Tile diagonal i = (q - m0) - (kv - n0) + kBlockN - 1; warp w (row group w % kRowGroups) holds it at
+        // i + 15 + 16 (w % kRowGroups) - (kBlockN - 1) - col0(w). Without kColSplit the row groups' first warps hold
+        // every value.
         float sum = 0.f;
-        for (int w = 0; w < Traits::kRowGroups; ++w) {
-          const int dl = i + 15 + 16 * w - (kBlockN - 1);
+        for (int w = 0; w < (kColSplit ? Traits::kNWarps : Traits::kRowGroups); ++w) {
+          const int dl = i + 15 + 16 * (w % Traits::kRowGroups) - (kBlockN - 1) - col0(w);
           if (dl >= 0 && dl < kWarpDiags) sum += sh_red[w * 2 * kBlockM + dl];
         }
         if (sum != 0.f) {
@@ -214,17 +222,20 @@ struct TileScatter {
 };
 
 // The scatters of one S^T tile (dS in ds_v, the thread's KV rows kv_r0 and kv_r0 + 8, query columns
-// m0 + nt * 8 + 2 * t4 + e % 2). Every thread of the CTA (kConsumersOnly: every consumer thread) calls it (it
-// synchronises for the shared-memory reductions); `active` is false for the second warp of a KV row group under
-// kDSplit = 2 (same values).
-template <class Traits, class Variant, bool kDeterministic, int I, bool kConsumersOnly = false>
+// m0 + col0(warp) + nt * 8 + 2 * t4 + e % 2). Every thread of the CTA (kConsumersOnly: every consumer thread) calls it
+// (it synchronises for the shared-memory reductions); `active` is false for the second warp of a KV row group under
+// kDSplit = 2 (same values), true for every warp with kColSplit (TileScatter).
+template <class Traits, class Variant, bool kDeterministic, int I, bool kConsumersOnly = false, bool kColSplit = false>
 __device__ __forceinline__ void scatter_one(const FlexBackwardParams& p, const typename Variant::Params& vp,
-                                            const float (&ds_v)[Traits::kBlockM / 8][4], const float (&score_v)[Traits::kBlockM / 8][4],
+                                            const float (&ds_v)[TileScatter<Traits, Variant, kDeterministic, I, kColSplit>::kMT][4],
+                                            const float (&score_v)[TileScatter<Traits, Variant, kDeterministic, I, kColSplit>::kMT][4],
                                             float* acc_uniform, float (*acc_kvrow)[2], float* sh_red, int b, int h, int hkv, int m0,
                                             int n0, int kv_r0, int warp, int lane, bool active) {
-  constexpr int kMT = Traits::kBlockM / 8;
+  using TS = TileScatter<Traits, Variant, kDeterministic, I, kColSplit>;
+  constexpr int kMT = TS::kMT;
   constexpr int kClass = Variant::kScatterClass[I];
   const int tid = threadIdx.x, t4 = lane % 4;
+  const int q0 = m0 + TS::col0(warp);  // the warp's first query column
   void* grad = p.grad_ptr[I];
   if constexpr (kClass == kScatterUniform || kClass == kScatterKvOnly || kClass == kScatterGeneral) {
     if (active) {
@@ -234,7 +245,7 @@ __device__ __forceinline__ void scatter_one(const FlexBackwardParams& p, const t
         for (int e = 0; e < 4; ++e) {
           const float d = ds_v[nt][e];
           if (d != 0.f) {
-            const int q = m0 + nt * 8 + 2 * t4 + (e % 2);
+            const int q = q0 + nt * 8 + 2 * t4 + (e % 2);
             const int kv = kv_r0 + (e / 2) * 8;
             long long off;
             const float v = BackwardMods<Variant>::template scatter<I, /*kOffset=*/true>(vp, b, h, hkv, q, kv, score_v[nt][e], d, off);
@@ -244,17 +255,17 @@ __device__ __forceinline__ void scatter_one(const FlexBackwardParams& p, const t
           }
         }
     }
-  } else if constexpr (TileScatter<Traits, Variant, kDeterministic, I>::kReduced) {
-    TileScatter<Traits, Variant, kDeterministic, I> ts;
-    ts.thread_sum(vp, ds_v, score_v, b, h, hkv, m0, kv_r0, t4, active);
+  } else if constexpr (TS::kReduced) {
+    TS ts;
+    ts.thread_sum(vp, ds_v, score_v, b, h, hkv, q0, kv_r0, t4, active);
     ts.warp_sum(sh_red, warp, lane);
     reduction_barrier<Traits, kConsumersOnly>();
-    TileScatter<Traits, Variant, kDeterministic, I>::cta_sum(p, vp, sh_red, b, h, hkv, m0, n0, tid);
+    TS::cta_sum(p, vp, sh_red, b, h, hkv, m0, n0, tid);
     reduction_barrier<Traits, kConsumersOnly>();
   }
   if constexpr (I + 1 < Variant::kNumScatters)
-    scatter_one<Traits, Variant, kDeterministic, I + 1, kConsumersOnly>(p, vp, ds_v, score_v, acc_uniform, acc_kvrow, sh_red, b, h,
-                                                                        hkv, m0, n0, kv_r0, warp, lane, active);
+    scatter_one<Traits, Variant, kDeterministic, I + 1, kConsumersOnly, kColSplit>(p, vp, ds_v, score_v, acc_uniform, acc_kvrow, sh_red, b,
+                                                                                   h, hkv, m0, n0, kv_r0, warp, lane, active);
 }
 
 // End of a head of the group: the uniform scatters (one atomic per CTA) and the kv-only ones (one per KV row).

@@ -77,7 +77,7 @@ struct Smem {
   static constexpr int kOffRed = kOffDelta + kStages * kBlockM * 4;     // [kNWarps][kBlockM] 8-byte slots
   // Planes of a diagonal scatter's warp reduction (flex_bwd::TileScatter::warp_sum_planes): [warp][4][kBlockM + 16] floats.
   static constexpr int kOffPlanes = kOffRed + Traits::kNWarps * kBlockM * 8;
-  static constexpr int kPlaneBytes = kSplitD ? 0 : Traits::kNWarps * 4 * (kBlockM + 16) * 4;  // kSplitD: no scatters
+  static constexpr int kPlaneBytes = kSplitD ? 0 : Traits::kNWarps * 4 * (kBlockM + 16) * 4;  // kSplitD: the slots only
   static constexpr int kOffSched = kOffPlanes + kPlaneBytes;  // tile classes of the CTA's column
   // kProducer: the mbarriers of the Q / dO / lse2 / delta ring (full, then empty, per stage), of K and V, and the dQ
   // rows' slot (flex_bwd_sm90::DqRowsSlot), in the last kBarBytes of the tile-class cache, which then holds that many
@@ -237,8 +237,10 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   // around the GEMMs: its per-element sums right after dS, its warp shuffles while dK runs, its cross-warp sums
   // and atomics while dQ runs, behind the barrier dQ needs anyway (scatter_one would add two barriers and keep
   // the tensor cores idle through all of it).
-  using TileScatter0 = flex_bwd::TileScatter<Traits, Variant, kDeterministic, 0>;
+  using TileScatter0 = flex_bwd::TileScatter<Traits, Variant, kDeterministic, 0, kSplitD>;
   constexpr bool kSplitScatter = kDq && kNumScatters == 1 && TileScatter0::kReduced;
+  // The diagonal class's warp sums through planes, where shared memory has them (not in the split form).
+  constexpr bool kPlanes = kSplitScatter && TileScatter0::kClass == flex_bwd::kScatterDiagonal && !kSplitD;
   // Staged terms reduce their gradients behind the dQ barrier: only modules with the KV-major dQ stage them.
   static_assert(kDq || !Staged::kAny, "flex_backward_main_sm90: staged terms need kDq");
   // The scatter code assumes contiguous KV rows: spread rows only when every scatter is a staged term's.
@@ -248,7 +250,6 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   static_assert(!kProducer || ((kDq || kSplitD) && (!Staged::kGrad || kGradGemm)),
                 "flex_backward_main_sm90: the warp-specialised form reduces staged gradients by selector GEMMs only");
   static_assert(!Staged::kDiag || kProducer, "flex_backward_main_sm90: a diagonal band is the producer warp's load");
-  static_assert(!kSplitD || kNumScatters == 0, "flex_backward_main_sm90: the head-dim split form has no scatters");
 
   extern __shared__ __align__(1024) unsigned char flex_smem_sm90[];
   const unsigned raw_base = flex::smem_addr(flex_smem_sm90);
@@ -341,7 +342,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   for (int i = 0; i < (kNumScatters > 0 ? kNumScatters : 1); ++i) acc_uniform[i] = acc_kvrow[i][0] = acc_kvrow[i][1] = 0.f;
 
   static_assert(kSplitD || TileScatter0::kPlaneFloats * 4 == S::kOffSched - S::kOffPlanes, "flex_backward_main_sm90: plane region size");
-  if constexpr (kSplitScatter && TileScatter0::kClass == flex_bwd::kScatterDiagonal) TileScatter0::zero_planes(sh_planes, tid);  // ordered by the loop's first barrier
+  if constexpr (kPlanes) TileScatter0::zero_planes(sh_planes, tid);  // ordered by the loop's first barrier
 
   const float scale_log2 = p.scale * kLog2e;
   int stage = 0;
@@ -455,11 +456,11 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     else if constexpr (Staged::kGrad) flex_bwd_staged::write_plane(sh_st_grad, acc_dp, wg, warp, ln);
     TileScatter0 split_scatter;
     if constexpr (kSplitScatter) {
-      if (check_elements) split_scatter.template thread_sum<true>(vp, acc_dp, score_v, b, h, hkv, m0, kv_r0, t4, true);
-      else split_scatter.template thread_sum<false>(vp, acc_dp, score_v, b, h, hkv, m0, kv_r0, t4, true);
+      if (check_elements) split_scatter.template thread_sum<true>(vp, acc_dp, score_v, b, h, hkv, m0 + q_col0, kv_r0, t4, true);
+      else split_scatter.template thread_sum<false>(vp, acc_dp, score_v, b, h, hkv, m0 + q_col0, kv_r0, t4, true);
     } else if constexpr (kNumScatters > 0)
-      flex_bwd::scatter_one<Traits, Variant, kDeterministic, 0, kProducer>(p, vp, acc_dp, score_v, acc_uniform, acc_kvrow, sh_red, b, h, hkv,
-                                                                           m0, n0, kv_r0, warp, lane, true);
+      flex_bwd::scatter_one<Traits, Variant, kDeterministic, 0, kProducer, kSplitD>(p, vp, acc_dp, score_v, acc_uniform, acc_kvrow, sh_red, b,
+                                                                                    h, hkv, m0, n0, kv_r0, warp, lane, true);
     if constexpr (!kFoldDScore) Mods::ds_pre(vp, b, h, hkv, flex_bwd::KvMajorFragment{m0 + q_col0, kv_r0, t4}, acc_dp, score_v);
 
     // dK += dS^T Q (A = dS^T from registers, B = Q MN-major; kSplitD: from the dS^T tile, behind the dQ barrier);
@@ -491,7 +492,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     }
     if constexpr (!kDsTile && !kDkFirst) issue_dk();
     if constexpr (kSplitScatter) {
-      if constexpr (TileScatter0::kClass == flex_bwd::kScatterDiagonal) split_scatter.warp_sum_planes(sh_red, sh_planes, warp, ln);
+      if constexpr (kPlanes) split_scatter.warp_sum_planes(sh_red, sh_planes, warp, ln);
       else split_scatter.warp_sum(sh_red, warp, ln);
     }
 

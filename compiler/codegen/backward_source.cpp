@@ -70,7 +70,7 @@ QueryMajorConfig query_major_config(int head_dim) {
 namespace {
 
 FlexBackwardFeatures backward_features(const ScoreModGradient& grad, const StagedTerms& staged, const BackwardKernelOptions& options);
-int backward_kind(const BackwardKernelOptions& options, const ScoreModGradient& grad);
+int backward_kind(const BackwardKernelOptions& options);
 
 }  // namespace
 
@@ -81,7 +81,7 @@ StagedTerms backward_staged_terms(const ScoreModGradient& grad, const RangeInfo&
     return {};
   StagedTerms with_diag = find_staged_terms(grad, ranges, options.variant, /*diagonal=*/true);
   if (!with_diag.find(StagedKind::Diag) ||
-      flex_backward_stages_diag(backward_kind(options, grad), options.head_dim, backward_features(grad, with_diag, options)))
+      flex_backward_stages_diag(backward_kind(options), options.head_dim, backward_features(grad, with_diag, options)))
     return with_diag;
   return find_staged_terms(grad, ranges, options.variant);
 }
@@ -107,10 +107,9 @@ FlexBackwardFeatures backward_features(const ScoreModGradient& grad, const Stage
   return f;
 }
 
-// Head dims above 128 take wgmma only in the split form, which has no scatters and loads by TMA (flex_backward_kind).
-int backward_kind(const BackwardKernelOptions& options, const ScoreModGradient& grad) {
-  const bool split_ok = grad.scatters.empty() && options.tma_operands;
-  return flex_backward_kind(is_hopper_arch(options.arch), options.head_dim, split_ok);
+// Head dims above 128 take wgmma only in the split form, which loads by TMA (flex_backward_kind).
+int backward_kind(const BackwardKernelOptions& options) {
+  return flex_backward_kind(is_hopper_arch(options.arch), options.head_dim, options.tma_operands);
 }
 
 }  // namespace
@@ -119,7 +118,7 @@ bool auto_picks_query_major(const ScoreModGradient& grad, const RangeInfo& range
   BackwardKernelOptions atomic = options;
   atomic.query_major = false;
   const StagedTerms staged = backward_staged_terms(grad, ranges, atomic);
-  if (flex_backward_prefers_query_major(backward_kind(atomic, grad), options.head_dim, backward_features(grad, staged, atomic), !staged.terms.empty()))
+  if (flex_backward_prefers_query_major(backward_kind(atomic), options.head_dim, backward_features(grad, staged, atomic), !staged.terms.empty()))
     return true;
   return needs_query_major_pass(grad, staged);
 }
@@ -136,7 +135,7 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
     throw Error("backward_kernel_source: a ragged module has no query-major pass or shard offsets");
   const StagedTerms staged = backward_staged_terms(grad, ranges, options);
   const FlexBackwardFeatures features = backward_features(grad, staged, options);
-  const int kind = backward_kind(options, grad);
+  const int kind = backward_kind(options);
   const FlexBackwardPolicy policy = flex_backward_policy(kind, options.head_dim, features);
   out.config.hopper = kind == kFlexBackwardWgmma;
   out.config.stages = policy.stages;

@@ -490,6 +490,10 @@ TEST_CASE("backward: head dims and fp16", "[gpu][backward]") {
     c.Skv = 170;
     check_case(with_dim(alibi, d), c);
   }
+  // Every scatter class in the head-dim split form: q-only and KV-only (the uniform slope above, the diagonal bias in
+  // the every-head-dim test).
+  for (const char* file : {"offset_bias_learnable.json", "softcap_bias_learnable.json"})
+    for (int d : {192, 256}) check_case(with_dim(load_spec(backward_data(file)), d), BwdCase{.Sq = 150, .Skv = 170});
   BwdCase h;
   h.dtype = dsl::DType::F16;
   h.Sq = 280;  // bias[h, q - kv + Skv - 1] with L = 2 Skv - 1 needs Sq <= Skv
@@ -541,13 +545,16 @@ TEST_CASE("backward: deterministic gradients from many KV tiles are the same in 
   // whatever order the CTAs arrive): every run must give the same bits, and each run must match the reference.
   for (int d : {64, 96, 128, 192, 256}) {
     const BwdCase c{.B = 2, .H = 4, .Hkv = 2, .Sq = 333, .Skv = 1100};
-    // Above head dim 128 as Auto routes them: D192's fixed-point rows, D256's query-major pass beside the split form.
+    // Above head dim 128 as Auto routes them: the query-major pass beside the split form.
     check_case(inline_spec("causal_det_d" + std::to_string(d), std::nullopt, std::string("kv <= q + 800"), d), c, true, 2e-2,
                {d > 128 ? BackwardDqMode::Auto : BackwardDqMode::Atomic}, 5);
   }
   // Buffer gradients too, as Auto runs them: the learnable bias (a diagonal scatter) and SAM's staged rel_h / rel_w.
   check_case(load_spec(backward_data("learnable_bias.json")), BwdCase{.B = 1, .H = 4, .Hkv = 4, .Sq = 700, .Skv = 1100}, true, 2e-2,
              {BackwardDqMode::Auto}, 5);
+  // At head dim 256: the split form's scatter (fixed point, without its dQ) beside the query-major pass.
+  check_case(with_dim(load_spec(backward_data("learnable_bias.json")), 256), BwdCase{.B = 1, .H = 4, .Hkv = 4, .Sq = 300, .Skv = 500}, true,
+             2e-2, {BackwardDqMode::Auto}, 5);
   check_case(load_spec(backward_data("sam_learnable.json")), BwdCase{.B = 1, .H = 4, .Hkv = 4, .Sq = 600, .Skv = 600}, true, 2e-2,
              {BackwardDqMode::Auto}, 5);
 }

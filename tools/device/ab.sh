@@ -13,7 +13,7 @@
 # causal at D128: slopes from a buffer / one runtime slope), alibi64, alibi96, relh64, relw64, scale64, relbias64, samrt64
 # (SAM with a runtime width W), causal64, sw64 / swrt64 / swrt (a sliding window of 1024, constant or a runtime int),
 # sinks64 / sinksrt64 / sinks / sinks64odd (4 attention sinks + that window; odd: S 4000), causal96, full80, full96,
-# full192, full256 (forward); causal, full, full64, causal96, causal64, causal80, causal192, causal256, causaldet / causal192det / causal256det (deterministic; causal256detq: with dQ by the query-major pass), alibi (slopes from a
+# full192, full256 (forward); causal, full, full64, causal96, causal64, causal80, causal192, causal256, causaldet / causal192det / causal256det (deterministic; causal192detq / causal256detq: with dQ by the query-major pass), relbias192 / relbias256 (the learnable bias at D192 / D256), alibi (slopes from a
 # buffer, no gradient), relbias / relbiasdet / relbias64 (the learnable bias[h, q - kv + Skv - 1] + causal, with its
 # gradient; deterministic; D64; relbiasng: without the gradient), kvbsoftcap (a softcap of score + a learnable per-KV
 # bias, full attention), slope / slopedet (learnable ALiBi slopes + causal), sam / samdet / samng (SAM ViT-B with
@@ -80,6 +80,7 @@ backward_args() {
     causal192det) echo "--name causal --mask q>=kv --deterministic --shape 4,16,16,4096,4096,192" ;;
     causal256det) echo "--name causal --mask q>=kv --deterministic --shape 4,16,16,4096,4096,256" ;;
     causal256detq) echo "--name causal --mask q>=kv --deterministic --dq qmajor --shape 4,16,16,4096,4096,256" ;;
+    causal192detq) echo "--name causal --mask q>=kv --deterministic --dq qmajor --shape 4,16,16,4096,4096,192" ;;
     full64) echo "--name full --shape 8,12,12,4096,4096,64" ;;
     causaldet) echo "--name causal --mask q>=kv --deterministic --shape 4,16,16,4096,4096,128" ;;
     alibi) echo "--name alibi --score score+slope[h]*(kv-q) --buffer slope:f32[H] --mask q>=kv --shape 4,16,16,4096,4096,128" ;;
@@ -90,6 +91,8 @@ backward_args() {
     relbiasng) echo "--name relbias_nograd --score score+bias[h,q-kv+Skv-1] --buffer bias:f32[H,8191] --mask q>=kv --shape 4,16,16,4096,4096,128" ;;
     kvbsoftcap) echo "--name kvb_softcap --score 30.0*tanh((score+kvb[kv])/30.0) --buffer kvb:f32[Skv] --grad kvb --shape 4,16,16,4096,4096,128" ;;
     relbias64) echo "--name relbias --score score+bias[h,q-kv+Skv-1] --buffer bias:f32[H,8191] --grad bias --mask q>=kv --shape 8,12,12,4096,4096,64" ;;
+    relbias192) echo "--name relbias --score score+bias[h,q-kv+Skv-1] --buffer bias:f32[H,8191] --grad bias --mask q>=kv --shape 4,16,16,4096,4096,192" ;;
+    relbias256) echo "--name relbias --score score+bias[h,q-kv+Skv-1] --buffer bias:f32[H,8191] --grad bias --mask q>=kv --shape 4,16,16,4096,4096,256" ;;
     sam) echo "--name sam_vitb --score score+rel_h[b,h,q,kv//64]+rel_w[b,h,q,kv%64] --buffer rel_h:bf16[B,H,Sq,64] --buffer rel_w:bf16[B,H,Sq,64] --grad rel_h --grad rel_w --shape 8,12,12,4096,4096,64" ;;
     samdet) echo "--name sam_vitb --score score+rel_h[b,h,q,kv//64]+rel_w[b,h,q,kv%64] --buffer rel_h:bf16[B,H,Sq,64] --buffer rel_w:bf16[B,H,Sq,64] --grad rel_h --grad rel_w --deterministic --shape 8,12,12,4096,4096,64" ;;
     samng) echo "--name sam_vitb_nograd --score score+rel_h[b,h,q,kv//64]+rel_w[b,h,q,kv%64] --buffer rel_h:bf16[B,H,Sq,64] --buffer rel_w:bf16[B,H,Sq,64] --shape 8,12,12,4096,4096,64" ;;

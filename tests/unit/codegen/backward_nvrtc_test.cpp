@@ -268,8 +268,8 @@ TEST_CASE("the sm_90a backward of a module without buffer gradients is warp-spec
   CHECK(backward_kernel_source(ir, grad, ranges, bo).config.threads() == 256);
   CHECK_FALSE(make_source(ir, false, 128, false, "sm_80").config.warp_specialized);
   CHECK_FALSE(make_source(ir, false, 128, true, "sm_90a").config.warp_specialized);
-  // Head dims above 128 without tensor maps or with buffer gradients: the mma.sync kernel. With the query-major pass
-  // (deterministic D256's automatic choice) the split form stays warp-specialised and leaves dQ to the pass.
+  // Head dims above 128 without tensor maps: the mma.sync kernel. With the query-major pass (deterministic launches'
+  // automatic choice there) the split form stays warp-specialised and leaves dQ to the pass.
   bo.head_dim = 256;
   CHECK_FALSE(backward_kernel_source(ir, grad, ranges, bo).config.hopper);
   for (int d : {192, 256}) {
@@ -279,7 +279,15 @@ TEST_CASE("the sm_90a backward of a module without buffer gradients is warp-spec
     CHECK(qs.config.stages == 2);
     CHECK(test::check_warp_specialized_ptx(qs.module).find("cp.reduce.async.bulk") == std::string::npos);
   }
-  CHECK_FALSE(make_source(build_spec_ir(test::load_spec(backward_data_dir() / "learnable_bias.json")), false, 192, false, "sm_90a").config.hopper);
+  // Buffer gradients in the split form: every scatter class reduces there (the diagonal one in its warps' slots).
+  for (const char* file : {"learnable_bias.json", "alibi_learnable.json", "offset_bias_learnable.json", "softcap_bias_learnable.json"}) {
+    INFO(file << ", head dim 192");
+    BackwardKernelSource ss = make_source(build_spec_ir(test::load_spec(backward_data_dir() / file)), false, 192, false, "sm_90a");
+    CHECK(ss.config.hopper);
+    REQUIRE(ss.config.warp_specialized);
+    CHECK(ss.config.block_n == 64);
+    test::check_warp_specialized_ptx(ss.module);
+  }
   // Staged terms (SAM's rel_h / rel_w) with their gradients by selector GEMMs: warp-specialised, the consumers copying
   // the staged blocks a tile ahead and K / V once (cp.async), Q / dO by TMA, deterministic launches too. Gradients
   // through slabs (rel_w's alone) keep the 256-thread form.

@@ -51,10 +51,10 @@ TEST_CASE("the backward policy fits the kernels' warp layouts and shared memory 
       const int kind = flex_backward_kind(hopper, d);
       for (FlexBackwardFeatures f : all_features(kind)) {
         // Above head dim 128 the wgmma kind is the head-dim split form: TMA operands, warp-specialised (dQ in it or by
-        // the query-major pass), no scatters or staged terms (the module's other features take mma.sync:
-        // flex_backward_kind's split_ok).
+        // the query-major pass), no staged terms (none are found there); without tensor maps those head dims take
+        // mma.sync (flex_backward_kind's split_ok).
         const bool split = kind == kFlexBackwardWgmma && d > 128;
-        if (split && (f.diagonal_scatter || f.staged_col || f.staged_tile)) continue;
+        if (split && (f.staged_col || f.staged_tile)) continue;
         f.tma_operands = split;
         INFO("head dim " << d << ", kind " << kind << ", query-major " << f.query_major << ", deterministic " << f.deterministic
                          << ", bf16 " << f.bf16 << ", staged col / tile / grad / spread " << f.staged_col << f.staged_tile << f.staged_grad
@@ -167,9 +167,9 @@ TEST_CASE("the backward policy's split form (head dims 192, 256): stages and dQ 
   // Without bulk rows both head dims keep two stages: K, V, Q and dO x 2, P^T, dS^T and 5 KB.
   CHECK(flex_backward_stages(flex_backward_policy(kFlexBackwardWgmma, 256, plain), false, false) == 2);
   CHECK(flex_backward_stages(flex_backward_policy(kFlexBackwardMmaSync, 256, plain), false, false) == 1);
-  // Deterministic dQ: D192's fixed-point rows keep it in the main kernel; at D256 the query-major pass takes it (no
-  // fixed-point atomic per element), and the split form, still warp-specialised, skips it.
-  CHECK_FALSE(flex_backward_prefers_query_major(kFlexBackwardWgmma, 192, det, false));
+  // Deterministic dQ: the query-major pass takes it at both (at D192 instead of fixed-point rows with one stage, at
+  // D256 instead of fixed-point atomics per element), and the split form, still warp-specialised, skips it.
+  CHECK(flex_backward_prefers_query_major(kFlexBackwardWgmma, 192, det, false));
   CHECK(flex_backward_prefers_query_major(kFlexBackwardWgmma, 256, det, false));
   CHECK_FALSE(flex_backward_prefers_query_major(kFlexBackwardWgmma, 256, plain, false));
   FlexBackwardFeatures det_qm = det;

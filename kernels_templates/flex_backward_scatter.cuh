@@ -91,8 +91,9 @@ struct TileScatter {
   }
 
   // q0: the warp's first query column (m0 + col0(warp)). kChecked: the tile may hold masked or out-of-range elements
-  // (dS = 0 there), whose target index and coefficient must not be evaluated. Without it every element is in range and unmasked, so each is added without a test
-  // (an element whose dS is exactly 0 adds d * coef = 0; the test only paid off for masked elements).
+  // (dS = 0 there), whose target index and coefficient must not be evaluated. Without it every element is in range
+  // and unmasked, so each is added without a test (an element whose dS is exactly 0 adds d * coef = 0; the test only
+  // paid off for masked elements).
   template <bool kChecked = true>
   __device__ __forceinline__ void thread_sum(const typename Variant::Params& vp, const float (&ds_v)[kMT][4],
                                              const float (&score_v)[kMT][4], int b, int h, int hkv, int q0, int kv_r0, int t4,

@@ -511,7 +511,7 @@ TEST_CASE("backward: every head dim x {causal, document, learnable bias} x {bf16
     for (int d : {64, 80, 96, 128, 192, 256}) {
       const BwdCase odd{.B = 1, .H = 8, .Hkv = 1, .Sq = 181, .Skv = 211, .dtype = dtype};
       const BwdCase square{.B = 1, .H = 8, .Hkv = 1, .Sq = 197, .Skv = 197, .dtype = dtype, .int_hi = 5};
-      // Above head dim 128 the query-major pass too: the split form without dQ (deterministic D256's choice).
+      // Above head dim 128 the query-major pass too: the split form without dQ (deterministic launches' choice there).
       const std::vector<BackwardDqMode> causal_modes =
           d > 128 ? std::vector<BackwardDqMode>{BackwardDqMode::Auto, BackwardDqMode::QueryMajor} : std::vector<BackwardDqMode>{BackwardDqMode::Auto};
       check_case(with_dim(causal, d), odd, false, 2e-2, causal_modes);

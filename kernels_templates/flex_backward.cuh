@@ -229,11 +229,23 @@ __device__ __forceinline__ void flex_backward_dq(const FlexBackwardParams& p) {
   }
 }
 
-// Fixed-point buffer gradients to f32 (deterministic mode). grid-stride, any grid.
+// Fixed-point buffer gradients to f32 (deterministic mode). Grid-stride, any grid of whole warps.
 __device__ __forceinline__ void flex_backward_convert(const FlexConvertParams& c) {
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < c.n; i += (long long)gridDim.x * blockDim.x) {
-    const long long v = (long long)static_cast<const unsigned long long*>(c.in)[i];
-    static_cast<float*>(c.out)[i] = (float)((double)v * (1.0 / 4294967296.0)) * c.mult;
+  const unsigned long long* in = static_cast<const unsigned long long*>(c.in);
+  float* out = static_cast<float*>(c.out);
+  auto value = [&](long long src) { return (float)((double)(long long)in[src] * (1.0 / 4294967296.0)) * c.mult; };
+  if (c.block_w == 0) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < c.n; i += (long long)gridDim.x * blockDim.x) out[i] = value(i);
+    return;
+  }
+  // A blocked accumulator back in the buffer's order: a warp per matrix row, so that the 64-bit divisions are per
+  // row (a division per element took longer than the copy).
+  const long long warps = (long long)gridDim.x * (blockDim.x / 32);
+  for (long long t = blockIdx.x * (long long)(blockDim.x / 32) + threadIdx.x / 32; t < c.n / c.cols; t += warps) {
+    const long long row = t % c.rows;
+    const long long base = (t - row) * c.cols;
+    for (int col = threadIdx.x % 32; col < c.cols; col += 32)
+      out[t * c.cols + col] = value(flex_bwd::blocked_index(c.rows, c.cols, c.block_w, base, row, col));
   }
 }
 

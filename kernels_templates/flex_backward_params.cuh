@@ -63,6 +63,11 @@ struct FlexBackwardParams {
   int tma_q_row0, tma_kv_row0, tma_b_scale;
   void* grad_ptr[8];          // per scatter: its buffer's gradient (f32, or 64-bit fixed point when
                               // deterministic), contiguous, the buffer's shape
+  // Deterministic selector GEMMs (flex_bwd_sm90::Smem::kStagedBlocks): bit 0 set when the staged Col term's
+  // fixed-point accumulator is blocked in 16-column slices (flex_bwd::blocked_index), bit 1 the Tile term's in
+  // 8-column slices; an unset bit: per-element atomics into the buffer's order. The host sets them where the slices
+  // tile the buffer's columns.
+  int staged_blocks;
 };
 
 // The tensor maps of a warp-specialised Hopper backward launch (flex_backward_sm90.cuh, kProducer): q, k, v and d_o as
@@ -91,10 +96,35 @@ struct FlexRaggedTileStateParams {
   int total_q, total_kv;
 };
 
+// Host and device: the host's tests check the layout (tests/unit/codegen/backward_policy_test.cpp).
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define FLEX_BLOCKED_INDEX_FN __host__ __device__ __forceinline__
+#else
+#define FLEX_BLOCKED_INDEX_FN inline
+#endif
+
+namespace flex_bwd {
+
+// A staged gradient's blocked accumulator (deterministic selector GEMMs, flex_backward_staged.cuh): the element
+// (row, c) of a buffer's rows x cols matrix starting at `base`. Within each block of 64 rows (the last one holds
+// nb = rows - 64 (row / 64) of them), the columns are cut into slices of w (w divides cols), and slice c / w is an
+// [nb][w] run, so a CTA's sums of one query tile and slice are contiguous.
+FLEX_BLOCKED_INDEX_FN long long blocked_index(long long rows, long long cols, int w, long long base, long long row, int c) {
+  const long long block0 = row - row % 64;
+  const long long nb = rows - block0 < 64 ? rows - block0 : 64;
+  return base + block0 * cols + (c / w) * nb * w + (row % 64) * w + c % w;
+}
+
+}  // namespace flex_bwd
+
 // Conversion of fixed-point or fp32 accumulators into the outputs: out[i] = in[i] * mult.
 struct FlexConvertParams {
   const void* in;             // fp32 or 64-bit fixed point (deterministic)
   void* out;                  // Element (dq) or f32 (buffer gradients)
   long long n;                // elements
   float mult;
+  // block_w > 0: `in` holds a staged gradient's blocked accumulator (flex_bwd::blocked_index) of a buffer whose
+  // last two dims are rows x cols; 0: the same order as `out`.
+  long long rows, cols;
+  int block_w;
 };

@@ -59,10 +59,16 @@ constexpr int flex_backward_kind(bool hopper_arch, int head_dim, bool split_ok =
 // Shared memory of the main kernel. wgmma kind (flex_bwd_sm90::Smem): dense swizzled K, V [block_n][D] and Q, dO
 // [block_m][D] per stage, dS^T [block_n][block_m] (above head dim 128 two P^T tiles too), lse2 / delta, the
 // reduction slots, the diagonal scatter's planes [warps][4][block_m + 16] floats (none above 128), the cached tile
-// classes, 1 KB to align the base; then the staged terms' tiles, their gradients' planes, slabs or selectors, and the
-// dQ rows. mma.sync kind (FlexBackwardTraits): the same tiles padded
+// classes, 1 KB to align the base; then the staged terms' tiles, their gradients' planes, slabs or selectors, the
+// dQ rows and the staged gradients' blocks. mma.sync kind (FlexBackwardTraits): the same tiles padded
 // by 8 columns, without the planes and the alignment.
-constexpr int flex_backward_smem_bytes(const FlexBackwardPolicy& p, const FlexBackwardFeatures& f, bool dq_bulk, bool grad_gemm) {
+constexpr int kSm90MaxDynamicShared = 227 * 1024;  // the opt-in limit per block
+
+// Two stages of the staged gradients' blocks (flex_backward_staged.cuh kBlockedStageBytes).
+constexpr int kFlexBackwardStagedBlockBytes = 2 * 64 * (16 + 8) * 8;
+
+// Everything but the staged gradients' blocks.
+constexpr int flex_backward_smem_bytes_without_blocks(const FlexBackwardPolicy& p, const FlexBackwardFeatures& f, bool dq_bulk, bool grad_gemm) {
   const int d = p.head_dim, m = p.block_m, n = p.block_n;
   if (p.kind == kFlexBackwardMmaSync) {
     const int stride = d + 8;
@@ -85,7 +91,20 @@ constexpr int flex_backward_smem_bytes(const FlexBackwardPolicy& p, const FlexBa
   return bytes + 1024;
 }
 
-constexpr int kSm90MaxDynamicShared = 227 * 1024;  // the opt-in limit per block
+// Whether a module sends its staged gradients as blocks (flex_backward_staged.cuh, "Blocked accumulators"): a
+// deterministic warp-specialised module with selector GEMMs and fixed-point dQ rows, where the blocks' two stages
+// fit beside the rest (at head dim 96 they do not, and the dQ rows matter more). Its CTA sums of a query tile
+// ([64 q][16] of the Col term, [64 q][8] of the Tile term) then leave by one 64-bit bulk reduction each instead of a
+// 64-bit atomic per element.
+constexpr bool flex_backward_staged_blocks(const FlexBackwardPolicy& p, const FlexBackwardFeatures& f, bool dq_bulk, bool grad_gemm) {
+  return p.kind == kFlexBackwardWgmma && f.deterministic && p.producer && dq_bulk && grad_gemm &&
+         flex_backward_smem_bytes_without_blocks(p, f, dq_bulk, grad_gemm) + kFlexBackwardStagedBlockBytes <= kSm90MaxDynamicShared;
+}
+
+constexpr int flex_backward_smem_bytes(const FlexBackwardPolicy& p, const FlexBackwardFeatures& f, bool dq_bulk, bool grad_gemm) {
+  return flex_backward_smem_bytes_without_blocks(p, f, dq_bulk, grad_gemm) +
+         (flex_backward_staged_blocks(p, f, dq_bulk, grad_gemm) ? kFlexBackwardStagedBlockBytes : 0);
+}
 
 // Q / dO stages of the main kernel with the tiles of `p` (its kind, head dim and tile sizes): two, but one for the
 // mma.sync kernel's padded tiles above head dim 128, and for the wgmma kind's split form (head dims 192, 256; nothing

@@ -103,7 +103,15 @@ struct Smem {
   // are permuted instead (flex_bwd::bulk_dq_group_xor), which keeps the stores conflict-free.
   using DqValue = typename flex::Conditional<kDqFixed, unsigned long long, float>::type;
   static constexpr int kDqRowBytes = kHeadDim * (int)sizeof(DqValue);
-  static constexpr int kBytes = kOffDqBuf + (kDqBulk ? kBlockM * kDqRowBytes : 0);
+  // Deterministic selector GEMMs where they fit (flex_backward_policy.cuh flex_backward_staged_blocks, the host's
+  // rule): two stages of the query tile's fixed-point sums, [64 q][16] of the Col term then [64 q][8] of the Tile
+  // term (flex_backward_staged.cuh).
+  static constexpr int kOffStBlocks = kOffDqBuf + (kDqBulk ? kBlockM * kDqRowBytes : 0);
+  static constexpr int kStBlocksStageBytes = flex_bwd_staged::kBlockedStageBytes;
+  static_assert(2 * kStBlocksStageBytes == kFlexBackwardStagedBlockBytes, "flex_backward_main_sm90: the blocks' bytes");
+  static constexpr bool kStagedBlocks =
+      kDqFixed && kGradGemm && kProducer && kOffStBlocks + 2 * kStBlocksStageBytes + 1024 <= kSm90MaxDynamicShared;
+  static constexpr int kBytes = kOffStBlocks + (kStagedBlocks ? 2 * kStBlocksStageBytes : 0);
   // What the launch must give: 1 KB of slack, so the tiles can start on a 1024-byte boundary (the swizzle
   // XOR acts on absolute address bits) whatever the base of dynamic shared memory.
   static constexpr int kAllocBytes = kBytes + 1024;
@@ -349,6 +357,11 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   int pt_tile = 0;  // kSplitD: the P^T tile of this query tile
   flex::PipelineState<S::kStages> st;  // kProducer: the ring slot of this tile
   unsigned dq_phase = 0;                // kProducer, kDqBulk: the parity of this tile's dq_full phase
+  // S::kStagedBlocks: the query tile (and head) whose blocked sums wait in stage blocks_stage ^ 1 for the next dQ
+  // barrier (-1: none), and whether this warpgroup's term sends blocks (warpgroup 0 the Col term's, 1 the Tile term's).
+  int blocks_m0 = -1, blocks_h = 0, blocks_stage = 0;
+  const bool wg_blocks = S::kStagedBlocks && ((p.staged_blocks >> wg) & 1);
+  const unsigned s_blocks = s_base + S::kOffStBlocks;
   while (pos < total) {
     const int h = hkv * group + head_in_group;
     const int m0 = m_block * kBlockM;
@@ -504,7 +517,15 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
         // With bulk rows, the writer warp must have read the previous tile's (a fresh barrier reads as released).
         if constexpr (kDqBulk) flex::mbarrier_wait(flex_bwd_sm90::dq_empty_barrier<S>(s_base), dq_phase ^ 1u);
         if constexpr (Staged::kAny) flex::cp_async_wait<0>();  // the next tile's staged values, for every consumer
+        // The blocks sent after the last barrier have been read: their stage may be stored again after this one.
+        if (wg_blocks && tid % 128 == 0) flex::bulk_wait_read();
         flex::named_barrier_sync(flex_bwd_sm90::kBarDq, kNThreads);
+        // The previous tile's blocks, stored and fenced by every thread of the warpgroup before the barrier.
+        if constexpr (S::kStagedBlocks) {
+          if (wg_blocks && tid % 128 == 0 && blocks_m0 >= 0)
+            flex_bwd_staged::send_block<Variant>(p, vp, s_blocks + (blocks_stage ^ 1) * S::kStBlocksStageBytes, b, blocks_h, hkv, blocks_m0,
+                                                 wg == 0, wg == 0 ? spread_col0 : spread_j0);
+        }
       } else {
         if constexpr (kDqBulk) {
           if (tid == 0) flex::bulk_wait_read();  // the thread that issued them (PendingDqRows)
@@ -547,10 +568,16 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
       }
       if constexpr (kGradGemm) {
         flex::fence_operands(sel_acc);
+        const unsigned s_block = wg_blocks ? s_blocks + blocks_stage * S::kStBlocksStageBytes : 0u;
         if (wg == 0)
-          flex_bwd_staged::flush_selected_col<Variant, kDeterministic>(p, vp, sel_acc, b, h, hkv, q_row0, spread_col0, t4);
+          flex_bwd_staged::flush_selected_col<Variant, kDeterministic>(p, vp, sel_acc, b, h, hkv, q_row0, spread_col0, t4, m0, s_block);
         else
-          flex_bwd_staged::flush_selected_tile<Variant, kDeterministic>(p, vp, sel_acc, b, h, hkv, q_row0, spread_j0, t4);
+          flex_bwd_staged::flush_selected_tile<Variant, kDeterministic>(p, vp, sel_acc, b, h, hkv, q_row0, spread_j0, t4, m0, s_block);
+        if constexpr (S::kStagedBlocks) {
+          blocks_m0 = m0;
+          blocks_h = h;
+          blocks_stage ^= 1;
+        }
       }
       if constexpr (kDqBulk && kProducer) {
         if (tid == 0)
@@ -595,6 +622,19 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     pt_tile ^= 1;
   }
   flex::cp_async_wait<0>();
+  if constexpr (S::kStagedBlocks) {
+    // The last tile's blocks (the consumers alone: the producer warpgroup has returned), complete before the CTA's
+    // shared memory goes away.
+    if (blocks_m0 >= 0) {
+      flex::fence_proxy_async();
+      flex::named_barrier_sync(flex_bwd_sm90::kBarDq, kNThreads);
+      if (wg_blocks && tid % 128 == 0) {
+        flex_bwd_staged::send_block<Variant>(p, vp, s_blocks + (blocks_stage ^ 1) * S::kStBlocksStageBytes, b, blocks_h, hkv, blocks_m0, wg == 0,
+                                             wg == 0 ? spread_col0 : spread_j0);
+        flex::bulk_wait();
+      }
+    }
+  }
   if constexpr (kDqBulk && !kProducer) {
     // The last tile's dQ rows, then every reduction complete before the CTA's shared memory goes away.
     flex::fence_proxy_async();

@@ -92,6 +92,16 @@ struct Flags<void> {
 constexpr int kDiagBand = kRows + 128;
 constexpr int kDiagBytes = kDiagBand * 4;
 
+// Blocked accumulators (deterministic selector GEMMs, FlexBackwardParams::staged_blocks): a CTA's fixed-point sums
+// of one query tile, [64 q][16] of the Col term (its 16 kv % 64 columns) and [64 q][8] of the Tile term (its 8 J),
+// wait in one stage of shared memory in the order of the accumulator's block (flex_bwd::blocked_index) and leave by
+// one 64-bit bulk reduction each, where a 64-bit atomic per element cost SAM's deterministic backward more than all
+// of its dQ did.
+constexpr int kBlockColW = 16;
+constexpr int kBlockTileW = 8;
+constexpr int kBlockedColBytes = kRows * kBlockColW * 8;
+constexpr int kBlockedStageBytes = kBlockedColBytes + kRows * kBlockTileW * 8;
+
 // A lane's part of a slot's band: entries lane, lane + 32, ... (0 past the 191 a tile reaches).
 template <class Variant>
 __device__ __forceinline__ void load_diag(const typename Variant::Params& vp, unsigned s_band, int b, int h, int hkv, int d0, int lane) {
@@ -420,9 +430,15 @@ __device__ __forceinline__ void issue_selector_gemm(float (&acc)[8], unsigned s_
 // Warpgroup 0 after its selector sums completed: the Col gradient of query rows q_row0 and q_row0 + 8, columns
 // col0 + (0 .. 15). Partner lanes t4 and t4 ^ 1 swap one pair so each sends 4 adjacent columns as one float4
 // atomic (a warp covers 8 rows x 64 contiguous bytes).
+// Fixed-point values into a blocked stage (see kBlockColW): two or four adjacent 8-byte entries.
+__device__ __forceinline__ void store_fixed_pair(unsigned addr, float x, float y) {
+  asm volatile("st.shared.v2.u64 [%0], {%1, %2};\n" ::"r"(addr), "l"(flex_bwd::to_fixed(x)), "l"(flex_bwd::to_fixed(y)) : "memory");
+}
+
+// s_block = 0: one atomic per element (add_quad); else this tile's Col block in shared memory (query tile m0).
 template <class Variant, bool kDeterministic>
 __device__ __forceinline__ void flush_selected_col(const FlexBackwardParams& p, const typename Variant::Params& vp, const float (&acc)[8], int b,
-                                                   int h, int hkv, int q_row0, int col0, int t4) {
+                                                   int h, int hkv, int q_row0, int col0, int t4, int m0 = 0, unsigned s_block = 0) {
   const StagedRows r = Variant::staged_col(vp, b, h, hkv);
   void* grad = p.grad_ptr[Variant::kStagedColScatter];
   const bool odd = t4 & 1;
@@ -435,15 +451,23 @@ __device__ __forceinline__ void flush_selected_col(const FlexBackwardParams& p, 
     if (row >= p.seqlen_q) continue;
     const int c = odd ? col0 + 8 + 2 * (t4 - 1) : col0 + 2 * t4;
     const float v[4] = {odd ? r0 : a0, odd ? r1 : a1, odd ? b0 : r0, odd ? b1 : r1};
-    add_quad<kDeterministic>(grad, r.grad_base + (long long)row * r.cols + c, c, r.cols, v);
+    if (s_block != 0) {
+      const unsigned at = s_block + ((row - m0) * kBlockColW + (c - col0)) * 8;
+      store_fixed_pair(at, v[0], v[1]);
+      store_fixed_pair(at + 16, v[2], v[3]);
+    } else {
+      add_quad<kDeterministic>(grad, r.grad_base + (long long)row * r.cols + c, c, r.cols, v);
+    }
   }
 }
 
 // Warpgroup 1 after its selector sums completed: the Tile gradient of query rows q_row0 and q_row0 + 8 for J = j0 +
 // 2 t4 and + 1 (the first n8 block; the second is the selector's zero columns), one 8-byte atomic per pair.
+// s_block = 0: atomics (add_two); else this tile's Tile block in shared memory (query tile m0), whose entries past
+// Skv get the zeros their dS sums to.
 template <class Variant, bool kDeterministic>
 __device__ __forceinline__ void flush_selected_tile(const FlexBackwardParams& p, const typename Variant::Params& vp, const float (&acc)[8], int b,
-                                                    int h, int hkv, int q_row0, int j0, int t4) {
+                                                    int h, int hkv, int q_row0, int j0, int t4, int m0 = 0, unsigned s_block = 0) {
   const StagedRows r = Variant::staged_tile(vp, b, h, hkv);
   void* grad = p.grad_ptr[Variant::kStagedTileScatter];
   const int j = j0 + 2 * t4;
@@ -452,8 +476,25 @@ __device__ __forceinline__ void flush_selected_tile(const FlexBackwardParams& p,
   for (int half = 0; half < 2; ++half) {
     const int row = q_row0 + 8 * half;
     if (row >= p.seqlen_q) continue;
-    add_two<kDeterministic>(grad, r.grad_base + (long long)row * r.cols + j, v0, v1, acc[2 * half], acc[2 * half + 1]);
+    if (s_block != 0)
+      store_fixed_pair(s_block + kBlockedColBytes + ((row - m0) * kBlockTileW + 2 * t4) * 8, v0 ? acc[2 * half] : 0.f, v1 ? acc[2 * half + 1] : 0.f);
+    else
+      add_two<kDeterministic>(grad, r.grad_base + (long long)row * r.cols + j, v0, v1, acc[2 * half], acc[2 * half + 1]);
   }
+}
+
+// A blocked stage's Col block (col = true; slice0: the CTA's first kv % 64 column) or Tile block (its first J) of
+// query tile m0, added to the blocked accumulator by one bulk reduction in this thread's bulk group. After a
+// fence_proxy_async and a barrier that follow every store of the block.
+template <class Variant>
+__device__ __forceinline__ void send_block(const FlexBackwardParams& p, const typename Variant::Params& vp, unsigned s_stage, int b, int h,
+                                           int hkv, int m0, bool col, int slice0) {
+  const StagedRows r = col ? Variant::staged_col(vp, b, h, hkv) : Variant::staged_tile(vp, b, h, hkv);
+  const int w = col ? kBlockColW : kBlockTileW;
+  unsigned long long* dst = static_cast<unsigned long long*>(p.grad_ptr[col ? Variant::kStagedColScatter : Variant::kStagedTileScatter]) +
+                            flex_bwd::blocked_index(r.rows, r.cols, w, r.grad_base, m0, slice0);
+  flex::bulk_reduce_add_u64(dst, s_stage + (col ? 0 : kBlockedColBytes), min(kRows, p.seqlen_q - m0) * w * 8);
+  flex::bulk_commit();
 }
 
 }  // namespace flex_bwd_staged

@@ -12,6 +12,7 @@ struct StagedRows {
   long long row_stride;  // elements from one query row to the next
   long long col_stride;  // elements from one column to the next (1: contiguous rows, copied asynchronously)
   long long cols;        // the buffer's last dim: columns at or past it are never read
+  long long rows;        // the dim before it (query rows; the backward's blocked accumulators)
   long long grad_base;   // offset of element [lead..., 0, 0] in the buffer's contiguous gradient (backward only)
 };
 

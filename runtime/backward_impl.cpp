@@ -392,8 +392,33 @@ void KernelImpl::backward_gpu(const BackwardArgs& a, const RaggedBatch* ragged) 
   }
   p.scale = a.scale > 0 ? a.scale : default_softmax_scale(static_cast<int>(shape.head_dim));
 
+  // The staged gradients' blocked accumulators (BackwardConfig::staged_blocks, flex_bwd::blocked_index), where the
+  // slices tile the buffer's columns: 16-column slices of the Col term (at least 64 columns, so every CTA's slice
+  // exists), 8-column ones of the Tile term; the kernel adds per element into the others.
+  struct Blocked {
+    int w;
+    int64_t rows, cols;
+  };
+  std::map<int, Blocked> blocked;
+  if (cfg.staged_blocks()) {
+    auto block = [&](int buffer, int w, int64_t min_cols, int bit) {
+      if (buffer < 0) return;
+      const auto& shp = buffers[static_cast<size_t>(buffer)].shape;
+      if (shp.size() < 2 || shp.back() % w != 0 || shp.back() < min_cols) return;
+      blocked[buffer] = Blocked{w, shp[shp.size() - 2], shp.back()};
+      p.staged_blocks |= bit;
+    };
+    block(mod->source.staged_col_grad_buffer, 16, 64, 1);
+    block(mod->source.staged_tile_grad_buffer, 8, 8, 2);
+  }
+
   // Buffer gradients: zeroed f32 outputs (atomics), or zeroed fixed-point scratch (deterministic).
-  std::vector<std::pair<CUdeviceptr, const Tensor*>> fixed;  // scratch -> output, deterministic only
+  struct Fixed {
+    CUdeviceptr scratch;
+    const Tensor* out;
+    int buffer;
+  };
+  std::vector<Fixed> fixed;  // deterministic only
   {
     std::map<int, CUdeviceptr> target;
     size_t goff = lay.grads;
@@ -412,7 +437,7 @@ void KernelImpl::backward_gpu(const BackwardArgs& a, const RaggedBatch* ragged) 
         goff += align_up(n * 8);
         check_cu(d.cuMemsetD32Async(scratch, 0, n * 2, a.stream), "clearing a gradient accumulator");
         target[static_cast<int>(i)] = scratch;
-        if (grad_of[i]) fixed.emplace_back(scratch, grad_of[i]);
+        if (grad_of[i]) fixed.push_back(Fixed{scratch, grad_of[i], static_cast<int>(i)});
       } else {
         check_cu(d.cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(grad_of[i]->data), 0, n, a.stream), "clearing a buffer gradient");
         target[static_cast<int>(i)] = reinterpret_cast<CUdeviceptr>(grad_of[i]->data);
@@ -523,12 +548,17 @@ void KernelImpl::backward_gpu(const BackwardArgs& a, const RaggedBatch* ragged) 
                               a.stream, pargs, nullptr),
              "launching the dQ conversion");
   }
-  for (const auto& [scratch, out] : fixed) {
+  for (const Fixed& f : fixed) {
     FlexConvertParams c{};
-    c.in = reinterpret_cast<const void*>(scratch);
-    c.out = out->data;
-    c.n = numel(out->shape);
+    c.in = reinterpret_cast<const void*>(f.scratch);
+    c.out = f.out->data;
+    c.n = numel(f.out->shape);
     c.mult = 1.f;
+    if (auto it = blocked.find(f.buffer); it != blocked.end()) {
+      c.block_w = it->second.w;
+      c.rows = it->second.rows;
+      c.cols = it->second.cols;
+    }
     void* cargs[] = {&c};
     const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((c.n + 255) / 256, 4096));
     check_cu(d.cuLaunchKernel(fn.convert, blocks, 1, 1, 256, 1, 1, 0, a.stream, cargs, nullptr), "launching the gradient conversion");

@@ -31,12 +31,19 @@ FlexBackwardFeatures BackwardConfig::features() const {
   return f;
 }
 
-int BackwardConfig::shared_bytes() const {
+FlexBackwardPolicy BackwardConfig::policy() const {
   FlexBackwardPolicy p = flex_backward_tiles(head_dim);
   p.kind = hopper ? kFlexBackwardWgmma : kFlexBackwardMmaSync;
   p.stages = stages;  // the module's policy's (backward_kernel_source)
-  return flex_backward_smem_bytes(p, features(), dq_bulk, grad_gemm);
+  p.dq_bulk = dq_bulk;
+  p.grad_gemm = grad_gemm;
+  p.producer = warp_specialized;
+  return p;
 }
+
+int BackwardConfig::shared_bytes() const { return flex_backward_smem_bytes(policy(), features(), dq_bulk, grad_gemm); }
+
+bool BackwardConfig::staged_blocks() const { return flex_backward_staged_blocks(policy(), features(), dq_bulk, grad_gemm); }
 
 int BackwardConfig::main_grid_x(int64_t seqlen_kv) const {
   if (spread_rows) return static_cast<int>((seqlen_kv + 511) / 512 * 4);
@@ -148,6 +155,11 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
   out.config.dq_bulk = policy.dq_bulk;
   out.config.deterministic = options.deterministic;
   out.config.warp_specialized = policy.producer;
+  for (const StagedTerm& t : staged.terms) {
+    if (t.scatter < 0) continue;
+    if (t.kind == StagedKind::Col) out.staged_col_grad_buffer = t.buffer;
+    if (t.kind == StagedKind::Tile) out.staged_tile_grad_buffer = t.buffer;
+  }
   GradVariantOptions kv_major;
   kv_major.query_major_pass = qm;
   kv_major.staged = &staged;

@@ -63,8 +63,13 @@ struct BackwardConfig {
   int main_grid_x(int64_t seqlen_kv) const;
   // Dynamic shared memory of the main kernel (the generated source static_asserts it against the template's).
   int shared_bytes() const;
+  // Whether the main kernel sends its staged gradients as blocks (flex_backward_staged_blocks): the host then lays
+  // the fixed-point accumulators of the Col and Tile terms' buffers out in blocks (FlexBackwardParams::staged_blocks).
+  bool staged_blocks() const;
   // The staged-term flags as the policy's features (the rest left false).
   FlexBackwardFeatures features() const;
+  // The module's policy as far as the flags above give it (the tiles, stages and the kernel's choices).
+  FlexBackwardPolicy policy() const;
 };
 
 // Throws flexjit::Error for an unsupported head dim. `arch` "sm_90a" selects the Hopper main kernel for head
@@ -122,6 +127,10 @@ struct BackwardKernelSource {
   BackwardConfig config;
   QueryMajorConfig qconfig;     // meaningful when query_major
   GeneratedGradVariant grad;    // the KV-major kernel's variant (scatter classes for this module)
+  // The spec buffers whose gradients the staged Col and Tile terms reduce (-1: none), for the host's layout of their
+  // accumulators (BackwardConfig::staged_blocks).
+  int staged_col_grad_buffer = -1;
+  int staged_tile_grad_buffer = -1;
 };
 
 // `ranges` must come from analyze_ranges(backward_roots(grad), ...) with forward domains.

@@ -31,6 +31,7 @@ std::string staged_rows_function(const SpecIR& ir, const RangeInfo& ranges, cons
       "    r.row_stride = p.{f}_s{rs};\n"
       "    r.col_stride = p.{f}_s{cs};\n"
       "    r.cols = p.{f}_n{cs};\n"
+      "    r.rows = p.{f}_n{rs};\n"
       "    r.grad_base = (({grad_off}) * p.{f}_n{rs}) * p.{f}_n{cs};\n"
       "    return r;\n"
       "  }}\n",

@@ -1,6 +1,6 @@
 // Prints a staged term's accessor for a generated variant. Col and Tile: a row accessor: a device function returning flex::StagedRows
 // (kernels_templates/flex_staged_rows.cuh) with the buffer's element [lead..., 0, 0], its row and column strides,
-// its last dim and the offset of that element in the buffer's contiguous gradient. The Hopper backward's staged
+// its last two dims and the offset of that element in the buffer's contiguous gradient. The Hopper backward's staged
 // terms (staged_col / staged_tile) read their blocks through it. Diag: the term's value per diagonal (staged_diag).
 #pragma once
 #include <string>

@@ -559,6 +559,23 @@ TEST_CASE("backward: deterministic gradients from many KV tiles are the same in 
              {BackwardDqMode::Auto}, 5);
 }
 
+TEST_CASE("backward: deterministic staged SAM gradients - blocked accumulators and their fallbacks", "[gpu][backward]") {
+  FLEXJIT_REQUIRE_GPU();
+  const std::string sam_mod = "score + rel_h[b, h, q, kv // 64] + rel_w[b, h, q, kv % 64]";
+  // The warp-specialised kernel sends each query tile's sums of rel_w and rel_h as one 64-bit bulk reduction into
+  // accumulators laid out in blocks (flex_bwd::blocked_index), which the conversion puts back in the buffers' order.
+  // Buffers with more rows than Sq (a last block of 34 rows, of which the launch's last tile covers 14) and more
+  // columns than the terms read, GQA 2:1, two runs bit for bit.
+  check_case(inline_spec("sam_det_wide", sam_mod, std::nullopt, 64, {"rel_h: bf16[B, H, 290, 72]", "rel_w: bf16[B, H, 290, 80]"}, {"rel_h", "rel_w"}),
+             BwdCase{.B = 2, .H = 4, .Hkv = 2, .Sq = 270, .Skv = 1100}, true, 2e-2, {BackwardDqMode::Atomic}, 2);
+  // Columns the slices do not tile (65: rel_h by per-element atomics; 66: rel_w too), and rel_h alone blocked.
+  check_case(inline_spec("sam_det_unaligned", sam_mod, std::nullopt, 64, {"rel_h: bf16[B, H, Sq, 65]", "rel_w: bf16[B, H, Sq, 66]"},
+                         {"rel_h", "rel_w"}),
+             BwdCase{.Sq = 190, .Skv = 333}, true, 2e-2, {BackwardDqMode::Atomic}, 2);
+  check_case(inline_spec("sam_det_mixed", sam_mod, std::nullopt, 64, {"rel_h: bf16[B, H, Sq, 64]", "rel_w: bf16[B, H, Sq, 66]"}, {"rel_h", "rel_w"}),
+             BwdCase{.Sq = 200, .Skv = 600}, true, 2e-2, {BackwardDqMode::Atomic}, 2);
+}
+
 TEST_CASE("backward: LSE in - KV split in two chunks with a merged LSE", "[gpu][backward]") {
   FLEXJIT_REQUIRE_GPU();
   // softcap: the mod depends on the score only, so a KV chunk sees the same mods as the whole.

@@ -16,8 +16,8 @@
 # full192, full256 (forward); causal, full, full64, causal96, causal64, causal80, causal192, causal256, causaldet / causal192det / causal256det (deterministic; causal192detq / causal256detq: with dQ by the query-major pass), relbias192 / relbias256 (the learnable bias at D192 / D256), alibi (slopes from a
 # buffer, no gradient), relbias / relbiasdet / relbias64 (the learnable bias[h, q - kv + Skv - 1] + causal, with its
 # gradient; deterministic; D64; relbiasng: without the gradient), kvbsoftcap (a softcap of score + a learnable per-KV
-# bias, full attention), slope / slopedet (learnable ALiBi slopes + causal), sam / samdet / samng (SAM ViT-B with
-# rel_h / rel_w gradients; deterministic; without them), sam32 / sam80 / sam96 / sam128 (the same at other head dims:
+# bias, full attention), slope / slopedet (learnable ALiBi slopes + causal), sam / samdet / samng / samngdet (SAM ViT-B with
+# rel_h / rel_w gradients; deterministic; without them; without them, deterministic), sam32 / sam80 / sam96 / sam128 (the same at other head dims:
 # B8 H12, B8 H16, B4 H16, B4 H16), samrt (SAM with a runtime width W; backward).
 set -uo pipefail
 builds=$1
@@ -96,6 +96,7 @@ backward_args() {
     sam) echo "--name sam_vitb --score score+rel_h[b,h,q,kv//64]+rel_w[b,h,q,kv%64] --buffer rel_h:bf16[B,H,Sq,64] --buffer rel_w:bf16[B,H,Sq,64] --grad rel_h --grad rel_w --shape 8,12,12,4096,4096,64" ;;
     samdet) echo "--name sam_vitb --score score+rel_h[b,h,q,kv//64]+rel_w[b,h,q,kv%64] --buffer rel_h:bf16[B,H,Sq,64] --buffer rel_w:bf16[B,H,Sq,64] --grad rel_h --grad rel_w --deterministic --shape 8,12,12,4096,4096,64" ;;
     samng) echo "--name sam_vitb_nograd --score score+rel_h[b,h,q,kv//64]+rel_w[b,h,q,kv%64] --buffer rel_h:bf16[B,H,Sq,64] --buffer rel_w:bf16[B,H,Sq,64] --shape 8,12,12,4096,4096,64" ;;
+    samngdet) echo "--name sam_vitb_nograd --score score+rel_h[b,h,q,kv//64]+rel_w[b,h,q,kv%64] --buffer rel_h:bf16[B,H,Sq,64] --buffer rel_w:bf16[B,H,Sq,64] --deterministic --shape 8,12,12,4096,4096,64" ;;
     sam32|sam80|sam96|sam128)
       local d=${1#sam} shape="8,12,12,4096,4096"
       [ "$d" = 80 ] && shape="8,16,16,4096,4096"

@@ -151,6 +151,10 @@ TEST_CASE("the staged Hopper backward modules compile: SAM deterministic, fp16 a
   const char* sam = "score + rel_h[b, h, q, kv // 64] + rel_w[b, h, q, kv % 64]";
   const std::vector<Case> cases = {
       {"sam_det", sam, {"rel_h: bf16[B, H, Sq, 64]", "rel_w: bf16[B, H, Sq, 64]"}, {"rel_h", "rel_w"}, dsl::DType::BF16, 64, true, true, true, true},
+      // Deterministic with the blocked accumulators at the other head dims that fit them: 32 (selectors in K) and 80
+      // (selector tiles of their own).
+      {"sam_det_d32", sam, {"rel_h: bf16[B, H, Sq, 64]", "rel_w: bf16[B, H, Sq, 64]"}, {"rel_h", "rel_w"}, dsl::DType::BF16, 32, true, true, true, true},
+      {"sam_det_d80", sam, {"rel_h: bf16[B, H, Sq, 64]", "rel_w: bf16[B, H, Sq, 64]"}, {"rel_h", "rel_w"}, dsl::DType::BF16, 80, true, true, true, true},
       {"sam_f16", sam, {"rel_h: f16[B, H, Sq, 64]", "rel_w: f16[B, H, Sq, 64]"}, {"rel_h", "rel_w"}, dsl::DType::F16, 128, false},
       {"sam_strided", sam, {"rel_h: bf16[B, H, Sq, 65]", "rel_w: bf16[B, H, Sq, 66]"}, {"rel_w"}, dsl::DType::BF16, 80, false},
       {"sam_strided_both", sam, {"rel_h: bf16[B, H, Sq, 65]", "rel_w: bf16[B, H, Sq, 66]"}, {"rel_h", "rel_w"}, dsl::DType::BF16, 80, false, true,
@@ -181,6 +185,13 @@ TEST_CASE("the staged Hopper backward modules compile: SAM deterministic, fp16 a
     CHECK(bs.config.staged_tile == c.tile);
     CHECK(bs.config.grad_gemm == c.gemm);
     CHECK((bs.module.source.find("/*kGradGemm=*/true") != std::string::npos) == c.gemm);
+    // Deterministic selector GEMMs send their sums as blocks (flex_backward_staged_blocks); the host learns which
+    // buffers' accumulators to lay out so (rel_h is buffer 0, rel_w 1 in every SAM case).
+    CHECK(bs.config.staged_blocks() == (c.deterministic && c.gemm));
+    if (c.deterministic && c.gemm) {
+      CHECK(bs.staged_tile_grad_buffer == 0);
+      CHECK(bs.staged_col_grad_buffer == 1);
+    }
     runtime::CacheLookup r = runtime::compile_kernel(bs.module, canonical_ir_text(ir), "sm_90a");
     CHECK(r.artefact->binary.size() > 1000);
     print_resources(r, bs.module.name, "sm_90a");

@@ -3,8 +3,11 @@
 // the kernels' static_asserts, before NVRTC ever compiles a module that meets them.
 #include <catch2/catch.hpp>
 
+#include <set>
+
 #include "compiler/codegen/backward_source.h"
 #include "dsl/spec.h"
+#include "kernels_templates/flex_backward_params.cuh"
 #include "kernels_templates/flex_backward_policy.cuh"
 
 namespace {
@@ -231,4 +234,60 @@ TEST_CASE("the backward policy's warp specialisation: Hopper modules without sta
   CHECK_FALSE(flex_backward_policy(kFlexBackwardWgmma, 128, f).producer);
   CHECK_FALSE(flex_backward_policy(kFlexBackwardMmaSync, 128, plain).producer);
   CHECK_FALSE(flex_backward_policy(kFlexBackwardMmaSync, 256, plain).producer);
+}
+
+TEST_CASE("deterministic staged gradients leave as blocks where the blocks fit", "[codegen][policy]") {
+  FlexBackwardFeatures sam{};
+  sam.bf16 = sam.d_score_is_one = sam.tma_operands = sam.deterministic = true;
+  sam.staged_col = sam.staged_tile = sam.staged_grad = sam.tile_term_grad = sam.spread_rows = true;
+  for (int d : {32, 64, 80}) {
+    INFO("head dim " << d);
+    const FlexBackwardPolicy p = flex_backward_policy(kFlexBackwardWgmma, d, sam);
+    REQUIRE((p.producer && p.grad_gemm && p.dq_bulk));
+    CHECK(flex_backward_staged_blocks(p, sam, p.dq_bulk, p.grad_gemm));
+    CHECK(p.smem_bytes == flex_backward_smem_bytes_without_blocks(p, sam, p.dq_bulk, p.grad_gemm) + kFlexBackwardStagedBlockBytes);
+    CHECK(p.smem_bytes <= kSm90MaxDynamicShared);
+  }
+  // At head dim 96 they do not fit beside the fixed-point dQ rows, which stay (and keep dQ KV-major).
+  const FlexBackwardPolicy d96 = flex_backward_policy(kFlexBackwardWgmma, 96, sam);
+  CHECK(d96.dq_bulk);
+  CHECK_FALSE(flex_backward_staged_blocks(d96, sam, d96.dq_bulk, d96.grad_gemm));
+  CHECK_FALSE(flex_backward_prefers_query_major(kFlexBackwardWgmma, 96, sam, true));
+  // Float atomics add vectors instead; without tensor maps the 256-thread form keeps the per-element atomics.
+  FlexBackwardFeatures fp32 = sam;
+  fp32.deterministic = false;
+  const FlexBackwardPolicy nd = flex_backward_policy(kFlexBackwardWgmma, 64, fp32);
+  CHECK_FALSE(flex_backward_staged_blocks(nd, fp32, nd.dq_bulk, nd.grad_gemm));
+  FlexBackwardFeatures no_maps = sam;
+  no_maps.tma_operands = false;
+  const FlexBackwardPolicy nm = flex_backward_policy(kFlexBackwardWgmma, 64, no_maps);
+  CHECK_FALSE(flex_backward_staged_blocks(nm, no_maps, nm.dq_bulk, nm.grad_gemm));
+}
+
+TEST_CASE("the blocked accumulator layout is a permutation with one contiguous run per query tile and slice", "[codegen][policy]") {
+  for (long long rows : {1, 13, 64, 77, 128, 290}) {
+    for (long long cols : {8, 16, 64, 80}) {
+      for (int w : {8, 16}) {
+        if (cols % w != 0) continue;
+        INFO("rows " << rows << ", cols " << cols << ", slices of " << w);
+        const long long base = 3 * rows * cols;  // a lead index's matrix
+        std::set<long long> seen;
+        for (long long r = 0; r < rows; ++r)
+          for (int c = 0; c < cols; ++c) seen.insert(flex_bwd::blocked_index(rows, cols, w, base, r, c));
+        CHECK(seen.size() == static_cast<size_t>(rows * cols));
+        CHECK(*seen.begin() == base);
+        CHECK(*seen.rbegin() == base + rows * cols - 1);
+        // What one bulk reduction covers: query tile m0's first v rows of slice s, row-major.
+        for (long long m0 = 0; m0 < rows; m0 += 64)
+          for (int s = 0; s < cols / w; ++s) {
+            const long long start = flex_bwd::blocked_index(rows, cols, w, base, m0, s * w);
+            const long long v = rows - m0 < 64 ? rows - m0 : 64;
+            bool run = true;
+            for (long long i = 0; i < v; ++i)
+              for (int k = 0; k < w; ++k) run = run && flex_bwd::blocked_index(rows, cols, w, base, m0 + i, s * w + k) == start + i * w + k;
+            CHECK(run);
+          }
+      }
+    }
+  }
 }

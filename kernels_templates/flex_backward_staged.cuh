@@ -427,15 +427,15 @@ __device__ __forceinline__ void issue_selector_gemm(float (&acc)[8], unsigned s_
   flex::wgmma_commit();
 }
 
-// Warpgroup 0 after its selector sums completed: the Col gradient of query rows q_row0 and q_row0 + 8, columns
-// col0 + (0 .. 15). Partner lanes t4 and t4 ^ 1 swap one pair so each sends 4 adjacent columns as one float4
-// atomic (a warp covers 8 rows x 64 contiguous bytes).
-// Fixed-point values into a blocked stage (see kBlockColW): two or four adjacent 8-byte entries.
+// Two fixed-point values into adjacent 8-byte entries of a blocked stage (see kBlockColW).
 __device__ __forceinline__ void store_fixed_pair(unsigned addr, float x, float y) {
   asm volatile("st.shared.v2.u64 [%0], {%1, %2};\n" ::"r"(addr), "l"(flex_bwd::to_fixed(x)), "l"(flex_bwd::to_fixed(y)) : "memory");
 }
 
-// s_block = 0: one atomic per element (add_quad); else this tile's Col block in shared memory (query tile m0).
+// Warpgroup 0 after its selector sums completed: the Col gradient of query rows q_row0 and q_row0 + 8, columns
+// col0 + (0 .. 15). Partner lanes t4 and t4 ^ 1 swap one pair so each sends 4 adjacent columns as one float4
+// atomic (a warp covers 8 rows x 64 contiguous bytes). s_block = 0: so, or per element (add_quad); else into this
+// tile's Col block in shared memory (query tile m0).
 template <class Variant, bool kDeterministic>
 __device__ __forceinline__ void flush_selected_col(const FlexBackwardParams& p, const typename Variant::Params& vp, const float (&acc)[8], int b,
                                                    int h, int hkv, int q_row0, int col0, int t4, int m0 = 0, unsigned s_block = 0) {
@@ -462,9 +462,9 @@ __device__ __forceinline__ void flush_selected_col(const FlexBackwardParams& p, 
 }
 
 // Warpgroup 1 after its selector sums completed: the Tile gradient of query rows q_row0 and q_row0 + 8 for J = j0 +
-// 2 t4 and + 1 (the first n8 block; the second is the selector's zero columns), one 8-byte atomic per pair.
-// s_block = 0: atomics (add_two); else this tile's Tile block in shared memory (query tile m0), whose entries past
-// Skv get the zeros their dS sums to.
+// 2 t4 and + 1 (the first n8 block; the second is the selector's zero columns), one 8-byte atomic per pair
+// (s_block = 0), or into this tile's Tile block in shared memory (query tile m0), whose entries past Skv get the
+// zeros their dS sums to.
 template <class Variant, bool kDeterministic>
 __device__ __forceinline__ void flush_selected_tile(const FlexBackwardParams& p, const typename Variant::Params& vp, const float (&acc)[8], int b,
                                                     int h, int hkv, int q_row0, int j0, int t4, int m0 = 0, unsigned s_block = 0) {

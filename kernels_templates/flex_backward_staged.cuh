@@ -434,8 +434,8 @@ __device__ __forceinline__ void store_fixed_pair(unsigned addr, float x, float y
 
 // Warpgroup 0 after its selector sums completed: the Col gradient of query rows q_row0 and q_row0 + 8, columns
 // col0 + (0 .. 15). Partner lanes t4 and t4 ^ 1 swap one pair so each sends 4 adjacent columns as one float4
-// atomic (a warp covers 8 rows x 64 contiguous bytes). s_block = 0: so, or per element (add_quad); else into this
-// tile's Col block in shared memory (query tile m0).
+// atomic (a warp covers 8 rows x 64 contiguous bytes; add_quad falls back to one per element), or, with s_block set,
+// stores them as fixed point into this tile's Col block in shared memory (query tile m0).
 template <class Variant, bool kDeterministic>
 __device__ __forceinline__ void flush_selected_col(const FlexBackwardParams& p, const typename Variant::Params& vp, const float (&acc)[8], int b,
                                                    int h, int hkv, int q_row0, int col0, int t4, int m0 = 0, unsigned s_block = 0) {

@@ -229,23 +229,31 @@ __device__ __forceinline__ void flex_backward_dq(const FlexBackwardParams& p) {
   }
 }
 
-// Fixed-point buffer gradients to f32 (deterministic mode). Grid-stride, any grid of whole warps.
+// Fixed-point buffer gradients to f32 (deterministic mode), blocked accumulators back in the buffer's order.
+// Grid-stride, any grid. Four elements per thread: two 16-byte loads in flight and one 16-byte store (one 8-byte load
+// per thread left too few bytes in flight to cover the memory's latency); a blocked accumulator's columns are a
+// multiple of 8, so the four lie in one row and one slice, contiguous in both layouts.
 __device__ __forceinline__ void flex_backward_convert(const FlexConvertParams& c) {
   const unsigned long long* in = static_cast<const unsigned long long*>(c.in);
   float* out = static_cast<float*>(c.out);
-  auto value = [&](long long src) { return (float)((double)(long long)in[src] * (1.0 / 4294967296.0)) * c.mult; };
-  if (c.block_w == 0) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < c.n; i += (long long)gridDim.x * blockDim.x) out[i] = value(i);
-    return;
-  }
-  // A blocked accumulator back in the buffer's order: a warp per matrix row, so that the 64-bit divisions are per
-  // row (a division per element took longer than the copy).
-  const long long warps = (long long)gridDim.x * (blockDim.x / 32);
-  for (long long t = blockIdx.x * (long long)(blockDim.x / 32) + threadIdx.x / 32; t < c.n / c.cols; t += warps) {
-    const long long row = t % c.rows;
-    const long long base = (t - row) * c.cols;
-    for (int col = threadIdx.x % 32; col < c.cols; col += 32)
-      out[t * c.cols + col] = value(flex_bwd::blocked_index(c.rows, c.cols, c.block_w, base, row, col));
+  auto value = [&](unsigned long long v) { return (float)((double)(long long)v * (1.0 / 4294967296.0)) * c.mult; };
+  const bool vec_out = (reinterpret_cast<unsigned long long>(out) & 15) == 0;
+  const long long quads = (c.n + 3) / 4;
+  for (long long i4 = blockIdx.x * (long long)blockDim.x + threadIdx.x; i4 < quads; i4 += (long long)gridDim.x * blockDim.x) {
+    const long long i = 4 * i4;
+    long long src = i;
+    if (c.block_w > 0) {
+      const long long t = i / c.cols;  // the buffer's matrix row
+      const long long row = t % c.rows;
+      src = flex_bwd::blocked_index(c.rows, c.cols, c.block_w, (t - row) * c.cols, row, (int)(i - t * c.cols));
+    }
+    if (vec_out && i + 4 <= c.n) {
+      const ulonglong2 x = *reinterpret_cast<const ulonglong2*>(in + src);
+      const ulonglong2 y = *reinterpret_cast<const ulonglong2*>(in + src + 2);
+      *reinterpret_cast<float4*>(out + i) = make_float4(value(x.x), value(x.y), value(y.x), value(y.y));
+    } else {
+      for (int k = 0; k < 4 && i + k < c.n; ++k) out[i + k] = value(in[src + k]);
+    }
   }
 }
 

@@ -95,8 +95,8 @@ constexpr int kDiagBytes = kDiagBand * 4;
 // Blocked accumulators (deterministic selector GEMMs, FlexBackwardParams::staged_blocks): a CTA's fixed-point sums
 // of one query tile, [64 q][16] of the Col term (its 16 kv % 64 columns) and [64 q][8] of the Tile term (its 8 J),
 // wait in one stage of shared memory in the order of the accumulator's block (flex_bwd::blocked_index) and leave by
-// one 64-bit bulk reduction each, where a 64-bit atomic per element cost SAM's deterministic backward more than all
-// of its dQ did.
+// one 64-bit bulk reduction each instead of a 64-bit atomic per element (integer atomics have no vector form, so
+// each element would be its own L2 request).
 constexpr int kBlockColW = 16;
 constexpr int kBlockTileW = 8;
 constexpr int kBlockedColBytes = kRows * kBlockColW * 8;

@@ -508,7 +508,7 @@ void KernelImpl::backward_gpu(const BackwardArgs& a, const RaggedBatch* ragged) 
     tp.rows = mask->bm_ * mask->hm_ * mask->num_q_tiles_;
     check_cu(d.cuMemsetD8Async(bwd + lay.tile_state, 0, static_cast<size_t>(tp.rows) * mask->max_kv_tiles_, a.stream), "clearing tile classes");
     void* targs[] = {&tp};
-    check_cu(d.cuLaunchKernel(fn.tile_state, static_cast<unsigned>((tp.rows + 127) / 128), 1, 1, 128, 1, 1, 0, a.stream, targs, nullptr),
+    check_cu(d.cuLaunchKernel(fn.tile_state, static_cast<unsigned>((tp.rows + 3) / 4), 1, 1, 128, 1, 1, 0, a.stream, targs, nullptr),
              "launching the tile-class builder");
     p.tile_state = tp.tile_state;
     p.ts_stride_b = mask->bm_ == 1 ? 0 : static_cast<long long>(mask->hm_) * mask->num_q_tiles_ * mask->max_kv_tiles_;

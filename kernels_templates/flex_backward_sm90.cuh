@@ -362,6 +362,39 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   int blocks_m0 = -1, blocks_h = 0, blocks_stage = 0;
   const bool wg_blocks = S::kStagedBlocks && ((p.staged_blocks >> wg) & 1);
   const unsigned s_blocks = s_base + S::kOffStBlocks;
+  // S^T = K Q^T of query tile sq's columns into acc_s, as one wgmma group. kSplitD: all 64 KV rows, the warpgroup's
+  // 32 query columns.
+  const int a_row0 = kSplitD ? 0 : wg * 64;
+  const int q_col0 = kSplitD ? wg * 32 : 0;  // the warpgroup's first query column of S^T / dP^T
+  float acc_s[kMTw][4];
+  auto issue_s = [&](unsigned sq) {
+    const unsigned s_k = flex_bwd_sm90::opaque(s_k0);
+    flex::wgmma_fence();
+#pragma unroll
+    for (int i = 0; i < kD16; ++i)
+      flex::Wgmma<kMTw * 8>::template ss<Element, 0, 0>(flex_bwd_sm90::flat(acc_s), flex::desc_k_major<TileK>(s_k, a_row0, i * 16),
+                                                        flex::desc_k_major<TileQ>(sq, q_col0, i * 16), i > 0 ? 1 : 0);
+    flex::wgmma_commit();
+  };
+  // dK's GEMM: right after dS without dQ; with dQ, behind dQ's GEMM (dq_block), so that dQ's atomics go out while it
+  // runs, or, warp-specialised with bulk dQ rows (whose stores are quick), before the dS^T barriers, so that the
+  // tensor cores have it while the warpgroups meet there.
+  constexpr bool kDkFirst = kProducer && kDqBulk && !kSplitD;
+  // With dK first, the group issued behind dQ's is the next tile's S^T GEMM (its slot already full: two stages), so
+  // that the tensor cores have work while the warpgroups store dQ's rows and start the next tile, where both would
+  // otherwise leave them idle at once. acc_s is dead from dS on. The GEMM is retired at the end of the tile, and
+  // issued on every path, for a next tile or not (then on this tile's slot, the result unused), so that no wgmma is
+  // in flight across the loop's back edge and only wgmma defines acc_s there: otherwise ptxas serialises every wgmma
+  // of the kernel (C7514, C7515).
+  // Not beside scatter_one's reductions, whose registers would then spill (ALiBi slopes' gradient: 696 bytes), nor
+  // with fixed-point rows, which it made slower (docs/notes/BACKWARD_SM90.md).
+  constexpr bool kPrefetchS =
+      kDkFirst && !kDeterministic && !Staged::kAny && S::kStages >= 2 && (kNumScatters == 0 || kSplitScatter);
+  if constexpr (kPrefetchS) {
+    if (pos < total) ring.consumer_wait(st);
+    issue_s(s_q0);
+    flex::wgmma_wait<0>();
+  }
   while (pos < total) {
     const int h = hkv * group + head_in_group;
     const int m0 = m_block * kBlockM;
@@ -372,7 +405,8 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
 
     if constexpr (kProducer) {
       stage = st.index;
-      ring.consumer_wait(st);  // the producer's Q, dO, lse2 and delta of this tile have landed
+      // The producer's Q, dO, lse2 and delta of this tile have landed (kPrefetchS: waited for before its S^T GEMM).
+      if constexpr (!kPrefetchS) ring.consumer_wait(st);
       // The next tile's staged values into the other slot's regions (whose last readers, the previous tile's P step,
       // all passed that tile's dQ barrier before this thread did), completed before this tile's dQ barrier publishes them.
       if constexpr (Staged::kAny) {
@@ -398,18 +432,12 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     const float* lse_st = sh_lse + stage * kBlockM;
     const float* delta_st = sh_delta + stage * kBlockM;
 
-    // S^T = K Q^T, then dP^T = V dO^T, as two groups: P is computed while dP^T is still running. kSplitD: all 64 KV
-    // rows, the warpgroup's 32 query columns.
-    const int a_row0 = kSplitD ? 0 : wg * 64;
-    const int q_col0 = kSplitD ? wg * 32 : 0;     // the warpgroup's first query column of S^T / dP^T
+    // S^T = K Q^T (kPrefetchS: issued during the previous tile's dQ GEMM), then dP^T = V dO^T, as two groups: P is
+    // computed while dP^T is still running.
     const int k_col0 = kSplitD ? wg * kAccD : 0;  // the warpgroup's first dK / dV column
-    float acc_s[kMTw][4], acc_dp[kMTw][4];
+    float acc_dp[kMTw][4];
+    if constexpr (!kPrefetchS) issue_s(sq);
     flex::wgmma_fence();
-#pragma unroll
-    for (int i = 0; i < kD16; ++i)
-      flex::Wgmma<kMTw * 8>::template ss<Element, 0, 0>(flex_bwd_sm90::flat(acc_s), flex::desc_k_major<TileK>(s_k, a_row0, i * 16),
-                                                        flex::desc_k_major<TileQ>(sq, q_col0, i * 16), i > 0 ? 1 : 0);
-    flex::wgmma_commit();
 #pragma unroll
     for (int i = 0; i < kD16; ++i)
       flex::Wgmma<kMTw * 8>::template ss<Element, 0, 0>(flex_bwd_sm90::flat(acc_dp), flex::desc_k_major<TileKV>(s_v, a_row0, i * 16),
@@ -480,9 +508,6 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     // dS^T into shared memory for dQ.
     unsigned da[kMTw / 2][4];
     flex_bwd_sm90::pack_a<Element>(acc_dp, da);
-    // dK's GEMM: right here without dQ; with dQ, behind dQ's GEMM (dq_block), so that dQ's atomics go out while it
-    // runs, or, warp-specialised with bulk dQ rows (whose stores are quick), before the dS^T barriers, so that the
-    // tensor cores have it while the warpgroups meet there.
     auto issue_dk = [&] {
       flex::wgmma_fence();
 #pragma unroll
@@ -494,7 +519,6 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
       }
       flex::wgmma_commit();
     };
-    constexpr bool kDkFirst = kProducer && kDqBulk && !kSplitD;
     // dS^T goes through shared memory for dQ and, in the split form, for dK (each warpgroup holds half its columns).
     constexpr bool kDsTile = kDq || kSplitD;
     if constexpr (kDkFirst) issue_dk();
@@ -541,10 +565,23 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
       float sel_acc[8];
       if constexpr (kGradGemm && !S::kSelectorsInK)
         flex_bwd_staged::issue_selector_gemm<TileDS, Element>(sel_acc, s_ds, s_base + S::kOffSelectors, wg);
-      // dq_block waits for all but the group issued after dQ's: dK's, or an empty one when dK went first.
+      // dq_block waits for all but the group issued after dQ's: dK's, or when dK went first the next tile's S^T
+      // (kPrefetchS) or an empty one.
       auto issue_after_dq = [&] {
-        if constexpr (kDkFirst) flex::wgmma_commit();
-        else issue_dk();
+        if constexpr (kPrefetchS) {
+          flex::PipelineState<S::kStages> next = st;
+          next.advance();
+          if (pos_next < total) ring.consumer_wait(next);
+          else next = st;  // the CTA's last tile: this slot, released after the GEMM below
+          // dK's GEMM (issued before the dS^T barriers) retired first: its A fragments are then free for acc_s
+          // (at D128 ptxas serialises the wgmmas otherwise, C7512).
+          flex::wgmma_wait<1>();
+          issue_s(flex_bwd_sm90::opaque(s_q0) + next.index * TileQ::kBytes);
+        } else if constexpr (kDkFirst) {
+          flex::wgmma_commit();
+        } else {
+          issue_dk();
+        }
       };
       auto while_dq = [&] {
         if constexpr (kSplitScatter) TileScatter0::cta_sum(p, vp, sh_red, b, h, hkv, m0, n0, tid);
@@ -596,7 +633,8 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
       flex::named_barrier_sync(flex_bwd_sm90::kBarDq, kNThreads);
       issue_dk();
     }
-    // dK's GEMM reads this stage's Q, which the next tile's loads (behind its first barrier) overwrite.
+    // dK's GEMM reads this stage's Q, which the next tile's loads (behind its first barrier) overwrite (kPrefetchS:
+    // dq_block retired it; this retires the next tile's S^T).
     flex::wgmma_wait<0>();
     flex::fence_operands(acc_dk);
     flex::fence_operands(acc_dv);

@@ -165,8 +165,8 @@ __device__ __forceinline__ void store_transposed_tile(unsigned char* smem, const
 // first 16 columns hold its selector (flex_backward_staged.cuh); those 16 columns of the product, the staged
 // gradient sums, go to `sel` (the m64n16 accumulator layout). One GEMM instead of a second one over the same dS^T
 // tile: dS^T is read from shared memory once.
-// `issue_next` issues one more wgmma group right behind dQ's (the dK GEMM, or an empty group when dK went first):
-// dQ's partial then goes out while that group runs, which is left in flight on return.
+// `issue_next` issues one more wgmma group right behind dQ's (the dK GEMM; when dK went first, the next tile's S^T
+// GEMM or an empty group): dQ's partial then goes out while that group runs, which is left in flight on return.
 template <int kN, class Layout, class Element, bool kDeterministic, bool kBulk, class IssueNext, class Overlap>
 __device__ __forceinline__ void dq_block(const FlexBackwardParams& p, unsigned s_ds, unsigned s_k, int col0, long long row_base,
                                          int q_row0, int t4, void* dq_buf, int m0, float (&sel)[8], IssueNext&& issue_next,

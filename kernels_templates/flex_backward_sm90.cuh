@@ -362,13 +362,12 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   int blocks_m0 = -1, blocks_h = 0, blocks_stage = 0;
   const bool wg_blocks = S::kStagedBlocks && ((p.staged_blocks >> wg) & 1);
   const unsigned s_blocks = s_base + S::kOffStBlocks;
-  // S^T = K Q^T of query tile sq's columns into acc_s, as one wgmma group. kSplitD: all 64 KV rows, the warpgroup's
-  // 32 query columns.
+  // S^T = K Q^T of the Q tile at sq (K at s_k) into acc_s, as one wgmma group. kSplitD: all 64 KV rows, the
+  // warpgroup's 32 query columns.
   const int a_row0 = kSplitD ? 0 : wg * 64;
   const int q_col0 = kSplitD ? wg * 32 : 0;  // the warpgroup's first query column of S^T / dP^T
   float acc_s[kMTw][4];
-  auto issue_s = [&](unsigned sq) {
-    const unsigned s_k = flex_bwd_sm90::opaque(s_k0);
+  auto issue_s = [&](unsigned sq, unsigned s_k) {
     flex::wgmma_fence();
 #pragma unroll
     for (int i = 0; i < kD16; ++i)
@@ -392,7 +391,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
       kDkFirst && !kDeterministic && !Staged::kAny && S::kStages >= 2 && (kNumScatters == 0 || kSplitScatter);
   if constexpr (kPrefetchS) {
     if (pos < total) ring.consumer_wait(st);
-    issue_s(s_q0);
+    issue_s(s_q0, flex_bwd_sm90::opaque(s_k0));
     flex::wgmma_wait<0>();
   }
   while (pos < total) {
@@ -436,8 +435,8 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     // computed while dP^T is still running.
     const int k_col0 = kSplitD ? wg * kAccD : 0;  // the warpgroup's first dK / dV column
     float acc_dp[kMTw][4];
-    if constexpr (!kPrefetchS) issue_s(sq);
-    flex::wgmma_fence();
+    if constexpr (!kPrefetchS) issue_s(sq, s_k);
+    if constexpr (kPrefetchS) flex::wgmma_fence();  // else issue_s's fence serves both groups
 #pragma unroll
     for (int i = 0; i < kD16; ++i)
       flex::Wgmma<kMTw * 8>::template ss<Element, 0, 0>(flex_bwd_sm90::flat(acc_dp), flex::desc_k_major<TileKV>(s_v, a_row0, i * 16),
@@ -576,7 +575,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
           // dK's GEMM (issued before the dS^T barriers) retired first: its A fragments are then free for acc_s
           // (at D128 ptxas serialises the wgmmas otherwise, C7512).
           flex::wgmma_wait<1>();
-          issue_s(flex_bwd_sm90::opaque(s_q0) + next.index * TileQ::kBytes);
+          issue_s(flex_bwd_sm90::opaque(s_q0) + next.index * TileQ::kBytes, flex_bwd_sm90::opaque(s_k0));
         } else if constexpr (kDkFirst) {
           flex::wgmma_commit();
         } else {

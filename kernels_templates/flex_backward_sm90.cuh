@@ -1,23 +1,27 @@
 // The Hopper (sm_90a) backward main kernel: flex_backward_main's algorithm with warpgroup MMA (wgmma) on swizzled tiles.
 #pragma once
 #include "flex_backward.cuh"
+#include "flex_backward_epilogue_sm90.cuh"
 #include "flex_backward_loads_sm90.cuh"
 #include "flex_backward_staged.cuh"
 #include "flex_backward_tile_sm90.cuh"
 #include "flex_sm90_pipeline.cuh"
 #include "flex_type_traits.cuh"
 #include "flex_wgmma.cuh"
+#include "flex_backward_scheduler_sm90.cuh"
+#include "flex_backward_smem_sm90.cuh"
 
 // Drop-in replacement of flex_backward_main on sm_90a (docs/notes/BACKWARD_SM90.md): the same FlexBackwardParams,
 // variant contract, grid (ceil(Skv / block_n), Hkv, B; spread rows: see the kernel), 256 threads (384
 // warp-specialised: see kProducer), tile classes, schedule and preprocess / dQ-conversion kernels; shared memory
 // flex_bwd_sm90::Smem<...>::kAllocBytes.
 //
-// The parts, as FlashAttention-3's hopper/ backward has them: this file holds the shared-memory layout (Smem), the tile
-// scheduler (KvBlock: the KV block a CTA owns; flex_bwd::ColumnSchedule: its query tiles), the kernel (roles and the
-// consumers' loop over the query tiles) and the dK / dV epilogue (store_dk_dv); flex_backward_loads_sm90.cuh the loads
-// (the producer warp, or the 256-thread form's cp.async) and the dQ writer warp; flex_backward_tile_sm90.cuh the
-// consumers' steps of one tile between their GEMMs.
+// The parts, as FlashAttention-3's hopper/ backward has them: the tile scheduler (flex_backward_scheduler_sm90.cuh
+// KvBlock: the KV block a CTA owns; flex_bwd::ColumnSchedule: its query tiles), the shared-memory layout
+// (flex_backward_smem_sm90.cuh), the producer's loads and the dQ writer warp, or the 256-thread form's cp.async
+// (flex_backward_loads_sm90.cuh), the consumers' steps of one tile between their GEMMs (flex_backward_tile_sm90.cuh),
+// the dK / dV epilogue (flex_backward_epilogue_sm90.cuh); this file holds the kernel: the warps' roles and the
+// consumers' loop over the query tiles.
 //
 // Two warpgroups; warpgroup w owns KV rows 64w..64w+63 of the CTA's 128, so warp `warp` owns rows 16 warp..+15
 // as in the mma.sync kernel, and a wgmma accumulator of a warp is the m16n8 C layout of those rows repeated per
@@ -38,157 +42,6 @@
 // (m64n32), runs the P and dS steps on them, and stores its half of P^T and of dS^T into shared memory; behind a
 // named barrier each then runs dV += P^T dO and dK += dS^T Q with A from those tiles (ss) and dQ = dS K over the
 // warpgroup's D / 2 columns (B operands from column w D / 2).
-
-namespace flex_bwd_sm90 {
-
-// Shared-memory tiles and their offsets, in the policy's swizzle (flex_backward_policy.cuh: D has at least two swizzle
-// regions, so the dQ column split lands on a region boundary). The variant adds the regions of its staged terms
-// (flex_backward_staged.cuh) at the end. flex_backward_smem_bytes is the host's count of the same bytes.
-template <class Traits, class Variant = void, bool kDqBulk = false, bool kGradGemm = false, bool kDqFixed = false, bool kProducer = false>
-struct Smem {
-  using Staged = flex_bwd_staged::Flags<Variant>;
-  static constexpr int kHeadDim = Traits::kHeadDim;
-  static constexpr int kBlockM = Traits::kBlockM;
-  static constexpr int kBlockN = Traits::kBlockN;
-  static constexpr int kSwizzle = Traits::kPolicy.swizzle_bytes;
-  using TileKV = flex::SwizzledTile<kBlockN, kHeadDim, kSwizzle>;  // K, V: [block_n kv][D]
-  using TileQ = flex::SwizzledTile<kBlockM, kHeadDim, kSwizzle>;   // Q, dO: [64 q][D] per stage
-  using TileDS = flex::SwizzledTile<kBlockN, kBlockM, 128>;        // dS^T: [block_n kv][64 q]
-  // The head-dim split form (see the kernel): 64 KV rows shared by both warpgroups, each with half of D.
-  static constexpr bool kSplitD = kHeadDim > 128;
-  // dQ columns of each warpgroup: the first takes half of D rounded up to whole swizzle regions
-  // (D128: 64 + 64, D96: 64 + 32, D80: 48 + 32, D64: 32 + 32, D32: 16 + 16; D256: 128 + 128, D192: 96 + 96).
-  static constexpr int kDqN0 = (kHeadDim / 2 + TileKV::kRegionCols - 1) / TileKV::kRegionCols * TileKV::kRegionCols;
-  static constexpr int kDqN1 = kHeadDim - kDqN0;
-  // K as TileKV, or with a spare region after each warpgroup's dQ columns for the selectors (kGradGemm with equal
-  // column counts, see flex_backward_staged.cuh), which the dQ GEMM then reads as 16 more B columns.
-  static constexpr bool kSelectorsInK = kGradGemm && kDqN0 == kDqN1;
-  using TileK = flex::SwizzledTile<kBlockN, kHeadDim, kSwizzle, kSelectorsInK ? kDqN0 / TileKV::kRegionCols : 0>;
-  static constexpr int kSelectorCols = kSelectorsInK ? 16 : 0;
-  static constexpr int kStages = flex_backward_stages(flex_backward_policy(kFlexBackwardWgmma, kHeadDim, FlexBackwardFeatures{}), kDqBulk, kDqFixed);
-  static constexpr int kOffK = 0;
-  static constexpr int kOffV = kOffK + TileK::kBytes;
-  static constexpr int kOffQ = kOffV + TileKV::kBytes;
-  static constexpr int kOffDO = kOffQ + kStages * TileQ::kBytes;
-  static constexpr int kOffDS = kOffDO + kStages * TileQ::kBytes;
-  static constexpr int kOffPt = kOffDS + TileDS::kBytes;  // kSplitD: P^T, in dS^T's layout, two tiles (see the kernel)
-  static constexpr int kOffLse = kOffPt + (kSplitD ? 2 * TileDS::kBytes : 0);
-  static constexpr int kOffDelta = kOffLse + kStages * kBlockM * 4;
-  static constexpr int kOffRed = kOffDelta + kStages * kBlockM * 4;     // [kNWarps][kBlockM] 8-byte slots
-  // Planes of a diagonal scatter's warp reduction (flex_bwd::TileScatter::warp_sum_planes): [warp][4][kBlockM + 16] floats.
-  static constexpr int kOffPlanes = kOffRed + Traits::kNWarps * kBlockM * 8;
-  static constexpr int kPlaneBytes = kSplitD ? 0 : Traits::kNWarps * 4 * (kBlockM + 16) * 4;  // kSplitD: the slots only
-  static constexpr int kOffSched = kOffPlanes + kPlaneBytes;  // tile classes of the CTA's column
-  // kProducer: the mbarriers of the Q / dO / lse2 / delta ring (full, then empty, per stage), of K and V, and the dQ
-  // rows' slot (flex_bwd_sm90::DqRowsSlot), in the last kBarBytes of the tile-class cache, which then holds that many
-  // fewer positions: the reduction slots stay free for the scatters, and D128's deterministic rows, which leave no
-  // byte of the 227 KB free, keep fitting.
-  static constexpr int kBarBytes = kProducer ? 128 : 0;
-  // kProducer: K and V by TMA, unless staged terms are present (spread rows, or K with the selectors' spare regions:
-  // the consumers copy them by cp.async once per CTA).
-  static constexpr bool kKvByTma = !Staged::kAny;
-  static constexpr int kSchedBytes = Traits::kMaxSched - kBarBytes;
-  static constexpr int kOffBars = kOffSched + kSchedBytes;
-  static constexpr int kOffStCol = kOffSched + Traits::kMaxSched;                               // [stages] Col tiles
-  static constexpr int kOffStGrad = kOffStCol + (Staged::kCol ? kStages * flex_bwd_staged::kColBytes : 0);  // dS^T planes / slabs
-  // kGradGemm: no slabs; the selector tiles (1 KB aligned) unless they live in K's spare regions.
-  static constexpr int kGradBytes = kGradGemm ? (kSelectorsInK ? 0 : flex_bwd_staged::kSelectorRegionBytes) : Staged::kGradRegionBytes;
-  static constexpr int kOffSelectors = (kOffStGrad + 1023) / 1024 * 1024;
-  static constexpr int kOffStTile = kOffStGrad + (Staged::kGrad ? kGradBytes : 0);  // [stages] Tile values
-  static constexpr int kOffStDiag = kOffStTile + (Staged::kTile ? kStages * Staged::kTileStageBytes : 0);  // [stages] Diag bands
-  static constexpr int kOffDqBuf = kOffStDiag + (Staged::kDiag ? kStages * flex_bwd_staged::kDiagBytes : 0);  // dQ partial rows
-  // kDqBulk: the CTA's dQ partial of a query tile, sent to dq_accum by one bulk reduction: [64 q][D] fp32, or with
-  // kDqFixed (deterministic launches) 64-bit fixed point, whose integer sums do not depend on the order the CTAs'
-  // reductions arrive in. Unpadded, so that the tile's rows are as contiguous as dq_accum's; their 8-column groups
-  // are permuted instead (flex_bwd::bulk_dq_group_xor), which keeps the stores conflict-free.
-  using DqValue = typename flex::Conditional<kDqFixed, unsigned long long, float>::type;
-  static constexpr int kDqRowBytes = kHeadDim * (int)sizeof(DqValue);
-  // Deterministic selector GEMMs where they fit (flex_backward_policy.cuh flex_backward_staged_blocks, the host's
-  // rule): two stages of the query tile's fixed-point sums, [64 q][16] of the Col term then [64 q][8] of the Tile
-  // term (flex_backward_staged.cuh).
-  static constexpr int kOffStBlocks = kOffDqBuf + (kDqBulk ? kBlockM * kDqRowBytes : 0);
-  static constexpr int kStBlocksStageBytes = flex_bwd_staged::kBlockedStageBytes;
-  static_assert(2 * kStBlocksStageBytes == kFlexBackwardStagedBlockBytes, "flex_backward_main_sm90: the blocks' bytes");
-  static constexpr bool kStagedBlocks =
-      kDqFixed && kGradGemm && kProducer && kOffStBlocks + 2 * kStBlocksStageBytes + 1024 <= kSm90MaxDynamicShared;
-  static constexpr int kBytes = kOffStBlocks + (kStagedBlocks ? 2 * kStBlocksStageBytes : 0);
-  // What the launch must give: 1 KB of slack, so the tiles can start on a 1024-byte boundary (the swizzle
-  // XOR acts on absolute address bits) whatever the base of dynamic shared memory.
-  static constexpr int kAllocBytes = kBytes + 1024;
-
-  static_assert(kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 80 || kHeadDim == 96 || kHeadDim == 128 || kHeadDim == 192 || kHeadDim == 256,
-                "flex_backward_main_sm90: head dims 32, 64, 80, 96, 128, 192 and 256 only");
-  static_assert(kBlockM == 64 && kBlockN == (kSplitD ? 64 : 128) && Traits::kNWarps == 8,
-                "flex_backward_main_sm90: 64 x 128 tiles (64 x 64 split over D above 128), 8 warps");
-  static_assert(!kSplitD || (kDqN0 == kHeadDim / 2 && kProducer && !Staged::kAny),
-                "flex_backward_main_sm90: the head-dim split form is warp-specialised, with nothing staged");
-  static_assert(TileK::kBytes % 1024 == 0 && TileKV::kBytes % 1024 == 0 && TileQ::kBytes % 1024 == 0 && TileDS::kBytes % 1024 == 0,
-                "flex_backward_main_sm90: every tile must keep the next one 1024-byte aligned");
-  static_assert(kDqN1 > 0 && kDqN0 % TileKV::kRegionCols == 0, "flex_backward_main_sm90: dQ split must land on a region boundary");
-  static_assert(kOffStCol % 16 == 0 && kBlockM == flex_bwd_staged::kRows, "flex_backward_main_sm90: staged tiles need 16-byte rows of 64 queries");
-  static_assert(!kProducer || (kOffBars % 16 == 0 && 16 * kStages + 48 <= kBarBytes), "flex_backward_main_sm90: the mbarriers' region");
-  static_assert(kOffDqBuf % 16 == 0, "flex_backward_main_sm90: the dQ rows must be 16-byte aligned for the bulk reduction");
-  static_assert(!kGradGemm || (Staged::kSpread && Staged::kGrad), "flex_backward_main_sm90: selector GEMMs reduce spread rows' staged gradients");
-  static_assert(!kGradGemm || kSelectorsInK || kOffSelectors + 2 * flex_bwd_staged::SelectorTile::kBytes <= kOffStTile,
-                "flex_backward_main_sm90: selector region");
-};
-
-// The tile scheduler: the KV block a CTA owns, from its place in the launch. Launch order: groups of kHeadGroup
-// (KV head, batch) pairs, and inside a group every pair's KV block n before block n + 1. Under causal-like masks the
-// low KV blocks see the most query tiles, so each group's heaviest CTAs start first and the last wave holds light
-// ones (with the KV block fastest, the heavy CTAs of the last heads ran in the tail). The groups keep the Q / dO
-// tiles streamed at once to about kHeadGroup heads, which L2 holds (the policy's head_group).
-template <int kBlockN, int kHeadGroup, bool kSpread>
-struct KvBlock {
-  int b, hkv;
-  // The CTA's KV rows: local row lr is KV row n0 + lr, or with spread rows (flex_backward_staged.cuh) n0 +
-  // 64 (lr / 16) + lr % 16 from n0 = 512 (n / 4) + 16 (n % 4), warp w's 16 rows in kv // 64 block 8 (n / 4) + w.
-  int spread_j0;    // spread rows: the CTA's first J
-  int spread_col0;  // and its kv % 64 columns
-  int n0;
-
-  __device__ __forceinline__ KvBlock() {
-    const int lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-    const int pairs = gridDim.y * gridDim.z;
-    const int group_ctas = kHeadGroup * gridDim.x;
-    const int pair_group = lin / group_ctas;
-    const int in_group = lin - pair_group * group_ctas;
-    const int group_pairs = min(kHeadGroup, pairs - pair_group * kHeadGroup);
-    const int pair = pair_group * kHeadGroup + in_group % group_pairs;
-    const int n_block = in_group / group_pairs;
-    hkv = pair % gridDim.y;
-    b = pair / gridDim.y;
-    spread_j0 = 8 * (n_block / flex_bwd_staged::kSpreadCtas);
-    spread_col0 = 16 * (n_block % flex_bwd_staged::kSpreadCtas);
-    n0 = kSpread ? 64 * spread_j0 + spread_col0 : n_block * kBlockN;
-  }
-  __device__ __forceinline__ int kv_of(int lr) const { return kSpread ? n0 + 64 * (lr / 16) + lr % 16 : n0 + lr; }
-};
-
-// The epilogue: dK = scale * acc_dk and dV = acc_dv, the accumulators of the thread's KV rows kv_r0 and kv_r0 + 8 and
-// kCols columns from col0, to global memory (rows past Skv dropped).
-template <class Element, int kCols>
-__device__ __forceinline__ void store_dk_dv(const FlexBackwardParams& p, const float (&acc_dk)[kCols / 2], const float (&acc_dv)[kCols / 2],
-                                            int b, int hkv, int kv_r0, int col0, int t4, int seqlen_kv) {
-  using Mma = flex::Mma16816<Element>;
-  Element* g_dk = static_cast<Element*>(p.dk) + b * p.dk_stride_b + hkv * p.dk_stride_h;
-  Element* g_dv = static_cast<Element*>(p.dv) + b * p.dv_stride_b + hkv * p.dv_stride_h;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int kv = kv_r0 + half * 8;
-    if (kv < seqlen_kv) {
-#pragma unroll
-      for (int i = 0; i < kCols / 8; ++i) {
-        const int d = col0 + i * 8 + 2 * t4;
-        *reinterpret_cast<unsigned*>(g_dk + kv * p.dk_stride_s + d) =
-            Mma::pack(acc_dk[4 * i + 2 * half] * p.scale, acc_dk[4 * i + 2 * half + 1] * p.scale);
-        *reinterpret_cast<unsigned*>(g_dv + kv * p.dv_stride_s + d) = Mma::pack(acc_dv[4 * i + 2 * half], acc_dv[4 * i + 2 * half + 1]);
-      }
-    }
-  }
-}
-
-}  // namespace flex_bwd_sm90
 
 // The main backward kernel for sm_90a. grid = (BackwardConfig::main_grid_x(Skv): ceil(Skv / 128), or 4 per started
 // 512 rows with spread rows; Hkv, B), block = 256 (384 with kProducer),

@@ -238,8 +238,8 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   // issued on every path, for a next tile or not (then on this tile's slot, the result unused), so that no wgmma is
   // in flight across the loop's back edge and only wgmma defines acc_s there: otherwise ptxas serialises every wgmma
   // of the kernel (C7514, C7515).
-  // Not beside scatter_one's reductions, whose registers would then spill (ALiBi slopes' gradient: 696 bytes), nor
-  // with fixed-point rows, which it made slower (docs/notes/BACKWARD_SM90.md).
+  // Not beside scatter_one's reductions, whose registers would then spill, nor with fixed-point rows, where it does
+  // not pay (docs/notes/BACKWARD_SM90.md has the measurements).
   constexpr bool kPrefetchS =
       kDkFirst && !kDeterministic && !Staged::kAny && S::kStages >= 2 && (kNumScatters == 0 || kSplitScatter);
   if constexpr (kPrefetchS) {

@@ -26,6 +26,7 @@ struct FlexBackwardFeatures {
   bool spread_rows;       //   and CTAs that own 16 kv % 64 columns of eight kv // 64 blocks
   bool staged_diag;       // a staged diagonal band (a term buf[..., f(q - kv)], flex_backward_staged.cuh)
   bool tma_operands;      // the launch's q, k, v and d_o can be described by TMA tensor maps (runtime/tensor_maps.h)
+  bool split_scatter;     // one q-only or diagonal buffer gradient, reduced in the tile around the GEMMs (flex_backward_sm90.cuh)
 };
 
 struct FlexBackwardPolicy {
@@ -41,6 +42,7 @@ struct FlexBackwardPolicy {
   bool dq_bulk;    // wgmma kind: dQ partials by bulk reductions from shared memory instead of float4 atomics
   bool grad_gemm;  // wgmma kind, spread rows: the staged gradients by selector GEMMs on the dS^T tile
   bool producer;   // wgmma kind: warp-specialised (a producer warpgroup loads by TMA, flex_backward_sm90.cuh kProducer)
+  bool two_ds;     // warp-specialised, head dim <= 128: two dS^T tiles, one per query tile in turn
   int smem_bytes;  // the main kernel's dynamic shared memory
   // The query-major pass (dQ and row-owned scatters): query rows per CTA, KV rows per tile, warps, K / V stages.
   int qmajor_block_m, qmajor_block_n, qmajor_warps, qmajor_stages;
@@ -57,7 +59,7 @@ constexpr int flex_backward_kind(bool hopper_arch, int head_dim, bool split_ok =
 }
 
 // Shared memory of the main kernel. wgmma kind (flex_bwd_sm90::Smem): dense swizzled K, V [block_n][D] and Q, dO
-// [block_m][D] per stage, dS^T [block_n][block_m] (above head dim 128 two P^T tiles too), lse2 / delta, the
+// [block_m][D] per stage, dS^T [block_n][block_m] (two with two_ds; above head dim 128 two P^T tiles too), lse2 / delta, the
 // reduction slots, the diagonal scatter's planes [warps][4][block_m + 16] floats (none above 128), the cached tile
 // classes, 1 KB to align the base; then the staged terms' tiles, their gradients' planes, slabs or selectors, the
 // dQ rows and the staged gradients' blocks. mma.sync kind (FlexBackwardTraits): the same tiles padded
@@ -75,6 +77,7 @@ constexpr int flex_backward_smem_bytes_without_blocks(const FlexBackwardPolicy& 
     return 2 * n * stride * 2 + 2 * p.stages * m * stride * 2 + n * (m + 8) * 2 + 2 * p.stages * m * 4 + p.warps * m * 8 + 2048;
   }
   int bytes = 2 * n * d * 2 + 2 * p.stages * m * d * 2 + n * m * 2;
+  if (p.two_ds) bytes += n * m * 2;
   if (d > 128) bytes += 2 * n * m * 2;  // the split form's two P^T tiles; no planes (its diagonal scatters use the slots)
   bytes += 2 * p.stages * m * 4 + p.warps * m * 8 + (d > 128 ? 0 : p.warps * 4 * (m + 16) * 4) + 2048;
   if (f.staged_col) bytes += p.stages * m * 64 * 2;
@@ -141,7 +144,12 @@ constexpr int flex_backward_stages(FlexBackwardPolicy p, bool dq_bulk, bool dete
 //     launches included;
 //   - selector GEMMs for spread rows' staged gradients when dS^T is their gradient (bf16, d_score = 1; fp16 would lose
 //     small dS bits the fp32 slabs keep) and the kv // 64 term has one, so each warpgroup runs one selector GEMM
-//     (with rel_w's gradient alone warpgroup 0 would do all of it while the slabs use all eight warps).
+//     (with rel_w's gradient alone warpgroup 0 would do all of it while the slabs use all eight warps);
+//   - two dS^T tiles in the warp-specialised kernel up to head dim 128 where they fit beside the rest (the staged
+//     gradients' blocks and the bulk dQ rows keep their place): a warpgroup then stores a tile's dS^T while the other
+//     may still run the previous tile's dQ GEMM, where one tile made both meet at a barrier first. Not with a split
+//     scatter, whose cross-warp sums of one tile read the reduction slots the next tile's warp sums write, ordered by
+//     that barrier alone.
 constexpr FlexBackwardPolicy flex_backward_policy(int kind, int head_dim, FlexBackwardFeatures f) {
   FlexBackwardPolicy p{};
   p.kind = kind;
@@ -172,6 +180,13 @@ constexpr FlexBackwardPolicy flex_backward_policy(int kind, int head_dim, FlexBa
       p.dq_bulk = true;
       p.stages = bulk.stages;
     }
+  }
+  if (wgmma && p.producer && !big && !f.split_scatter) {
+    FlexBackwardPolicy two = p;
+    two.two_ds = true;
+    if (flex_backward_smem_bytes(two, f, p.dq_bulk, p.grad_gemm) <= kSm90MaxDynamicShared &&
+        flex_backward_staged_blocks(two, f, p.dq_bulk, p.grad_gemm) == flex_backward_staged_blocks(p, f, p.dq_bulk, p.grad_gemm))
+      p.two_ds = true;
   }
   p.smem_bytes = flex_backward_smem_bytes(p, f, p.dq_bulk, p.grad_gemm);
   return p;

@@ -45,7 +45,7 @@
 
 // The main backward kernel for sm_90a. grid = (BackwardConfig::main_grid_x(Skv): ceil(Skv / 128), or 4 per started
 // 512 rows with spread rows; Hkv, B), block = 256 (384 with kProducer),
-// dynamic shared memory = flex_bwd_sm90::Smem<Traits, Variant, kDqBulk, kGradGemm, kDqBulk && kDeterministic, kProducer>::kAllocBytes.
+// dynamic shared memory = flex_bwd_sm90::Smem<Traits, Variant, kDqBulk, kGradGemm, kDqBulk && kDeterministic, kProducer, kTwoDs>::kAllocBytes.
 // Traits = FlexBackwardTraits<D, Element>.
 // kDq = false: dQ is left to another pass (no dQ GEMM, no dQ atomics; no dS^T store except in the split form, whose
 // dK GEMM reads it).
@@ -64,13 +64,17 @@
 // the consumers' own cp.async copies, a tile ahead (and K and V once, as no single TMA box describes spread rows or
 // K's selector regions); their gradients only by selector GEMMs (kGradGemm): the planes' and slabs' reductions rely on
 // the 256-thread form's loop-top barrier.
+// kTwoDs (warp-specialised, head dims up to 128): dS^T goes to two tiles in turn, so that a warpgroup stores a query
+// tile's dS^T while the other may still run the previous tile's dQ GEMM on the other tile; with one tile both meet at
+// a barrier (kBarDsFree) first. The last readers of a tile, two query tiles back, retired before either warpgroup
+// reached the previous tile's dQ barrier.
 template <class Traits, class Variant, bool kDeterministic, bool kDq = true, bool kDqBulk = false, bool kGradGemm = false,
-          bool kProducer = false>
+          bool kProducer = false, bool kTwoDs = false>
 __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams& p, const typename Variant::Params& vp,
                                                         const FlexBackwardTmaMaps* tma = nullptr) {
   using Element = typename Traits::Element;
   using Mods = flex_bwd::BackwardMods<Variant>;
-  using S = flex_bwd_sm90::Smem<Traits, Variant, kDqBulk, kGradGemm, kDqBulk && kDeterministic, kProducer>;
+  using S = flex_bwd_sm90::Smem<Traits, Variant, kDqBulk, kGradGemm, kDqBulk && kDeterministic, kProducer, kTwoDs>;
   static_assert(!kGradGemm || (Variant::kDScoreIsOne && flex::std_like::is_same<Element, __nv_bfloat16>::value && kDq &&
                                Variant::kStagedTileScatter >= 0),
                 "flex_backward_main_sm90: selector GEMMs need bf16 dS^T equal to dS (d_score = 1) and both staged gradients");
@@ -102,6 +106,9 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
   constexpr bool kSplitScatter = kDq && kNumScatters == 1 && TileScatter0::kReduced;
   // The diagonal class's warp sums through planes, where shared memory has them (not in the split form).
   constexpr bool kPlanes = kSplitScatter && TileScatter0::kClass == flex_bwd::kScatterDiagonal && !kSplitD;
+  // The split scatter's cross-warp sums of one tile (during dQ) read the slots the next tile's warp sums write: only
+  // the dS^T barrier of one tile orders them.
+  static_assert(!kTwoDs || !kSplitScatter, "flex_backward_main_sm90: two dS^T tiles with a split scatter");
   // Staged terms reduce their gradients behind the dQ barrier: only modules with the KV-major dQ stage them.
   static_assert(kDq || !Staged::kAny, "flex_backward_main_sm90: staged terms need kDq");
   // The scatter code assumes contiguous KV rows: spread rows only when every scatter is a staged term's.
@@ -207,7 +214,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
 
   const float scale_log2 = p.scale * kLog2e;
   int stage = 0;
-  int pt_tile = 0;  // kSplitD: the P^T tile of this query tile
+  int tile_parity = 0;  // which of two tiles this query tile uses: kSplitD's P^T tiles, kTwoDs's dS^T tiles
   flex::PipelineState<S::kStages> st;  // kProducer: the ring slot of this tile
   unsigned dq_phase = 0;                // kProducer, kDqBulk: the parity of this tile's dq_full phase
   // S::kStagedBlocks: the query tile (and head) whose blocked sums wait in stage blocks_stage ^ 1 for the next dQ
@@ -278,7 +285,8 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     const int g = ln / 4, t4 = ln % 4;
     const int kv_r0 = blk.kv_of(kv_row_w + g);  // the thread's KV rows: kv_r0, kv_r0 + 8
     const unsigned s_k = flex_bwd_sm90::opaque(s_k0), s_v = flex_bwd_sm90::opaque(s_v0);
-    const unsigned s_ds = flex_bwd_sm90::opaque(s_base + S::kOffDS);
+    const int ds_off = kTwoDs ? tile_parity * TileDS::kBytes : 0;
+    const unsigned s_ds = flex_bwd_sm90::opaque(s_base + S::kOffDS) + ds_off;
     const unsigned sq = flex_bwd_sm90::opaque(s_q0) + stage * TileQ::kBytes;
     const unsigned sdo = flex_bwd_sm90::opaque(s_do0) + stage * TileQ::kBytes;
     const float* lse_st = sh_lse + stage * kBlockM;
@@ -320,9 +328,9 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     // dV += P^T dO (A = P^T from registers, B = dO MN-major), running while dS is computed. kSplitD: A = the P^T tile
     // both warpgroups stored, one of two in turn: the other warpgroup's last reader of this one, its dV GEMM of two
     // tiles back, retired at the end of that tile, before it reached the previous tile's dQ barrier.
-    const unsigned s_pt = flex_bwd_sm90::opaque(s_base + S::kOffPt) + pt_tile * TileDS::kBytes;
+    const unsigned s_pt = flex_bwd_sm90::opaque(s_base + S::kOffPt) + tile_parity * TileDS::kBytes;
     if constexpr (kSplitD) {
-      flex_bwd_sm90::store_transposed_tile<S, S::kOffPt>(smem + pt_tile * TileDS::kBytes, pa, kv_row_w + g, t4, q_col0 / 8);
+      flex_bwd_sm90::store_transposed_tile<S, S::kOffPt>(smem + tile_parity * TileDS::kBytes, pa, kv_row_w + g, t4, q_col0 / 8);
       flex::fence_proxy_async();
       flex::named_barrier_sync(flex_bwd_sm90::kBarPt, kNThreads);
     }
@@ -375,9 +383,10 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     constexpr bool kDsTile = kDq || kSplitD;
     if constexpr (kDkFirst) issue_dk();
     if constexpr (kDsTile) {
-      // Without the loop-top barrier, the other warpgroup may still be in the previous tile's dQ (or split dK) GEMM.
-      if constexpr (kProducer) flex::named_barrier_sync(flex_bwd_sm90::kBarDsFree, kNThreads);
-      flex_bwd_sm90::store_transposed_tile<S, S::kOffDS>(smem, da, kv_row_w + g, t4, q_col0 / 8);
+      // Without the loop-top barrier, the other warpgroup may still be in the previous tile's dQ (or split dK) GEMM
+      // (kTwoDs: on the other tile).
+      if constexpr (kProducer && !kTwoDs) flex::named_barrier_sync(flex_bwd_sm90::kBarDsFree, kNThreads);
+      flex_bwd_sm90::store_transposed_tile<S, S::kOffDS>(smem + ds_off, da, kv_row_w + g, t4, q_col0 / 8);
     }
     if constexpr (!kDsTile && !kDkFirst) issue_dk();
     if constexpr (kSplitScatter) {
@@ -509,7 +518,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     head_in_group = head_next;
     m_block = m_next;
     stage ^= 1;
-    pt_tile ^= 1;
+    tile_parity ^= 1;
   }
   flex::cp_async_wait<0>();
   if constexpr (S::kStagedBlocks) {

@@ -11,7 +11,9 @@ namespace flex_bwd_sm90 {
 // Shared-memory tiles and their offsets, in the policy's swizzle (flex_backward_policy.cuh: D has at least two swizzle
 // regions, so the dQ column split lands on a region boundary). The variant adds the regions of its staged terms
 // (flex_backward_staged.cuh) at the end. flex_backward_smem_bytes is the host's count of the same bytes.
-template <class Traits, class Variant = void, bool kDqBulk = false, bool kGradGemm = false, bool kDqFixed = false, bool kProducer = false>
+// kTwoDs: two dS^T tiles, used by the query tiles in turn (the policy's two_ds).
+template <class Traits, class Variant = void, bool kDqBulk = false, bool kGradGemm = false, bool kDqFixed = false, bool kProducer = false,
+          bool kTwoDs = false>
 struct Smem {
   using Staged = flex_bwd_staged::Flags<Variant>;
   static constexpr int kHeadDim = Traits::kHeadDim;
@@ -38,7 +40,8 @@ struct Smem {
   static constexpr int kOffQ = kOffV + TileKV::kBytes;
   static constexpr int kOffDO = kOffQ + kStages * TileQ::kBytes;
   static constexpr int kOffDS = kOffDO + kStages * TileQ::kBytes;
-  static constexpr int kOffPt = kOffDS + TileDS::kBytes;  // kSplitD: P^T, in dS^T's layout, two tiles (see the kernel)
+  static constexpr int kDsTiles = kTwoDs ? 2 : 1;
+  static constexpr int kOffPt = kOffDS + kDsTiles * TileDS::kBytes;  // kSplitD: P^T, in dS^T's layout, two tiles (see the kernel)
   static constexpr int kOffLse = kOffPt + (kSplitD ? 2 * TileDS::kBytes : 0);
   static constexpr int kOffDelta = kOffLse + kStages * kBlockM * 4;
   static constexpr int kOffRed = kOffDelta + kStages * kBlockM * 4;     // [kNWarps][kBlockM] 8-byte slots
@@ -87,6 +90,7 @@ struct Smem {
                 "flex_backward_main_sm90: head dims 32, 64, 80, 96, 128, 192 and 256 only");
   static_assert(kBlockM == 64 && kBlockN == (kSplitD ? 64 : 128) && Traits::kNWarps == 8,
                 "flex_backward_main_sm90: 64 x 128 tiles (64 x 64 split over D above 128), 8 warps");
+  static_assert(!kTwoDs || (kProducer && !kSplitD), "flex_backward_main_sm90: two dS^T tiles in the warp-specialised form up to head dim 128");
   static_assert(!kSplitD || (kDqN0 == kHeadDim / 2 && kProducer && !Staged::kAny),
                 "flex_backward_main_sm90: the head-dim split form is warp-specialised, with nothing staged");
   static_assert(TileK::kBytes % 1024 == 0 && TileKV::kBytes % 1024 == 0 && TileQ::kBytes % 1024 == 0 && TileDS::kBytes % 1024 == 0,

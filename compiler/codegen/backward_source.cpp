@@ -16,8 +16,8 @@ std::string BackwardConfig::str() const {
   if (staged_col || staged_tile || staged_diag)
     staged = fmt::format("_st{}{}{}{}{}{}", staged_col ? "c" : "", staged_tile ? "t" : "", staged_diag ? "d" : "", staged_grad ? "g" : "",
                          spread_rows ? "s" : "", grad_gemm ? "m" : "");
-  return fmt::format("d{}_m{}_n{}_w{}_s{}{}{}{}{}", head_dim, block_m, block_n, warps, stages, hopper ? "_sm90" : "", staged, dq_bulk ? "_qb" : "",
-                     warp_specialized ? "_ws" : "");
+  return fmt::format("d{}_m{}_n{}_w{}_s{}{}{}{}{}{}", head_dim, block_m, block_n, warps, stages, hopper ? "_sm90" : "", staged, dq_bulk ? "_qb" : "",
+                     warp_specialized ? "_ws" : "", two_ds ? "_2ds" : "");
 }
 
 FlexBackwardFeatures BackwardConfig::features() const {
@@ -38,6 +38,7 @@ FlexBackwardPolicy BackwardConfig::policy() const {
   p.dq_bulk = dq_bulk;
   p.grad_gemm = grad_gemm;
   p.producer = warp_specialized;
+  p.two_ds = two_ds;
   return p;
 }
 
@@ -111,6 +112,10 @@ FlexBackwardFeatures backward_features(const ScoreModGradient& grad, const Stage
   for (const StagedTerm& t : staged.terms) f.staged_grad = f.staged_grad || t.scatter >= 0;
   f.spread_rows = staged.spreads_rows(grad.scatters.size());
   f.tma_operands = options.tma_operands;
+  if (grad.scatters.size() == 1) {
+    const ScatterClass c = classify_scatter(grad.scatters[0]);
+    f.split_scatter = c == ScatterClass::QOnly || c == ScatterClass::Diagonal;
+  }
   return f;
 }
 
@@ -155,6 +160,7 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
   out.config.dq_bulk = policy.dq_bulk;
   out.config.deterministic = options.deterministic;
   out.config.warp_specialized = policy.producer;
+  out.config.two_ds = policy.two_ds;
   for (const StagedTerm& t : staged.terms) {
     if (t.scatter < 0) continue;
     if (t.kind == StagedKind::Col) out.staged_col_grad_buffer = t.buffer;
@@ -261,16 +267,16 @@ BackwardKernelSource backward_kernel_source(const SpecIR& ir, const ScoreModGrad
       fmt::arg("pre_view", ragged_view("blockIdx.z", "(int)blockIdx.x * 8", "-1", "blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0")),
       fmt::arg("main_view", main_view), fmt::arg("pv", ragged ? "s" : "p"), fmt::arg("ts_body", ts_body),
       fmt::arg("main_fn", out.config.hopper ? "flex_backward_main_sm90" : "flex_backward_main"),
-      fmt::arg("bulk", out.config.hopper ? fmt::format(", /*kDqBulk=*/{}, /*kGradGemm=*/{}, /*kProducer=*/{}", out.config.dq_bulk,
-                                                       out.config.grad_gemm, out.config.warp_specialized)
+      fmt::arg("bulk", out.config.hopper ? fmt::format(", /*kDqBulk=*/{}, /*kGradGemm=*/{}, /*kProducer=*/{}, /*kTwoDs=*/{}", out.config.dq_bulk,
+                                                       out.config.grad_gemm, out.config.warp_specialized, out.config.two_ds)
                                          : std::string()),
       fmt::arg("main_threads", out.config.threads()),
       fmt::arg("tma_param", out.config.warp_specialized ? ", const __grid_constant__ FlexBackwardTmaMaps tma" : ""),
       fmt::arg("tma_arg", out.config.warp_specialized ? ", &tma" : ""),
-      fmt::arg("smem_check", out.config.hopper ? fmt::format("static_assert(flex_bwd_sm90::Smem<FlexBwdTraits, FlexGradVariant, {}, {}, {}, {}>::kAllocBytes == {}, "
+      fmt::arg("smem_check", out.config.hopper ? fmt::format("static_assert(flex_bwd_sm90::Smem<FlexBwdTraits, FlexGradVariant, {}, {}, {}, {}, {}>::kAllocBytes == {}, "
                                                               "\"host and template disagree on the backward's shared memory\");\n",
                                                               out.config.dq_bulk, out.config.grad_gemm, out.config.dq_bulk && out.config.deterministic,
-                                                              out.config.warp_specialized, out.config.shared_bytes()) +
+                                                              out.config.warp_specialized, out.config.two_ds, out.config.shared_bytes()) +
                                                       (out.config.spread_rows
                                                            ? "static_assert(flex_bwd_staged::kSpreadRange == 512 && flex_bwd_staged::kSpreadCtas == 4, "
                                                              "\"host (BackwardConfig::main_grid_x) and template disagree on the spread rows' grid\");\n"

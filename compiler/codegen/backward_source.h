@@ -57,6 +57,8 @@ struct BackwardConfig {
   // The warp-specialised Hopper kernel (flex_backward_sm90.cuh kProducer): a third warpgroup loads by TMA, so the
   // launch passes FlexBackwardTmaMaps and 384 threads.
   bool warp_specialized = false;
+  // Two dS^T tiles, one per query tile in turn (flex_backward_sm90.cuh kTwoDs; the policy's two_ds).
+  bool two_ds = false;
   std::string str() const;
   int threads() const { return warps * 32 + (warp_specialized ? 128 : 0); }
   // CTAs per (KV head, batch) of the main kernel: ceil(Skv / block_n), or 4 per started 512 rows when spread.

@@ -218,9 +218,12 @@ TEST_CASE("bulk dQ reductions: the Hopper kernel in fp32 from head dim 96 (with 
   CHECK(c128.module.key_text.find("_qb") != std::string::npos);
   BackwardKernelSource c128_det = config(nullptr, "q >= kv", {}, {}, 128, true, "sm_90a");  // deterministic: fixed point
   CHECK(c128_det.config.dq_bulk);
-  CHECK(c128_det.module.source.find("flex_bwd_sm90::Smem<FlexBwdTraits, FlexGradVariant, true, false, true, true>") != std::string::npos);
-  // [64][D] fp32 rows or [64][D] 64-bit fixed-point ones on top of the same tiles, unpadded (bulk_dq_group_xor).
-  CHECK(c128.config.shared_bytes() - 64 * 128 * 4 == c128_det.config.shared_bytes() - 64 * 128 * 8);
+  CHECK(c128_det.module.source.find("flex_bwd_sm90::Smem<FlexBwdTraits, FlexGradVariant, true, false, true, true, false>") != std::string::npos);
+  // [64][D] fp32 rows or [64][D] 64-bit fixed-point ones on top of the same tiles, unpadded (bulk_dq_group_xor); the
+  // fp32 rows leave room for a second dS^T tile (two_ds), the fixed-point ones do not.
+  CHECK(c128.config.two_ds);
+  CHECK(!c128_det.config.two_ds);
+  CHECK(c128.config.shared_bytes() - 64 * 128 * 4 - 128 * 64 * 2 == c128_det.config.shared_bytes() - 64 * 128 * 8);
   CHECK(c128.module.source.find("/*kBulkLayout=*/true") != std::string::npos);
   CHECK(config(nullptr, "q >= kv", {}, {}, 96, false, "sm_90a").config.dq_bulk);
   CHECK(!config(nullptr, "q >= kv", {}, {}, 64, false, "sm_90a").config.dq_bulk);  // slower than the atomics there

@@ -85,7 +85,9 @@ TEST_CASE("the backward policy fits the kernels' warp layouts and shared memory 
           CHECK(p.block_m * d * 2 % 1024 == 0);
           CHECK((!p.dq_bulk || !f.query_major));
           CHECK((!p.grad_gemm || (f.spread_rows && f.bf16 && f.d_score_is_one)));
+          CHECK((!p.two_ds || (p.producer && !split && !f.split_scatter)));
         } else {
+          CHECK_FALSE(p.two_ds);
           CHECK_FALSE(p.dq_bulk);
           CHECK_FALSE(p.grad_gemm);
           CHECK_FALSE(p.producer);
@@ -196,10 +198,10 @@ TEST_CASE("the backward policy's warp specialisation: Hopper modules without sta
       f.deterministic = det;
       const FlexBackwardPolicy p = flex_backward_policy(kFlexBackwardWgmma, d, f);
       CHECK(p.producer);
-      // The mbarriers live in the tile-class cache: warp specialisation costs no shared memory, so the
-      // deterministic rows keep fitting at D128.
+      // The mbarriers live in the tile-class cache: warp specialisation costs no shared memory but its second dS^T
+      // tile's, so the deterministic rows keep fitting at D128.
       f.tma_operands = false;
-      CHECK(flex_backward_policy(kFlexBackwardWgmma, d, f).smem_bytes == p.smem_bytes);
+      CHECK(flex_backward_policy(kFlexBackwardWgmma, d, f).smem_bytes + (p.two_ds ? p.block_n * p.block_m * 2 : 0) == p.smem_bytes);
       CHECK(p.dq_bulk == (det || d >= 96));
     }
   }
@@ -234,6 +236,38 @@ TEST_CASE("the backward policy's warp specialisation: Hopper modules without sta
   CHECK_FALSE(flex_backward_policy(kFlexBackwardWgmma, 128, f).producer);
   CHECK_FALSE(flex_backward_policy(kFlexBackwardMmaSync, 128, plain).producer);
   CHECK_FALSE(flex_backward_policy(kFlexBackwardMmaSync, 256, plain).producer);
+}
+
+TEST_CASE("two dS^T tiles in the warp-specialised kernel where they fit, the blocks and dQ rows first, never with a split scatter",
+          "[codegen][policy]") {
+  FlexBackwardFeatures plain{};
+  plain.bf16 = plain.d_score_is_one = plain.tma_operands = true;
+  for (int d : {32, 64, 80, 96, 128}) {
+    INFO("head dim " << d);
+    const FlexBackwardPolicy p = flex_backward_policy(kFlexBackwardWgmma, d, plain);
+    CHECK(p.two_ds);
+    CHECK(p.smem_bytes <= kSm90MaxDynamicShared);
+    FlexBackwardFeatures bias = plain;
+    bias.split_scatter = bias.diagonal_scatter = true;
+    CHECK_FALSE(flex_backward_policy(kFlexBackwardWgmma, d, bias).two_ds);
+  }
+  // The fixed-point dQ rows at D128 leave no room; the 256-thread form and the split form keep one tile.
+  FlexBackwardFeatures det = plain;
+  det.deterministic = true;
+  const FlexBackwardPolicy d128 = flex_backward_policy(kFlexBackwardWgmma, 128, det);
+  CHECK((d128.dq_bulk && !d128.two_ds));
+  FlexBackwardFeatures no_maps = plain;
+  no_maps.tma_operands = false;
+  CHECK_FALSE(flex_backward_policy(kFlexBackwardWgmma, 128, no_maps).two_ds);
+  CHECK_FALSE(flex_backward_policy(kFlexBackwardWgmma, 256, plain).two_ds);
+  CHECK_FALSE(flex_backward_policy(kFlexBackwardMmaSync, 128, plain).two_ds);
+  // SAM's deterministic blocks keep their place at every head dim they fit.
+  FlexBackwardFeatures sam = det;
+  sam.staged_col = sam.staged_tile = sam.staged_grad = sam.tile_term_grad = sam.spread_rows = true;
+  for (int d : {32, 64, 80}) {
+    const FlexBackwardPolicy p = flex_backward_policy(kFlexBackwardWgmma, d, sam);
+    CHECK(flex_backward_staged_blocks(p, sam, p.dq_bulk, p.grad_gemm));
+  }
 }
 
 TEST_CASE("deterministic staged gradients leave as blocks where the blocks fit", "[codegen][policy]") {

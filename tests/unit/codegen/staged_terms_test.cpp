@@ -162,18 +162,22 @@ TEST_CASE("staged terms: only the Hopper kernel of an atomic module stages, and 
   CHECK(qsrc.module.source.find("static constexpr bool kStagedCol = false;") != std::string::npos);
   // The staged regions are in the host's shared-memory mirror (spread rows: [8] Tile values per query row, and the
   // selectors in two spare [128][32] regions of K (64-byte swizzle at head dim 64), or with the slabs eight [64][20]
-  // slabs and [8][68] row sums).
-  CHECK(src.config.shared_bytes() == qsrc.config.shared_bytes() + 2 * 64 * 64 * 2 + 2 * 64 * 8 * 2 + 2 * 128 * 64);
+  // slabs and [8][68] row sums); the warp-specialised atomic module has a second [128][64] dS^T tile (two_ds), the
+  // query-major one's 256-thread kernel one.
+  CHECK(src.config.two_ds);
+  CHECK(!qsrc.config.two_ds);
+  CHECK(src.config.shared_bytes() == qsrc.config.shared_bytes() + 2 * 64 * 64 * 2 + 2 * 64 * 8 * 2 + 2 * 128 * 64 + 128 * 64 * 2);
   // Head dims 80 and 96 (unequal dQ column counts) keep two [128][16] selector tiles of their own, 1 KB aligned.
   for (int d : {80, 96}) {
     BackwardKernelOptions od = bo, oq = qm;
     od.head_dim = oq.head_dim = d;
-    CHECK(backward_kernel_source(b.ir, b.grad, b.ranges, od).config.shared_bytes() ==
-          backward_kernel_source(b.ir, b.grad, b.ranges, oq).config.shared_bytes() + 2 * 64 * 64 * 2 + 2 * 64 * 8 * 2 + 2 * 128 * 16 * 2 + 1024 +
-              (d == 96 ? 64 * 96 * 4 : 0));
+    const BackwardConfig c = backward_kernel_source(b.ir, b.grad, b.ranges, od).config;
+    CHECK(c.shared_bytes() == backward_kernel_source(b.ir, b.grad, b.ranges, oq).config.shared_bytes() + 2 * 64 * 64 * 2 + 2 * 64 * 8 * 2 +
+                                  2 * 128 * 16 * 2 + 1024 + (d == 96 ? 64 * 96 * 4 : 0) + (c.two_ds ? 128 * 64 * 2 : 0));
   }
   BackwardConfig slabs = src.config;
   slabs.grad_gemm = false;
+  slabs.warp_specialized = slabs.two_ds = false;  // the slabs' module is the 256-thread form
   CHECK(slabs.shared_bytes() == qsrc.config.shared_bytes() + 2 * 64 * 64 * 2 + 2 * 64 * 8 * 2 + 8 * 64 * 20 * 4 + 8 * 68 * 4);
   Built w_only = build(kSam, kSamBufs, {"rel_w"});  // rel_w's gradient alone: spread rows through the slabs
   BackwardKernelSource wsrc = backward_kernel_source(w_only.ir, w_only.grad, w_only.ranges, bo);

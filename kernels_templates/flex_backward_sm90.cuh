@@ -330,7 +330,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     // tiles back, retired at the end of that tile, before it reached the previous tile's dQ barrier.
     const unsigned s_pt = flex_bwd_sm90::opaque(s_base + S::kOffPt) + tile_parity * TileDS::kBytes;
     if constexpr (kSplitD) {
-      flex_bwd_sm90::store_transposed_tile<S, S::kOffPt>(smem + tile_parity * TileDS::kBytes, pa, kv_row_w + g, t4, q_col0 / 8);
+      flex_bwd_sm90::store_transposed_tile<S, S::kOffPt>(smem + tile_parity * TileDS::kBytes, pa, kv_row_w, ln, q_col0 / 8);
       flex::fence_proxy_async();
       flex::named_barrier_sync(flex_bwd_sm90::kBarPt, kNThreads);
     }
@@ -386,7 +386,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
       // Without the loop-top barrier, the other warpgroup may still be in the previous tile's dQ (or split dK) GEMM
       // (kTwoDs: on the other tile).
       if constexpr (kProducer && !kTwoDs) flex::named_barrier_sync(flex_bwd_sm90::kBarDsFree, kNThreads);
-      flex_bwd_sm90::store_transposed_tile<S, S::kOffDS>(smem + ds_off, da, kv_row_w + g, t4, q_col0 / 8);
+      flex_bwd_sm90::store_transposed_tile<S, S::kOffDS>(smem + ds_off, da, kv_row_w, ln, q_col0 / 8);
     }
     if constexpr (!kDsTile && !kDkFirst) issue_dk();
     if constexpr (kSplitScatter) {

@@ -139,20 +139,23 @@ __device__ __forceinline__ void pack_a(const float (&acc)[kMT][4], unsigned (&a)
   }
 }
 
-// The thread's packed dS^T (or, in the head-dim split form, P^T) rows r and r + 8 of the CTA's KV rows into the shared
-// [block_n][64] tile at kOff that dQ's GEMM (and the split form's dV and dK GEMMs) read: element (kv row r, query
-// column c); each quad writes 4-byte pairs of one chunk. chunk0: the fragments' first 8-column chunk (the split form's
-// warpgroups hold 32 query columns each, from column 32 wg).
+// The warp's packed dS^T (or, in the head-dim split form, P^T) rows row0 .. row0 + 15 into the shared [block_n][64]
+// tile at kOff that dQ's GEMM (and the split form's dV and dK GEMMs) read: element (kv row r, query column c). Each
+// A fragment is four 8x8 matrices, (r, c), (r + 8, c), (r, c + 1), (r + 8, c + 1) in 8-column chunks, which is
+// stmatrix.x4's register order: one instruction per fragment with one address per lane (lane l gives matrix l / 8's
+// row l % 8) instead of four 4-byte stores. chunk0: the fragments' first 8-column chunk (the split form's warpgroups
+// hold 32 query columns each, from column 32 wg).
 template <class S, int kOff, int kKK>
-__device__ __forceinline__ void store_transposed_tile(unsigned char* smem, const unsigned (&da)[kKK][4], int r, int t4, int chunk0 = 0) {
+__device__ __forceinline__ void store_transposed_tile(unsigned char* smem, const unsigned (&da)[kKK][4], int row0, int lane, int chunk0 = 0) {
   using TileDS = typename S::TileDS;
+  const int r = row0 + (lane & 7) + (lane & 8);
+  const unsigned base = static_cast<unsigned>(__cvta_generic_to_shared(smem + kOff));
 #pragma unroll
   for (int kk = 0; kk < kKK; ++kk) {
-    const int c = chunk0 + 2 * kk;
-    *reinterpret_cast<unsigned*>(smem + kOff + TileDS::chunk_offset(r, c) + 4 * t4) = da[kk][0];
-    *reinterpret_cast<unsigned*>(smem + kOff + TileDS::chunk_offset(r + 8, c) + 4 * t4) = da[kk][1];
-    *reinterpret_cast<unsigned*>(smem + kOff + TileDS::chunk_offset(r, c + 1) + 4 * t4) = da[kk][2];
-    *reinterpret_cast<unsigned*>(smem + kOff + TileDS::chunk_offset(r + 8, c + 1) + 4 * t4) = da[kk][3];
+    const unsigned addr = base + TileDS::chunk_offset(r, chunk0 + 2 * kk + (lane >> 4));
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(da[kk][0]), "r"(da[kk][1]),
+                 "r"(da[kk][2]), "r"(da[kk][3])
+                 : "memory");
   }
 }
 

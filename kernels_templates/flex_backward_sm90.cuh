@@ -296,6 +296,8 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     // computed while dP^T is still running.
     const int k_col0 = kSplitD ? wg * kAccD : 0;  // the warpgroup's first dK / dV column
     float acc_dp[kMTw][4];
+    float2 lse2[kMTw];  // in registers before dP^T's GEMM is issued (load_pairs)
+    flex_bwd_sm90::load_pairs(lse2, lse_st + q_col0, t4);
     if constexpr (!kPrefetchS) issue_s(sq, s_k);
     if constexpr (kPrefetchS) flex::wgmma_fence();  // else issue_s's fence serves both groups
 #pragma unroll
@@ -321,16 +323,18 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     // The Diag band's entry of the thread's query column 2 t4 and KV row 16 warp + g (flex_backward_staged.cuh).
     const float* st_diag = reinterpret_cast<const float*>(smem + S::kOffStDiag + stage * flex_bwd_staged::kDiagBytes) + (kBlockN - 1) + 2 * t4 - (warp * 16 + g);
     if (check_elements)
-      flex_bwd_sm90::recompute_p<true, Variant, Element, kFoldDScore>(p, vp, at, scale_log2, lse_st + q_col0, st_col, st_tile, st_diag, acc_s, score_v, pa);
+      flex_bwd_sm90::recompute_p<true, Variant, Element, kFoldDScore>(p, vp, at, scale_log2, lse2, st_col, st_tile, st_diag, acc_s, score_v, pa);
     else
-      flex_bwd_sm90::recompute_p<false, Variant, Element, kFoldDScore>(p, vp, at, scale_log2, lse_st + q_col0, st_col, st_tile, st_diag, acc_s, score_v, pa);
+      flex_bwd_sm90::recompute_p<false, Variant, Element, kFoldDScore>(p, vp, at, scale_log2, lse2, st_col, st_tile, st_diag, acc_s, score_v, pa);
 
     // dV += P^T dO (A = P^T from registers, B = dO MN-major), running while dS is computed. kSplitD: A = the P^T tile
     // both warpgroups stored, one of two in turn: the other warpgroup's last reader of this one, its dV GEMM of two
     // tiles back, retired at the end of that tile, before it reached the previous tile's dQ barrier.
     const unsigned s_pt = flex_bwd_sm90::opaque(s_base + S::kOffPt) + tile_parity * TileDS::kBytes;
+    float2 delta[kMTw];  // in registers before dV's GEMM is issued
+    flex_bwd_sm90::load_pairs(delta, delta_st + q_col0, t4);
     if constexpr (kSplitD) {
-      flex_bwd_sm90::store_transposed_tile<S, S::kOffPt>(smem + tile_parity * TileDS::kBytes, pa, kv_row_w, ln, q_col0 / 8);
+      flex_bwd_sm90::store_transposed_tile<S>(s_pt, pa, kv_row_w, ln, q_col0 / 8);
       flex::fence_proxy_async();
       flex::named_barrier_sync(flex_bwd_sm90::kBarPt, kNThreads);
     }
@@ -347,8 +351,8 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     // dS = P (dP - delta) in place of dP^T (the dS_pre directly when d_score was folded in).
     flex::wgmma_wait<1>();
     flex::fence_operands(flex_bwd_sm90::flat(acc_dp));
-    if (check_elements) flex_bwd_sm90::compute_ds<true, Variant>(acc_s, acc_dp, delta_st + q_col0, t4);
-    else flex_bwd_sm90::compute_ds<false, Variant>(acc_s, acc_dp, delta_st + q_col0, t4);
+    if (check_elements) flex_bwd_sm90::compute_ds<true, Variant>(acc_s, acc_dp, delta);
+    else flex_bwd_sm90::compute_ds<false, Variant>(acc_s, acc_dp, delta);
 
     // Scatters (buffer gradients) from dS, then dS_pre = dS * d_score; the staged terms' dS^T into their planes.
     if constexpr (kGradGemm) {
@@ -386,7 +390,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
       // Without the loop-top barrier, the other warpgroup may still be in the previous tile's dQ (or split dK) GEMM
       // (kTwoDs: on the other tile).
       if constexpr (kProducer && !kTwoDs) flex::named_barrier_sync(flex_bwd_sm90::kBarDsFree, kNThreads);
-      flex_bwd_sm90::store_transposed_tile<S, S::kOffDS>(smem + ds_off, da, kv_row_w, ln, q_col0 / 8);
+      flex_bwd_sm90::store_transposed_tile<S>(s_ds, da, kv_row_w, ln, q_col0 / 8);
     }
     if constexpr (!kDsTile && !kDkFirst) issue_dk();
     if constexpr (kSplitScatter) {

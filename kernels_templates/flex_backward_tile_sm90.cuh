@@ -43,10 +43,11 @@ struct ElementCoords {
 // hold masked or out-of-range elements (partial tiles, tiles crossing Sq or Skv), which are tested one by one.
 // Staged terms (flex_backward_staged.cuh) join the logit: Col values per element from st_col, the Tile term per query
 // column from st_tile; a Diag term per element from st_diag, the band entry of the thread's query column 2 t4 and first
-// KV row (the element's entry is a constant offset from it).
+// KV row (the element's entry is a constant offset from it). lse2: the thread's query columns' lse2 pairs, per n8
+// tile (load_pairs).
 template <bool kChecked, class Variant, class Element, bool kFoldDScore, int kMT>
 __device__ __forceinline__ void recompute_p(const FlexBackwardParams& p, const typename Variant::Params& vp, const ElementCoords& at, float scale_log2,
-                                            const float* lse_st, const unsigned (&st_col)[kMT][2], const unsigned char* st_tile,
+                                            const float2 (&lse2_nt)[kMT], const unsigned (&st_col)[kMT][2], const unsigned char* st_tile,
                                             const float* st_diag, float (&acc_s)[kMT][4], float (&score_v)[kMT][4], unsigned (&pa)[kMT / 2][4]) {
   using Mma = flex::Mma16816<Element>;
   using Mods = flex_bwd::BackwardMods<Variant>;
@@ -57,7 +58,7 @@ __device__ __forceinline__ void recompute_p(const FlexBackwardParams& p, const t
   const int cls = at.cls, seqlen_q = at.seqlen_q, seqlen_kv = at.seqlen_kv;
 #pragma unroll
   for (int nt = 0; nt < kMT; ++nt) {
-    const float2 lse2 = *reinterpret_cast<const float2*>(lse_st + nt * 8 + 2 * t4);
+    const float2 lse2 = lse2_nt[nt];
     float st_add[2] = {0.f, 0.f};  // the Tile term per query column
     if constexpr (Staged::kTile && kSpread) {
       st_add[0] = flex_bwd_staged::read_tile8<typename Variant::StagedTileElement>(st_tile, nt * 8 + 2 * t4, warp);
@@ -113,14 +114,23 @@ __device__ __forceinline__ void recompute_p(const FlexBackwardParams& p, const t
   }
 }
 
+// The lse2 (or delta) pairs of the thread's query columns (8 nt + 2 t4, + 1) of a tile, from its shared-memory row.
+// Loaded before the GEMMs whose result they meet are issued: loaded where they are used, they queue behind those
+// GEMMs' shared-memory reads, and the first FFMA of each pair waits for them.
+template <int kMT>
+__device__ __forceinline__ void load_pairs(float2 (&v)[kMT], const float* row, int t4) {
+#pragma unroll
+  for (int nt = 0; nt < kMT; ++nt) v[nt] = *reinterpret_cast<const float2*>(row + nt * 8 + 2 * t4);
+}
+
 // The dS step of a tile: dS = P (dP - delta) in place of dP^T (acc_s holds P, or P d_score when that was folded in,
 // which gives dS_pre directly). kChecked: exactly 0 where P is (masked and out-of-range elements); interior full
 // tiles have no such element, so only the tiles that test elements pay for the select.
 template <bool kChecked, class Variant, int kMT>
-__device__ __forceinline__ void compute_ds(const float (&acc_s)[kMT][4], float (&acc_dp)[kMT][4], const float* delta_st, int t4) {
+__device__ __forceinline__ void compute_ds(const float (&acc_s)[kMT][4], float (&acc_dp)[kMT][4], const float2 (&delta)[kMT]) {
 #pragma unroll
   for (int nt = 0; nt < kMT; ++nt) {
-    const float2 dl = *reinterpret_cast<const float2*>(delta_st + nt * 8 + 2 * t4);
+    const float2 dl = delta[nt];
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc_dp[nt][e] = flex_bwd::BackwardMods<Variant>::template ds<kChecked>(acc_s[nt][e], acc_dp[nt][e], e % 2 ? dl.y : dl.x);
   }
@@ -140,19 +150,18 @@ __device__ __forceinline__ void pack_a(const float (&acc)[kMT][4], unsigned (&a)
 }
 
 // The warp's packed dS^T (or, in the head-dim split form, P^T) rows row0 .. row0 + 15 into the shared [block_n][64]
-// tile at kOff that dQ's GEMM (and the split form's dV and dK GEMMs) read: element (kv row r, query column c). Each
-// A fragment is four 8x8 matrices, (r, c), (r + 8, c), (r, c + 1), (r + 8, c + 1) in 8-column chunks, which is
-// stmatrix.x4's register order: one instruction per fragment with one address per lane (lane l gives matrix l / 8's
-// row l % 8) instead of four 4-byte stores. chunk0: the fragments' first 8-column chunk (the split form's warpgroups
-// hold 32 query columns each, from column 32 wg).
-template <class S, int kOff, int kKK>
-__device__ __forceinline__ void store_transposed_tile(unsigned char* smem, const unsigned (&da)[kKK][4], int row0, int lane, int chunk0 = 0) {
+// tile at s_tile (a shared-memory address) that dQ's GEMM (and the split form's dV and dK GEMMs) read: element
+// (kv row r, query column c). Each A fragment is four 8x8 matrices, (r, c), (r + 8, c), (r, c + 1), (r + 8, c + 1) in
+// 8-column chunks, which is stmatrix.x4's register order: one instruction per fragment with one address per lane (lane
+// l gives matrix l / 8's row l % 8) instead of four 4-byte stores. chunk0: the fragments' first 8-column chunk (the
+// split form's warpgroups hold 32 query columns each, from column 32 wg).
+template <class S, int kKK>
+__device__ __forceinline__ void store_transposed_tile(unsigned s_tile, const unsigned (&da)[kKK][4], int row0, int lane, int chunk0 = 0) {
   using TileDS = typename S::TileDS;
   const int r = row0 + (lane & 7) + (lane & 8);
-  const unsigned base = static_cast<unsigned>(__cvta_generic_to_shared(smem + kOff));
 #pragma unroll
   for (int kk = 0; kk < kKK; ++kk) {
-    const unsigned addr = base + TileDS::chunk_offset(r, chunk0 + 2 * kk + (lane >> 4));
+    const unsigned addr = s_tile + TileDS::chunk_offset(r, chunk0 + 2 * kk + (lane >> 4));
     asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(da[kk][0]), "r"(da[kk][1]),
                  "r"(da[kk][2]), "r"(da[kk][3])
                  : "memory");

@@ -5,12 +5,12 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
-#include <new>
 #include <system_error>
 #include <thread>
 
 #include "dsl/error.h"
 #include "runtime/cpu/block_classifier.h"
+#include "runtime/cpu/scratch.h"
 
 namespace flexjit::cpu {
 
@@ -58,16 +58,10 @@ QueryTileKernel kernel_for(Isa isa) {
   throw Error(fmt::format("CPU backend: this build has no `{}` kernel", isa_name(isa)));
 }
 
-size_t align64(size_t v) { return (v + 63) / 64 * 64; }
-
 ScratchLayout scratch_layout(const AttentionJob& j) {
   ScratchLayout s;
-  size_t total = 0;
-  auto take = [&](size_t bytes) {
-    size_t off = total;
-    total = align64(total + std::max<size_t>(bytes, 1));
-    return off;
-  };
+  ScratchRegions r;
+  auto take = [&](size_t bytes) { return r.take(bytes); };
   const size_t M = static_cast<size_t>(j.block_m), N = static_cast<size_t>(j.block_n), CN = static_cast<size_t>(j.chunk_n);
   const size_t D = static_cast<size_t>(j.D), Dv = static_cast<size_t>(j.Dv);
   s.q = take(M * D * 4);
@@ -81,13 +75,9 @@ ScratchLayout scratch_layout(const AttentionJob& j) {
   s.keep = take(M * CN);
   s.ones = take(2 * N);  // N zeros, then N ones: a tile's keep-all row after its padding columns
   s.state = take(M * j.state_bytes);
-  s.total = total;
+  s.total = r.total();
   return s;
 }
-
-struct AlignedFree {
-  void operator()(void* p) const { ::operator delete(p, std::align_val_t{64}); }
-};
 
 }  // namespace
 
@@ -130,8 +120,7 @@ uint32_t run_attention(AttentionJob job, const BlockSparsity& sparsity, const Dr
   int64_t threads = options.threads > 0 ? options.threads : static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency()));
   threads = std::max<int64_t>(1, std::min(threads, items));
 
-  std::vector<std::unique_ptr<void, AlignedFree>> scratch;
-  for (int64_t t = 0; t < threads; ++t) scratch.emplace_back(::operator new(job.scratch.total, std::align_val_t{64}));
+  const std::vector<ScratchBlock> scratch = allocate_scratch(static_cast<size_t>(threads), job.scratch.total);
 
   std::atomic<int64_t> next{0};
   std::atomic<uint32_t> errors{0};

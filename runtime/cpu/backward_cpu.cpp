@@ -7,7 +7,6 @@
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <new>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -15,6 +14,7 @@
 #include "dsl/error.h"
 #include "runtime/cpu/block_classifier.h"
 #include "runtime/cpu/kv_tiles.h"
+#include "runtime/cpu/scratch.h"
 
 namespace flexjit::cpu {
 
@@ -39,16 +39,10 @@ Kernels kernels_for(Isa isa) {
   throw Error(fmt::format("CPU backend: this build has no `{}` backward kernel", isa_name(isa)));
 }
 
-size_t align64(size_t v) { return (v + 63) / 64 * 64; }
-
 BackwardScratchLayout scratch_layout(const BackwardJob& j) {
   BackwardScratchLayout s;
-  size_t total = 0;
-  auto take = [&](size_t bytes) {
-    size_t off = total;
-    total = align64(total + std::max<size_t>(bytes, 1));
-    return off;
-  };
+  ScratchRegions r;
+  auto take = [&](size_t bytes) { return r.take(bytes); };
   const size_t M = static_cast<size_t>(j.block_m), N = static_cast<size_t>(j.block_n);
   const size_t D = static_cast<size_t>(j.D), Dv = static_cast<size_t>(j.Dv), S = static_cast<size_t>(j.num_scatters);
   const size_t MN = std::max(M, N);
@@ -67,13 +61,9 @@ BackwardScratchLayout scratch_layout(const BackwardJob& j) {
   s.acc_a = take(MN * D * 4);   // dK (N x D) or dQ (M x D)
   s.acc_b = take(N * Dv * 4);   // dV
   s.state = take(M * j.state_bytes);
-  s.total = total;
+  s.total = r.total();
   return s;
 }
-
-struct AlignedFree {
-  void operator()(void* p) const { ::operator delete(p, std::align_val_t{64}); }
-};
 
 // Runs fn(thread, item) for items [0, count) on `threads` threads (the caller's included).
 // Static: item i goes to thread i % threads, so what each thread sums does not depend on
@@ -161,10 +151,9 @@ void run_backward(const std::vector<BackwardJob>& jobs, const BlockSparsity& spa
   int64_t max_threads = options.threads > 0 ? options.threads : static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency()));
   max_threads = std::max<int64_t>(1, std::min(max_threads, most));
 
-  std::vector<std::unique_ptr<void, AlignedFree>> scratch;
-  for (int64_t t = 0; t < max_threads; ++t) {
-    scratch.emplace_back(::operator new(layout.total, std::align_val_t{64}));
-    char* ones = static_cast<char*>(scratch.back().get()) + layout.ones;
+  const std::vector<ScratchBlock> scratch = allocate_scratch(static_cast<size_t>(max_threads), layout.total);
+  for (const ScratchBlock& block : scratch) {
+    char* ones = static_cast<char*>(block.get()) + layout.ones;
     std::memset(ones, 0, static_cast<size_t>(jobs.front().block_n));
     std::memset(ones + jobs.front().block_n, 1, static_cast<size_t>(jobs.front().block_n));
   }

@@ -285,8 +285,7 @@ __device__ __forceinline__ void flex_backward_main_sm90(const FlexBackwardParams
     const int g = ln / 4, t4 = ln % 4;
     const int kv_r0 = blk.kv_of(kv_row_w + g);  // the thread's KV rows: kv_r0, kv_r0 + 8
     const unsigned s_k = flex_bwd_sm90::opaque(s_k0), s_v = flex_bwd_sm90::opaque(s_v0);
-    const int ds_off = kTwoDs ? tile_parity * TileDS::kBytes : 0;
-    const unsigned s_ds = flex_bwd_sm90::opaque(s_base + S::kOffDS) + ds_off;
+    const unsigned s_ds = flex_bwd_sm90::opaque(s_base + S::kOffDS) + (kTwoDs ? tile_parity * TileDS::kBytes : 0);
     const unsigned sq = flex_bwd_sm90::opaque(s_q0) + stage * TileQ::kBytes;
     const unsigned sdo = flex_bwd_sm90::opaque(s_do0) + stage * TileQ::kBytes;
     const float* lse_st = sh_lse + stage * kBlockM;

@@ -61,20 +61,19 @@ QueryTileKernel kernel_for(Isa isa) {
 ScratchLayout scratch_layout(const AttentionJob& j) {
   ScratchLayout s;
   ScratchRegions r;
-  auto take = [&](size_t bytes) { return r.take(bytes); };
   const size_t M = static_cast<size_t>(j.block_m), N = static_cast<size_t>(j.block_n), CN = static_cast<size_t>(j.chunk_n);
   const size_t D = static_cast<size_t>(j.D), Dv = static_cast<size_t>(j.Dv);
-  s.q = take(M * D * 4);
-  s.k = take(CN * D * 4);
-  s.v = take(CN * Dv * 4);
-  s.s = take(M * CN * 4);
-  s.o = take(M * Dv * 4);
-  s.row_max = take(M * 4);
-  s.row_sum = take(M * 4);
-  s.alpha = take(M * 4);
-  s.keep = take(M * CN);
-  s.ones = take(2 * N);  // N zeros, then N ones: a tile's keep-all row after its padding columns
-  s.state = take(M * j.state_bytes);
+  s.q = r.take(M * D * 4);
+  s.k = r.take(CN * D * 4);
+  s.v = r.take(CN * Dv * 4);
+  s.s = r.take(M * CN * 4);
+  s.o = r.take(M * Dv * 4);
+  s.row_max = r.take(M * 4);
+  s.row_sum = r.take(M * 4);
+  s.alpha = r.take(M * 4);
+  s.keep = r.take(M * CN);
+  s.ones = r.take(2 * N);  // N zeros, then N ones: a tile's keep-all row after its padding columns
+  s.state = r.take(M * j.state_bytes);
   s.total = r.total();
   return s;
 }

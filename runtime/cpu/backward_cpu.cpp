@@ -42,25 +42,24 @@ Kernels kernels_for(Isa isa) {
 BackwardScratchLayout scratch_layout(const BackwardJob& j) {
   BackwardScratchLayout s;
   ScratchRegions r;
-  auto take = [&](size_t bytes) { return r.take(bytes); };
   const size_t M = static_cast<size_t>(j.block_m), N = static_cast<size_t>(j.block_n);
   const size_t D = static_cast<size_t>(j.D), Dv = static_cast<size_t>(j.Dv), S = static_cast<size_t>(j.num_scatters);
   const size_t MN = std::max(M, N);
-  s.q = take(M * D * 4);
-  s.d_o = take(M * Dv * 4);
-  s.k = take(N * D * 4);
-  s.v = take(N * Dv * 4);
-  s.s = take(M * N * 4);
-  s.pre = take(M * N * 4);
-  s.dp = take(M * N * 4);
-  s.d_score = take(M * N * 4);
-  s.keep = take(M * N);
-  s.ones = take(2 * N);  // N zeros, then N ones: a tile's keep-all row after its padding columns
-  s.coef = take(S * N * 4);
-  s.offset = take(S * N * 8);
-  s.acc_a = take(MN * D * 4);   // dK (N x D) or dQ (M x D)
-  s.acc_b = take(N * Dv * 4);   // dV
-  s.state = take(M * j.state_bytes);
+  s.q = r.take(M * D * 4);
+  s.d_o = r.take(M * Dv * 4);
+  s.k = r.take(N * D * 4);
+  s.v = r.take(N * Dv * 4);
+  s.s = r.take(M * N * 4);
+  s.pre = r.take(M * N * 4);
+  s.dp = r.take(M * N * 4);
+  s.d_score = r.take(M * N * 4);
+  s.keep = r.take(M * N);
+  s.ones = r.take(2 * N);  // N zeros, then N ones: a tile's keep-all row after its padding columns
+  s.coef = r.take(S * N * 4);
+  s.offset = r.take(S * N * 8);
+  s.acc_a = r.take(MN * D * 4);   // dK (N x D) or dQ (M x D)
+  s.acc_b = r.take(N * Dv * 4);   // dV
+  s.state = r.take(M * j.state_bytes);
   s.total = r.total();
   return s;
 }
